@@ -1,0 +1,24 @@
+// Per-call attention parameters (DESIGN.md section 4).
+#pragma once
+#include "attnkit/tensor.h"
+
+namespace attnkit {
+
+struct AttentionParams {
+  float scale = 0.f;        // 0 -> 1/sqrt(head_size)
+  bool causal = true;       // bottom-right aligned
+  int window_left = -1;     // -1 = unbounded
+  int window_right = -1;    // -1 = unbounded
+  float softcap = 0.f;      // > 0 enables s = c * tanh(s / c)
+  TensorView alibi_slopes;  // f32 [num_heads], optional
+  TensorView sinks;         // f32 [num_heads], optional (logit per head, no value)
+  TensorView k_scale, v_scale;  // fp8/nvfp4 dequant scales, f32 [1] or [num_kv_heads]
+  TensorView lse;           // f32 [num_heads, num_tokens] output (natural log), optional
+
+  float resolved_scale(int head_size) const;
+  // Validates ranges and tensor shapes (num_heads / num_kv_heads / num_tokens / device).
+  void validate(std::string_view where, int num_heads, int num_kv_heads, int64_t num_tokens,
+                Device device) const;
+};
+
+}  // namespace attnkit
