@@ -107,7 +107,7 @@ class AttentionBackend {
   // checks capabilities(); backends add their own rules (kernel generations, devices).
   virtual std::vector<std::string> check(const AttentionConfig& cfg) const;
   // Which kernel generation / path serves `cfg` and why, for the selector's report.
-  virtual std::string variant(const AttentionConfig& cfg) const { return {}; }
+  virtual std::string variant(const AttentionConfig& /*cfg*/) const { return {}; }
   virtual std::vector<int64_t> get_kv_cache_shape(int64_t num_blocks, int block_size,
                                                   int num_kv_heads, int head_size,
                                                   DType cache_dtype) const;
