@@ -1,0 +1,62 @@
+#include "attention_setup.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "cuda/cuda_check.h"
+
+namespace attnkit::bench {
+
+UniformBatch make_uniform_batch(int num_reqs, int q_len, int kv_len, int block_size,
+                                int64_t first_block, uint64_t seed, cudaStream_t stream) {
+  UniformBatch b;
+  b.num_reqs = num_reqs;
+  b.q_len = q_len;
+  b.kv_len = kv_len;
+  b.blocks_per_req = (kv_len + block_size - 1) / block_size;
+  const int64_t total = int64_t{num_reqs} * b.blocks_per_req;
+  std::vector<int32_t> table(total);
+  std::iota(table.begin(), table.end(), static_cast<int32_t>(first_block));
+  std::shuffle(table.begin(), table.end(), std::mt19937_64(seed));
+  std::vector<int32_t> cu(num_reqs + 1), used(num_reqs, kv_len);
+  for (int i = 0; i <= num_reqs; ++i) cu[i] = i * q_len;
+  b.cu_seqlens_q.resize(cu.size() * 4);
+  b.seqused_k.resize(used.size() * 4);
+  b.block_table.resize(table.size() * 4);
+  // Synchronous copies: the host vectors die at return.
+  ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  ATTNKIT_CUDA_CHECK(cudaMemcpy(b.cu_seqlens_q.get(), cu.data(), cu.size() * 4, cudaMemcpyHostToDevice));
+  ATTNKIT_CUDA_CHECK(cudaMemcpy(b.seqused_k.get(), used.data(), used.size() * 4, cudaMemcpyHostToDevice));
+  ATTNKIT_CUDA_CHECK(cudaMemcpy(b.block_table.get(), table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  return b;
+}
+
+PagedKV pool_view(const KVCacheSpec& spec, void* storage) {
+  const int64_t elems = spec.total_bytes() / static_cast<int64_t>(dtype_size(spec.storage_dtype()));
+  return spec.view(TensorView(storage, spec.storage_dtype(), {elems}, Device::CUDA));
+}
+
+flash_attn::VarlenArgs varlen_args(const UniformBatch& b, const PagedKV& cache, void* q, void* out,
+                                   int num_heads, int head_size, bool causal, cudaStream_t stream) {
+  flash_attn::VarlenArgs a;
+  const int64_t tokens = int64_t{b.num_reqs} * b.q_len;
+  a.q = TensorView(q, DType::bf16, {tokens, num_heads, head_size}, Device::CUDA);
+  a.out = TensorView(out, DType::bf16, {tokens, num_heads, head_size}, Device::CUDA);
+  a.cache = cache;
+  a.cu_seqlens_q = b.cu_seqlens_q.as<const int32_t>();
+  a.seqused_k = b.seqused_k.as<const int32_t>();
+  a.block_table = b.block_table.as<const int32_t>();
+  a.max_blocks_per_req = b.blocks_per_req;
+  a.num_reqs = b.num_reqs;
+  a.max_query_len = b.q_len;
+  a.max_seq_len = b.kv_len;
+  a.num_heads = num_heads;
+  a.params.scale = 1.f / std::sqrt(static_cast<float>(head_size));
+  a.params.causal = causal;
+  a.stream = stream;
+  return a;
+}
+
+}  // namespace attnkit::bench

@@ -1,0 +1,34 @@
+// Paged-cache batches for the attention benchmarks: uniform requests whose blocks are spread
+// over a cache pool in shuffled order, with the device arrays run_varlen_attention reads.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attnkit/kv_cache.h"
+#include "cuda/device_buffer.h"
+#include "flash_attn/varlen_launch.h"
+
+namespace attnkit::bench {
+
+struct UniformBatch {
+  int num_reqs = 0, q_len = 0, kv_len = 0;
+  int blocks_per_req = 0;
+  cuda::DeviceBuffer cu_seqlens_q, seqused_k, block_table;
+};
+
+// Builds the metadata of num_reqs requests (q_len new tokens each, kv_len keys) whose blocks
+// are the pool blocks [first_block, first_block + num_reqs * blocks_per_req) in shuffled order.
+UniformBatch make_uniform_batch(int num_reqs, int q_len, int kv_len, int block_size,
+                                int64_t first_block, uint64_t seed, cudaStream_t stream);
+
+// A dense cache pool of `spec` over `storage` (device memory of spec.total_bytes()).
+PagedKV pool_view(const KVCacheSpec& spec, void* storage);
+
+// The launch for one batch (split-KV off unless num_splits > 1 with its workspace).
+flash_attn::VarlenArgs varlen_args(const UniformBatch& b, const PagedKV& cache, void* q, void* out,
+                                   int num_heads, int head_size, bool causal, cudaStream_t stream);
+
+}  // namespace attnkit::bench

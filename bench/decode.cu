@@ -1,0 +1,156 @@
+// Decode throughput: batch 1..256 x KV 1k..32k, 32 query heads over 8 KV heads, head size 128,
+// block 16, bf16 and fp8 e4m3 caches. Each shape is timed as a CUDA graph of back-to-back
+// run_varlen_attention calls (launch gaps hidden) rotating over R distinct KV instances (other
+// blocks of one pool, shuffled) whose total is >= 8x the L2, so every call reads from HBM.
+// GB/s counts the bytes a decode must move: its K/V rows, q and out. The fraction is of the
+// read-only ceiling measured in the same run.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attention_setup.h"
+#include "bench_util.h"
+#include "cuda/cuda_check.h"
+#include "cuda/device_buffer.h"
+#include "cuda/device_props.h"
+
+namespace attnkit::bench {
+
+namespace {
+
+constexpr int kHeads = 32, kKvHeads = 8, kHeadSize = 128, kBlock = 16;
+
+// The bench's split-KV choice (the builder's rule in spirit): one work item per (request, KV
+// head) with the GQA group packed in M; split only when the items do not fill the SMs, and
+// never below 1024 keys per split.
+int choose_splits(int num_reqs, int kv_len, int sm_count) {
+  const int items = num_reqs * kKvHeads;
+  if (items >= sm_count) return 1;
+  const int want = (sm_count + items - 1) / items;
+  return std::max(1, std::min(want, kv_len / 1024));
+}
+
+struct GraphTiming {
+  double ms_per_call = 0;
+  bool graph = true;
+};
+
+GraphTiming time_rotating(const std::vector<flash_attn::VarlenArgs>& args, int calls, cudaStream_t stream) {
+  GraphTiming t;
+  auto enqueue = [&] {
+    for (int i = 0; i < calls; ++i) flash_attn::run_varlen_attention(args[i % args.size()]);
+  };
+  enqueue();  // warm up outside the capture (module load, first-launch setup)
+  ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  bool captured = false;
+  try {
+    ATTNKIT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    try {
+      enqueue();
+    } catch (...) {
+      cudaStreamEndCapture(stream, &graph);
+      throw;
+    }
+    ATTNKIT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    ATTNKIT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    captured = true;
+  } catch (const std::exception& e) {
+    std::printf("decode: graph capture failed (%s); timing eager back-to-back launches\n", e.what());
+    cudaGetLastError();
+  }
+  if (captured) {
+    t.ms_per_call = time_ms([&] { ATTNKIT_CUDA_CHECK(cudaGraphLaunch(exec, stream)); }, stream, 1, 5) / calls;
+    cudaGraphExecDestroy(exec);
+  } else {
+    t.graph = false;
+    t.ms_per_call = time_ms(enqueue, stream, 0, 5) / calls;
+  }
+  if (graph) cudaGraphDestroy(graph);
+  return t;
+}
+
+}  // namespace
+
+void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick) {
+  const auto& props = cuda::current_device_props();
+  size_t free_bytes = 0, total_bytes = 0;
+  ATTNKIT_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  // The largest shape (256 x 32k, bf16) needs 34.4 GB; keep 8 GB free for everything else.
+  const int64_t want = int64_t{36} << 30;
+  const int64_t pool_bytes = std::min<int64_t>(want, static_cast<int64_t>(free_bytes) - (int64_t{8} << 30));
+  if (pool_bytes <= 0) {
+    rec.fail("decode", "decode pool", "not enough free device memory");
+    return;
+  }
+  cuda::DeviceBuffer pool(pool_bytes);
+  const int64_t qo_bytes = int64_t{256} * kHeads * kHeadSize * 2;
+  cuda::DeviceBuffer q(qo_bytes), out(qo_bytes), scale(4);
+  fill_random(q.get(), qo_bytes / 2, DType::bf16, 31, stream);
+  const float kv_scale = 1.f / 16;
+  ATTNKIT_CUDA_CHECK(cudaMemcpyAsync(scale.get(), &kv_scale, 4, cudaMemcpyHostToDevice, stream));
+  const std::vector<int> batches = quick ? std::vector<int>{1, 16} : std::vector<int>{1, 4, 16, 64, 256};
+  const std::vector<int> kv_lens = quick ? std::vector<int>{4096} : std::vector<int>{1024, 4096, 8192, 32768};
+  for (DType cd : {DType::bf16, DType::fp8_e4m3}) {
+    KVCacheSpec spec;
+    spec.block_size = kBlock;
+    spec.num_kv_heads = kKvHeads;
+    spec.head_size = kHeadSize;
+    spec.cache_dtype = cd;
+    spec.num_blocks = pool_bytes / (2 * kBlock * kKvHeads * kHeadSize * static_cast<int64_t>(dtype_size(cd)));
+    fill_random(pool.get(), spec.total_bytes() / static_cast<int64_t>(dtype_size(cd)), cd, 41, stream);
+    const PagedKV cache = pool_view(spec, pool.get());
+    for (int B : batches)
+      for (int L : kv_lens) {
+        const std::string key = "decode " + std::string(cd == DType::bf16 ? "bf16" : "fp8") + " b" +
+                                std::to_string(B) + " kv" + std::to_string(L);
+        try {
+          const int64_t blocks_per_inst = int64_t{B} * ((L + kBlock - 1) / kBlock);
+          const double kv_bytes = double(B) * L * kKvHeads * kHeadSize * 2 * dtype_size(cd);
+          const double bytes = kv_bytes + 2.0 * B * kHeads * kHeadSize * 2;
+          const int64_t fit = spec.num_blocks / blocks_per_inst;
+          if (fit < 1) {
+            rec.fail("decode", key, "pool too small for one instance");
+            continue;
+          }
+          const int64_t rot = std::min<int64_t>(fit, std::max<int64_t>(1, std::llround(std::ceil(8.0 * props.l2_bytes / kv_bytes))));
+          const double est_ms = bytes / 4.0e9 + 0.005;
+          const int calls = static_cast<int>(std::clamp<int64_t>(std::max<int64_t>(rot, std::llround(std::ceil(4.0 / est_ms))), 3, 512));
+          const int splits = choose_splits(B, L, props.sm_count);
+          std::vector<std::unique_ptr<UniformBatch>> inst;
+          std::vector<flash_attn::VarlenArgs> args;
+          cuda::DeviceBuffer workspace(std::max<size_t>(16, flash_attn::varlen_workspace_bytes(B, kHeads, kHeadSize, splits)));
+          for (int64_t r = 0; r < std::min<int64_t>(rot, calls); ++r) {
+            inst.push_back(std::make_unique<UniformBatch>(make_uniform_batch(B, 1, L, kBlock, r * blocks_per_inst, 1000 + r, stream)));
+            flash_attn::VarlenArgs a = varlen_args(*inst.back(), cache, q.get(), out.get(), kHeads, kHeadSize, true, stream);
+            if (cd != DType::bf16) {
+              a.params.k_scale = TensorView(scale.get(), DType::f32, {1}, Device::CUDA);
+              a.params.v_scale = TensorView(scale.get(), DType::f32, {1}, Device::CUDA);
+            }
+            a.num_splits = splits;
+            a.workspace = workspace.get();
+            a.workspace_bytes = workspace.bytes();
+            args.push_back(a);
+          }
+          const GraphTiming t = time_rotating(args, calls, stream);
+          const double gbps = bytes / t.ms_per_call / 1e6;
+          char note[200];
+          std::snprintf(note, sizeof note, "%s of %d calls over %zu KV instances (%.2f GB), splits %d, %.0f%% of read BW",
+                        t.graph ? "CUDA graph" : "eager launches", calls, args.size(),
+                        args.size() * kv_bytes / 1e9, splits, read_gbps > 0 ? 100.0 * gbps / read_gbps : 0.0);
+          rec.add({"decode", key, "attnkit", "GB/s", gbps, t.ms_per_call, note});
+        } catch (const std::exception& e) {
+          rec.fail("decode", key, e.what());
+          cudaGetLastError();
+        }
+      }
+  }
+}
+
+}  // namespace attnkit::bench

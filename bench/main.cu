@@ -1,0 +1,59 @@
+// attnkit_bench: ceilings, KV write, prefill and decode in one run (about two minutes on an
+// H200). Usage: attnkit_bench [--json results.jsonl] [--quick] [--only ceiling,kv_write,prefill,decode]
+// Every number is the median of several event-timed samples after warm-up; decode is timed as
+// CUDA graphs of back-to-back calls over KV instances that together exceed the L2 8x.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "bench_util.h"
+#include "cuda/cuda_check.h"
+
+int main(int argc, char** argv) {
+  using namespace attnkit::bench;
+  std::string json, only = "ceiling,kv_write,prefill,decode";
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json" && i + 1 < argc) {
+      json = argv[++i];
+    } else if (a == "--only" && i + 1 < argc) {
+      only = argv[++i];
+    } else if (a == "--quick") {
+      quick = true;
+    } else {
+      std::fprintf(stderr, "usage: %s [--json PATH] [--quick] [--only ceiling,kv_write,prefill,decode]\n", argv[0]);
+      return 2;
+    }
+  }
+  auto wanted = [&](const char* s) { return ("," + only + ",").find("," + std::string(s) + ",") != std::string::npos; };
+  try {
+    cudaStream_t stream;
+    ATTNKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    Recorder rec(json);
+    std::printf("%-9s %-44s %-12s %10s %-8s %12s  %s\n", "section", "key", "impl", "value", "unit", "time", "note");
+    Ceilings c;
+    if (wanted("ceiling")) c = run_ceilings(rec, stream);
+    if (wanted("kv_write")) run_kv_write(rec, stream);
+#ifdef ATTNKIT_BENCH_NO_ATTENTION
+    const char* why = "not built: this tree has no flash_attn kernels (src/flash_attn/*.cu)";
+    if (wanted("prefill")) rec.fail("prefill", "all prefill shapes", why);
+    if (wanted("decode")) rec.fail("decode", "all decode shapes", why);
+    (void)quick;
+#else
+    if (wanted("prefill")) run_prefill(rec, stream, quick);
+    if (wanted("decode")) run_decode(rec, stream, c.read_gbps, quick);
+#endif
+    ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    cudaStreamDestroy(stream);
+    int failed = 0;
+    for (const auto& r : rec.records()) failed += r.metric == "error";
+    std::printf("attnkit_bench: %zu records, %d failed\n", rec.records().size(), failed);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "attnkit_bench: %s\n", e.what());
+    return 1;
+  }
+}

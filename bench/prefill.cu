@@ -1,0 +1,64 @@
+// Prefill throughput: 16k new tokens per batch as seqlen 512..16k (batch = 16k / seqlen), 32
+// query heads with 8 KV heads (GQA) and 32 (MHA), head sizes 64/128/256, causal and not, bf16.
+// Ours reads K/V from a paged cache (block 16, blocks shuffled) through run_varlen_attention;
+// FLOPs = 4 * tokens * seqlen * head_size * heads, halved for causal (the FlashAttention
+// convention, which bench/peers.py uses too). Keys match bench/peers.py's.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <string>
+
+#include "attention_setup.h"
+#include "bench_util.h"
+#include "cuda/cuda_check.h"
+#include "cuda/device_buffer.h"
+
+namespace attnkit::bench {
+
+std::string prefill_key(int head_size, int hq, int hkv, bool causal, int seqlen, int batch) {
+  return "prefill d" + std::to_string(head_size) + " h" + std::to_string(hq) + "/" +
+         std::to_string(hkv) + (causal ? " causal" : " full") + " s" + std::to_string(seqlen) +
+         "x" + std::to_string(batch);
+}
+
+void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
+  constexpr int kTokens = 16384, kHeads = 32, kBlock = 16;
+  const int max_hd = quick ? 128 : 256;
+  const int64_t qo_bytes = int64_t{kTokens} * kHeads * max_hd * 2;
+  KVCacheSpec max_spec;
+  max_spec.num_blocks = kTokens / kBlock;
+  max_spec.block_size = kBlock;
+  max_spec.num_kv_heads = kHeads;
+  max_spec.head_size = max_hd;
+  cuda::DeviceBuffer q(qo_bytes), out(qo_bytes), pool(max_spec.total_bytes());
+  fill_random(q.get(), qo_bytes / 2, DType::bf16, 21, stream);
+  fill_random(pool.get(), max_spec.total_bytes() / 2, DType::bf16, 22, stream);
+  const int head_sizes_full[] = {64, 128, 256}, head_sizes_quick[] = {128};
+  for (int hd : quick ? std::vector<int>(head_sizes_quick, head_sizes_quick + 1)
+                      : std::vector<int>(head_sizes_full, head_sizes_full + 3))
+    for (int hkv : {8, 32})
+      for (bool causal : {true, false}) {
+        if (quick && (hkv != 8 || !causal)) continue;
+        KVCacheSpec spec = max_spec;
+        spec.num_kv_heads = hkv;
+        spec.head_size = hd;
+        const PagedKV cache = pool_view(spec, pool.get());
+        for (int seqlen = 512; seqlen <= kTokens; seqlen *= 2) {
+          const int batch = kTokens / seqlen;
+          const std::string key = prefill_key(hd, kHeads, hkv, causal, seqlen, batch);
+          try {
+            const UniformBatch b = make_uniform_batch(batch, seqlen, seqlen, kBlock, 0, seqlen + hd, stream);
+            const flash_attn::VarlenArgs args = varlen_args(b, cache, q.get(), out.get(), kHeads, hd, causal, stream);
+            const double ms = time_ms([&] { flash_attn::run_varlen_attention(args); }, stream, 1, 5);
+            ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+            const double flops = 4.0 * kTokens * seqlen * hd * kHeads * (causal ? 0.5 : 1.0);
+            rec.add({"prefill", key, "attnkit", "TFLOP/s", flops / ms / 1e9, ms, "paged KV, block 16"});
+          } catch (const std::exception& e) {
+            rec.fail("prefill", key, e.what());
+            cudaGetLastError();
+          }
+        }
+      }
+}
+
+}  // namespace attnkit::bench

@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Merges attnkit_bench's and peers.py's JSON lines into ONE markdown table (ours next to the
+peers, with the ratios: ours/FLASH, ours/cuDNN, decode fraction of the measured read-only
+bandwidth, fp8/bf16 decode speedup), then prints the issue's targets against what was measured,
+last.
+
+usage: report.py results.jsonl [peers.jsonl ...] [--out table.md] [--commit SHA]
+"""
+import argparse
+import json
+import math
+import re
+import sys
+
+
+def load(paths):
+    recs = []
+    for p in paths:
+        try:
+            with open(p) as f:
+                for line in f:
+                    line = line.strip()
+                    if line:
+                        recs.append(json.loads(line))
+        except OSError as e:
+            print(f"report: cannot read {p}: {e}", file=sys.stderr)
+    return recs
+
+
+def fmt(x, digits=1):
+    return "" if x is None else f"{x:.{digits}f}"
+
+
+def ratio(a, b):
+    return a / b if a and b else None
+
+
+def geomean(xs):
+    xs = [x for x in xs if x]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def build(recs):
+    by = {}  # (section, key) -> {impl: rec}
+    order = []
+    for r in recs:
+        k = (r["section"], r["key"])
+        if k not in by:
+            by[k] = {}
+            order.append(k)
+        by[k][r["impl"]] = r
+
+    def val(section, key, impl):
+        r = by.get((section, key), {}).get(impl)
+        return r["value"] if r and r.get("metric") != "error" else None
+
+    def ms(section, key, impl):
+        r = by.get((section, key), {}).get(impl)
+        return r["ms"] if r and r.get("metric") != "error" else None
+
+    read_bw = next((val(s, k, "attnkit") for (s, k) in order if s == "ceiling" and k.startswith("read-only")), None)
+    rows = []
+    head = ["section", "shape", "unit", "attnkit", "torch FLASH", "torch cuDNN", "ours/FLASH",
+            "ours/cuDNN", "% of read BW", "fp8/bf16", "notes"]
+    for (s, k) in order:
+        impls = by[(s, k)]
+        ours = impls.get("attnkit")
+        unit = next((r["metric"] for r in impls.values() if r.get("metric") != "error"), "error")
+        a = val(s, k, "attnkit")
+        fl, cu = val(s, k, "torch-FLASH"), val(s, k, "torch-cuDNN")
+        frac = speed = None
+        if s == "decode" and a and read_bw:
+            frac = 100.0 * a / read_bw
+        if s == "decode" and k.startswith("decode fp8"):
+            speed = ratio(ms(s, k.replace("decode fp8", "decode bf16"), "attnkit"), ms(s, k, "attnkit"))
+        notes = []
+        for r in impls.values():  # each distinct note once: ours' method, the peers' GQA mode, failures
+            n = r.get("note", "")
+            if r.get("impl") != "attnkit" and r.get("metric") != "error":
+                n = f"{r['impl']}: {n}"
+            if n and n not in notes:
+                notes.append(n)
+        rows.append([s, k, unit, fmt(a), fmt(fl), fmt(cu), fmt(ratio(a, fl), 2), fmt(ratio(a, cu), 2),
+                     fmt(frac), fmt(speed, 2), "; ".join(notes)[:200]])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+
+    # Targets of issue 4, checked against this run.
+    targets = []
+
+    def pre(pattern):
+        return [(k, val("prefill", k, "attnkit"), val("prefill", k, "torch-FLASH"), val("prefill", k, "torch-cuDNN"))
+                for (s, k) in order if s == "prefill" and re.match(pattern, k)]
+
+    p128 = pre(r"prefill d128 h32/\d+ causal ")
+    r_fl = [ratio(a, f) for _, a, f, _ in p128]
+    r_cu = [ratio(a, c) for _, a, _, c in p128]
+    if any(r_fl):
+        worst = min((x for x in r_fl if x), default=None)
+        targets.append(f"prefill d128 causal, 16k tokens: ours/FLASH geomean {fmt(geomean(r_fl), 2)}x, min {fmt(worst, 2)}x "
+                       f"(target >= 1.0x: {'met' if worst and worst >= 1.0 else 'MISSED'}); ours/cuDNN geomean {fmt(geomean(r_cu), 2)}x")
+    else:
+        targets.append("prefill d128 causal vs FLASH: no comparable numbers in this run")
+
+    def dec(dtype, cond):
+        out = []
+        for (s, k) in order:
+            m = re.match(rf"decode {dtype} b(\d+) kv(\d+)", k) if s == "decode" else None
+            if m and cond(int(m.group(1)), int(m.group(2))):
+                out.append((k, val(s, k, "attnkit"), ms(s, k, "attnkit")))
+        return out
+
+    if read_bw:
+        big = dec("bf16", lambda b, l: b >= 16 and l >= 4096)
+        fr = [100.0 * v / read_bw for _, v, _ in big if v]
+        if fr:
+            targets.append(f"decode bf16 batch>=16 KV>=4k: {fmt(min(fr))}%..{fmt(max(fr))}% of read BW "
+                           f"(target >= 85%: {'met' if min(fr) >= 85 else 'MISSED'})")
+        one = dec("bf16", lambda b, l: b == 1 and l == 32768)
+        if one and one[0][1]:
+            f1 = 100.0 * one[0][1] / read_bw
+            targets.append(f"decode bf16 batch 1 KV 32k: {fmt(f1)}% of read BW (target >= 60%: {'met' if f1 >= 60 else 'MISSED'})")
+    sp = []
+    for k, _, t8 in dec("fp8", lambda b, l: b >= 16 and l >= 4096):
+        t16 = ms("decode", k.replace("decode fp8", "decode bf16"), "attnkit")
+        if t8 and t16:
+            sp.append(t16 / t8)
+    if sp:
+        targets.append(f"decode fp8/bf16 speedup, batch>=16 KV>=4k: {fmt(min(sp), 2)}x..{fmt(max(sp), 2)}x "
+                       f"(target >= 1.7x: {'met' if min(sp) >= 1.7 else 'MISSED'})")
+    if read_bw:
+        targets.insert(0, f"read-only ceiling measured: {fmt(read_bw)} GB/s")
+    return lines, targets
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--commit", default="")
+    args = ap.parse_args()
+    recs = load(args.files)
+    if not recs:
+        print("report: no records")
+        return 1
+    lines, targets = build(recs)
+    text = []
+    if args.commit:
+        text.append(f"Measured commit: {args.commit}\n")
+    text += lines
+    text.append("")
+    text.append("Targets (issue 4), this run:")
+    text += [f"- {t}" for t in targets]
+    body = "\n".join(text) + "\n"
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(body)
+    print(body, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

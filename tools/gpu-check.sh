@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# THE script run on a GPU machine: configure + build (CUDA, sm_90a, Release, all cores), the CPU
+# tests, the GPU tests, compute-sanitizer memcheck on a reduced GPU-test filter, the Python tests
+# (when the package exists), then the benchmark (attnkit_bench + bench/peers.py, merged by
+# bench/report.py). Logs and the table go to $OUT when set (else build/gpu-check/). Exits
+# non-zero when the build or any test fails, but always runs the benchmark and prints what
+# happened: a short table last.
+#
+# Environment:
+#   SANITIZER_FILTER   gtest filter for memcheck (default '*Sanitizer*:*KvWrite*')
+#   GPU_TEST_FILTER    gtest filter for the GPU tests (default '*')
+#   STEPS              comma list of build,cpu,gpu,sanitizer,python,bench (default: all)
+#   BENCH_ARGS         extra arguments of attnkit_bench (e.g. --quick)
+#   PY_CUDA            ON/OFF: build the Python extension with CUDA (default ON)
+#   ATTNKIT_COMMIT     the commit measured (default: git rev-parse HEAD, if a repository)
+#   JOBS               build jobs (default: nproc)
+#   T_BUILD T_TESTS T_SANITIZER T_PYTHON T_BENCH T_PEERS   per-step time limits in seconds
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+ROOT=$(pwd)
+LOG=${OUT:-$ROOT/build/gpu-check}
+mkdir -p "$LOG"
+BUILD=${BUILD_DIR:-build}
+JOBS=${JOBS:-$(nproc)}
+STEPS=${STEPS:-build,cpu,gpu,sanitizer,python,bench}
+SANITIZER_FILTER=${SANITIZER_FILTER:-'*Sanitizer*:*KvWrite*'}
+GPU_TEST_FILTER=${GPU_TEST_FILTER:-'*'}
+COMMIT=${ATTNKIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+export PYTHONUNBUFFERED=1
+
+declare -a SUMMARY=()
+FAILED=0
+want() { [[ ",$STEPS," == *",$1,"* ]]; }
+# step NAME LIMIT LOGFILE CMD...: runs CMD with a time limit, appends to LOGFILE, records status.
+step() {
+  local name=$1 limit=$2 logfile=$3
+  shift 3
+  local start rc
+  start=$(date +%s)
+  echo "=== $name: $*" | tee -a "$logfile"
+  timeout --kill-after=10 "$limit" "$@" >>"$logfile" 2>&1
+  rc=$?
+  local secs=$(( $(date +%s) - start ))
+  local status=ok
+  [ $rc -ne 0 ] && status="FAILED (rc $rc)"
+  [ $rc -eq 124 ] && status="TIMED OUT after ${limit}s"
+  SUMMARY+=("$(printf '%-22s %-24s %5ss' "$name" "$status" "$secs")")
+  echo "=== $name: $status in ${secs}s" | tee -a "$logfile"
+  return $rc
+}
+# Counts lines like gtest's "[  FAILED  ] Suite.Test" into the summary line of a step.
+gtest_counts() {
+  local logfile=$1
+  local passed failed
+  passed=$(grep -c '^\[       OK \]' "$logfile" 2>/dev/null)
+  failed=$(grep -c '^\[  FAILED  \] .*(.* ms)$' "$logfile" 2>/dev/null)
+  echo "passed ${passed:-0}, failed ${failed:-0}"
+}
+
+echo "gpu-check: commit $COMMIT, $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+echo "gpu-check: logs in $LOG"
+
+# ---- build ----------------------------------------------------------------------------------
+BUILD_OK=1
+if want build; then
+  cmake_args=(-S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNKIT_CUDA=ON
+              -DCMAKE_CUDA_ARCHITECTURES=90a
+              # CMake releases that predate nvcc's C++20 flag: tell them the flag.
+              -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20
+              -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20)
+  # GoogleTest: the system's, else built from a source tree (Debian's googletest package
+  # installs one at /usr/src/googletest; a copy may travel in .deps/googletest).
+  if ! ls /usr/include/gtest/gtest.h /usr/local/include/gtest/gtest.h >/dev/null 2>&1 &&
+     ! ls /usr/lib/*/cmake/GTest /usr/local/lib/cmake/GTest >/dev/null 2>&1; then
+    for src in "${GTEST_SRC:-}" "$ROOT/.deps/googletest" /usr/src/googletest; do
+      [ -n "$src" ] && [ -f "$src/CMakeLists.txt" ] || continue
+      step gtest 300 "$LOG/build.log" bash -c "cmake -S '$src' -B /tmp/gtest-build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/tmp/gtest -DBUILD_GMOCK=OFF && cmake --build /tmp/gtest-build -j $JOBS && cmake --install /tmp/gtest-build"
+      cmake_args+=(-DCMAKE_PREFIX_PATH=/tmp/gtest)
+      break
+    done
+  fi
+  step configure "${T_BUILD:-420}" "$LOG/build.log" cmake "${cmake_args[@]}" || BUILD_OK=0
+  if [ $BUILD_OK = 1 ]; then
+    step build "${T_BUILD:-420}" "$LOG/build.log" cmake --build "$BUILD" -j "$JOBS" || BUILD_OK=0
+  fi
+  [ $BUILD_OK = 1 ] || { FAILED=1; tail -40 "$LOG/build.log"; }
+fi
+
+# ---- tests ----------------------------------------------------------------------------------
+if want cpu; then
+  if [ -x "$BUILD/tests/attnkit_tests" ]; then
+    step cpu-tests "${T_TESTS:-300}" "$LOG/tests.log" "$BUILD/tests/attnkit_tests" || FAILED=1
+    SUMMARY+=("  cpu-tests: $(gtest_counts "$LOG/tests.log")")
+  else
+    SUMMARY+=("cpu-tests              NOT BUILT"); FAILED=1
+  fi
+fi
+if want gpu; then
+  if [ -x "$BUILD/tests/attnkit_gpu_tests" ]; then
+    : >"$LOG/gpu.tmp"
+    step gpu-tests "${T_TESTS:-300}" "$LOG/gpu.tmp" "$BUILD/tests/attnkit_gpu_tests" --gtest_filter="$GPU_TEST_FILTER" || FAILED=1
+    SUMMARY+=("  gpu-tests: $(gtest_counts "$LOG/gpu.tmp")")
+    grep '^\[  FAILED  \]' "$LOG/gpu.tmp" | head -20
+    cat "$LOG/gpu.tmp" >>"$LOG/tests.log"; rm -f "$LOG/gpu.tmp"
+  else
+    SUMMARY+=("gpu-tests              NOT BUILT"); FAILED=1
+  fi
+fi
+if want sanitizer; then
+  if [ -x "$BUILD/tests/attnkit_gpu_tests" ] && command -v compute-sanitizer >/dev/null; then
+    : >"$LOG/san.tmp"
+    step memcheck "${T_SANITIZER:-240}" "$LOG/san.tmp" compute-sanitizer --tool memcheck --error-exitcode 99 \
+      --print-limit 20 "$BUILD/tests/attnkit_gpu_tests" --gtest_filter="$SANITIZER_FILTER" || FAILED=1
+    SUMMARY+=("  memcheck ($SANITIZER_FILTER): $(grep -E 'ERROR SUMMARY' "$LOG/san.tmp" | tail -1)")
+    cat "$LOG/san.tmp" >>"$LOG/tests.log"; rm -f "$LOG/san.tmp"
+  else
+    SUMMARY+=("memcheck               SKIPPED (no test binary or no compute-sanitizer)")
+  fi
+fi
+if want python; then
+  if [ -f pyproject.toml ] && [ -d python/tests ]; then
+    step python-build "${T_PYTHON:-420}" "$LOG/tests.log" python3 -m pip install -q --disable-pip-version-check \
+      --no-build-isolation --no-deps -C build-dir=build-py -C cmake.define.ATTNKIT_CUDA="${PY_CUDA:-ON}" \
+      -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a . || FAILED=1
+    step pytest "${T_PYTHON:-420}" "$LOG/tests.log" python3 -m pytest -q python/tests || FAILED=1
+  else
+    SUMMARY+=("python                 SKIPPED (no pyproject.toml + python/tests in this tree)")
+  fi
+fi
+
+# ---- benchmark (always, even after failures) ---------------------------------------------------
+if want bench; then
+  if [ -x "$BUILD/bench/attnkit_bench" ]; then
+    # shellcheck disable=SC2086
+    step attnkit_bench "${T_BENCH:-240}" "$LOG/bench.log" "$BUILD/bench/attnkit_bench" --json "$LOG/bench.jsonl" ${BENCH_ARGS:-}
+  else
+    SUMMARY+=("attnkit_bench          NOT BUILT")
+  fi
+  peer_args=()
+  [[ " ${BENCH_ARGS:-} " == *" --quick "* ]] && peer_args=(--quick)
+  step peers "${T_PEERS:-180}" "$LOG/bench.log" python3 bench/peers.py --json "$LOG/peers.jsonl" "${peer_args[@]}"
+  if [ -s "$LOG/bench.jsonl" ] || [ -s "$LOG/peers.jsonl" ]; then
+    python3 bench/report.py "$LOG/bench.jsonl" "$LOG/peers.jsonl" --commit "$COMMIT" --out "$LOG/table.md" >/dev/null
+    echo; echo "---- benchmark table (also $LOG/table.md) ----"
+    sed -n '/^| section/,/^$/p' "$LOG/table.md"
+  fi
+fi
+
+# ---- the short table, last -----------------------------------------------------------------------
+{
+  echo
+  echo "==== gpu-check summary (commit $COMMIT) ===="
+  for line in "${SUMMARY[@]}"; do echo "$line"; done
+  if [ -s "$LOG/table.md" ]; then
+    grep -E '^\| (ceiling|kv_write) ' "$LOG/table.md" | cut -d'|' -f3-5
+    sed -n '/^Targets/,$p' "$LOG/table.md"
+  fi
+  [ $FAILED = 0 ] && echo "RESULT: no failures in the steps run ($STEPS)" || echo "RESULT: FAILURES (see $LOG/tests.log, $LOG/build.log)"
+} | tee "$LOG/summary.txt"
+exit $FAILED
