@@ -2,8 +2,8 @@
 #pragma once
 #include <gtest/gtest.h>
 
-#include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "attnkit/error.h"
 
@@ -11,7 +11,7 @@ namespace attnkit::test {
 
 // Runs fn; succeeds iff it throws attnkit::Error whose what() contains every substring.
 template <class Fn>
-::testing::AssertionResult throws_error_with(Fn&& fn, std::initializer_list<std::string> parts) {
+::testing::AssertionResult throws_error_with(Fn&& fn, const std::vector<std::string>& parts) {
   try {
     fn();
   } catch (const Error& e) {
