@@ -11,6 +11,7 @@
 #   GPU_TEST_FILTER    gtest filter for the GPU tests (default '*')
 #   STEPS              comma list of build,cpu,gpu,sanitizer,python,bench (default: all)
 #   BENCH_ARGS         extra arguments of attnkit_bench (e.g. --quick)
+#   PEERS              1 (default) runs bench/peers.py; 0 skips it
 #   PY_CUDA            ON/OFF: build the Python extension with CUDA (default ON)
 #   ATTNKIT_COMMIT     the commit measured (default: git rev-parse HEAD, if a repository)
 #   JOBS               build jobs (default: nproc)
@@ -107,9 +108,11 @@ if want gpu; then
   fi
 fi
 if want sanitizer; then
-  if [ -x "$BUILD/tests/attnkit_gpu_tests" ] && command -v compute-sanitizer >/dev/null; then
+  SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
+              /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
+  if [ -x "$BUILD/tests/attnkit_gpu_tests" ] && [ -n "$SANITIZER" ]; then
     : >"$LOG/san.tmp"
-    step memcheck "${T_SANITIZER:-240}" "$LOG/san.tmp" compute-sanitizer --tool memcheck --error-exitcode 99 \
+    step memcheck "${T_SANITIZER:-240}" "$LOG/san.tmp" "$SANITIZER" --tool memcheck --error-exitcode 99 \
       --print-limit 20 "$BUILD/tests/attnkit_gpu_tests" --gtest_filter="$SANITIZER_FILTER" || FAILED=1
     SUMMARY+=("  memcheck ($SANITIZER_FILTER): $(grep -E 'ERROR SUMMARY' "$LOG/san.tmp" | tail -1)")
     cat "$LOG/san.tmp" >>"$LOG/tests.log"; rm -f "$LOG/san.tmp"
@@ -138,7 +141,7 @@ if want bench; then
   fi
   peer_args=()
   [[ " ${BENCH_ARGS:-} " == *" --quick "* ]] && peer_args=(--quick)
-  step peers "${T_PEERS:-180}" "$LOG/bench.log" python3 bench/peers.py --json "$LOG/peers.jsonl" "${peer_args[@]}"
+  [ "${PEERS:-1}" = 1 ] && step peers "${T_PEERS:-180}" "$LOG/bench.log" python3 bench/peers.py --json "$LOG/peers.jsonl" "${peer_args[@]}"
   if [ -s "$LOG/bench.jsonl" ] || [ -s "$LOG/peers.jsonl" ]; then
     python3 bench/report.py "$LOG/bench.jsonl" "$LOG/peers.jsonl" --commit "$COMMIT" --out "$LOG/table.md" >/dev/null
     echo; echo "---- benchmark table (also $LOG/table.md) ----"
