@@ -17,37 +17,20 @@ namespace attnkit::cuda {
 
 // Encodes a finite |x| >= 0 into a format with `mbits` mantissa bits and exponent bias `bias`
 // (subnormals at exponent field 0) with RNE. Returns exponent|mantissa, which may exceed the
-// format's largest finite code: callers saturate. Mirrors encode_small() in dtype.cpp.
+// format's largest finite code: callers saturate. Same results as encode_small() in dtype.cpp,
+// in a few instructions: subnormals round by one float addition of a magic number whose ulp
+// is the format's subnormal quantum (the FPU's own RNE); normals round the float's bits at the
+// format's last mantissa bit (add half-ulp-minus-one plus the kept lsb, then truncate).
 __device__ __forceinline__ uint32_t encode_small(float ax, int mbits, int bias) {
-  const uint32_t u = __float_as_uint(ax);
-  const int exp_bits = static_cast<int>(u >> 23);
-  // Zero and float subnormals (< 2^-126) round to 0 in every format used here.
-  if (exp_bits == 0) return 0;
-  const int e = exp_bits - 127;                     // ax = mant * 2^(e - 23)
-  const uint32_t mant = (u & 0x7FFFFFu) | 0x800000u;  // 24 significant bits
-  int exp_field = e + bias;
-  int shift;  // low bits of mant below the target quantum
-  if (exp_field < 1) {
-    exp_field = 0;
-    shift = (1 - bias - mbits) - (e - 23);
-  } else {
-    shift = 23 - mbits;
+  const float min_normal = __uint_as_float(static_cast<uint32_t>(127 + 1 - bias) << 23);
+  if (ax < min_normal) {
+    const float magic = __uint_as_float(static_cast<uint32_t>(127 + 24 - bias - mbits) << 23);
+    return __float_as_uint(__fadd_rn(ax, magic)) - __float_as_uint(magic);
   }
-  uint32_t n;
-  if (shift >= 25) {
-    n = 0;  // below half a quantum
-  } else {
-    const uint32_t q = mant >> shift;
-    const uint32_t rem = mant & ((1u << shift) - 1u);
-    const uint32_t half = 1u << (shift - 1);
-    n = q + ((rem > half || (rem == half && (q & 1u))) ? 1u : 0u);
-  }
-  if (exp_field == 0) return n;  // subnormal: n == 2^mbits is the first normal, as encoded
-  if (n == (2u << mbits)) {
-    n >>= 1;
-    ++exp_field;
-  }
-  return (static_cast<uint32_t>(exp_field) << mbits) | (n - (1u << mbits));
+  const int shift = 23 - mbits;
+  uint32_t u = __float_as_uint(ax);
+  u += ((1u << (shift - 1)) - 1u) + ((u >> shift) & 1u);
+  return (u >> shift) - (static_cast<uint32_t>(127 - bias) << mbits);
 }
 
 __device__ __forceinline__ bool is_nan_bits(float x) {
@@ -158,12 +141,39 @@ __device__ __forceinline__ float e2m1_to_f32(uint8_t nibble) {
 }
 
 // ---- quantizers as the host defines them --------------------------------------------------
-// stored = saturate(RNE(x / scale)); plain IEEE division (nvcc's default -prec-div=true).
+// x / d, correctly rounded like IEEE division (what the host computes), for many x and one d:
+// q = x * RN(1/d), corrected once with the exact remainder fma(-q, d, x) (Markstein). That is
+// the correctly rounded quotient whenever nothing under- or overflows; outside
+// 2^-100 <= |x|, |q|, d < 2^100 (and for inf / NaN) it falls back to the full division.
+struct Divider {
+  float d, r;
+  bool fast;
+  __device__ __forceinline__ explicit Divider(float divisor) : d(divisor) {
+    const float ad = fabsf(divisor);
+    fast = ad >= 0x1p-100f && ad < 0x1p100f;
+    r = fast ? __frcp_rn(divisor) : 0.f;
+  }
+  __device__ __forceinline__ float operator()(float x) const {
+    if (fast) {
+      const float q = __fmul_rn(x, r);
+      const float y = __fmaf_rn(__fmaf_rn(-q, d, x), r, q);
+      const float ax = fabsf(x), ay = fabsf(y);
+      if (ax >= 0x1p-100f && ax < 0x1p100f && ay >= 0x1p-100f && ay < 0x1p100f) return y;
+    }
+    return __fdiv_rn(x, d);
+  }
+};
+
+// stored = saturate(RNE(x / scale)).
+template <DType T>
+__device__ __forceinline__ uint8_t fp8_quantize(float x, const Divider& scale) {
+  static_assert(T == DType::fp8_e4m3 || T == DType::fp8_e5m2);
+  const float y = scale(x);
+  return T == DType::fp8_e4m3 ? f32_to_e4m3(y) : f32_to_e5m2(y);
+}
 template <DType T>
 __device__ __forceinline__ uint8_t fp8_quantize(float x, float scale) {
-  static_assert(T == DType::fp8_e4m3 || T == DType::fp8_e5m2);
-  const float y = __fdiv_rn(x, scale);
-  return T == DType::fp8_e4m3 ? f32_to_e4m3(y) : f32_to_e5m2(y);
+  return fp8_quantize<T>(x, Divider(scale));
 }
 
 template <DType T>
@@ -184,10 +194,11 @@ __device__ __forceinline__ void nvfp4_quantize_block(const float (&x)[kNvfp4Bloc
   const uint8_t s = f32_to_e4m3(__fdiv_rn(amax, __fmul_rn(6.f, g)));
   scale_e4m3 = s;
   const float step = __fmul_rn(e4m3_to_f32(s), g);
+  const Divider div(step);
 #pragma unroll
   for (int i = 0; i < kNvfp4BlockValues; i += 2) {
-    const uint8_t lo = step > 0.f ? f32_to_e2m1(__fdiv_rn(x[i], step)) : 0;
-    const uint8_t hi = step > 0.f ? f32_to_e2m1(__fdiv_rn(x[i + 1], step)) : 0;
+    const uint8_t lo = step > 0.f ? f32_to_e2m1(div(x[i])) : 0;
+    const uint8_t hi = step > 0.f ? f32_to_e2m1(div(x[i + 1])) : 0;
     packed[i / 2] = static_cast<uint8_t>((lo & 0xF) | (hi << 4));
   }
 }

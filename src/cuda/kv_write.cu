@@ -54,9 +54,10 @@ template <DType C, int N>
 __device__ __forceinline__ void store_values(void* base, int64_t elem, bool vec, const float (&x)[N],
                                              float scale) {
   if constexpr (fp8_cache(C)) {
+    const Divider div(scale);
     uint8_t q[N];
 #pragma unroll
-    for (int i = 0; i < N; ++i) q[i] = fp8_quantize<C>(x[i], scale);
+    for (int i = 0; i < N; ++i) q[i] = fp8_quantize<C>(x[i], div);
     store_bytes<N>(static_cast<uint8_t*>(base) + elem, vec, q);
   } else {
     store_floats<N>(base, elem, C, vec, x);
