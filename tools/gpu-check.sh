@@ -123,7 +123,7 @@ fi
 if want python; then
   if [ -f pyproject.toml ] && [ -d python/tests ]; then
     step python-build "${T_PYTHON:-420}" "$LOG/tests.log" python3 -m pip install -q --disable-pip-version-check \
-      --no-build-isolation --no-deps -C build-dir=build-py -C cmake.define.ATTNKIT_CUDA="${PY_CUDA:-ON}" \
+      --no-build-isolation --no-deps -C cmake.define.ATTNKIT_CUDA="${PY_CUDA:-ON}" \
       -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a . || FAILED=1
     step pytest "${T_PYTHON:-420}" "$LOG/tests.log" python3 -m pytest -q python/tests || FAILED=1
   else
