@@ -14,7 +14,7 @@
 namespace attnkit::bench {
 
 struct Record {
-  std::string section;  // ceiling, kv_write, prefill, decode
+  std::string section;  // ceiling, kv_write, merge, prefill, decode
   std::string key;      // shape key shared with the peers
   std::string impl;     // attnkit, torch-FLASH, torch-cuDNN, ...
   std::string metric;   // GB/s, TFLOP/s
@@ -53,6 +53,7 @@ struct Ceilings {
 };
 Ceilings run_ceilings(Recorder& rec, cudaStream_t stream);
 void run_kv_write(Recorder& rec, cudaStream_t stream);
+void run_merge(Recorder& rec, cudaStream_t stream);
 void run_prefill(Recorder& rec, cudaStream_t stream, bool quick);
 void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick);
 

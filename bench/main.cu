@@ -1,5 +1,5 @@
 // attnkit_bench: ceilings, KV write, prefill and decode in one run (about two minutes on an
-// H200). Usage: attnkit_bench [--json results.jsonl] [--quick] [--only ceiling,kv_write,prefill,decode]
+// H200). Usage: attnkit_bench [--json results.jsonl] [--quick] [--only ceiling,kv_write,merge,prefill,decode]
 // Every number is the median of several event-timed samples after warm-up; decode is timed as
 // CUDA graphs of back-to-back calls over KV instances that together exceed the L2 8x.
 #include <cuda_runtime.h>
@@ -13,7 +13,7 @@
 
 int main(int argc, char** argv) {
   using namespace attnkit::bench;
-  std::string json, only = "ceiling,kv_write,prefill,decode";
+  std::string json, only = "ceiling,kv_write,merge,prefill,decode";
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
     } else if (a == "--quick") {
       quick = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--quick] [--only ceiling,kv_write,prefill,decode]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--json PATH] [--quick] [--only ceiling,kv_write,merge,prefill,decode]\n", argv[0]);
       return 2;
     }
   }
@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
     Ceilings c;
     if (wanted("ceiling")) c = run_ceilings(rec, stream);
     if (wanted("kv_write")) run_kv_write(rec, stream);
+    if (wanted("merge")) run_merge(rec, stream);
 #ifdef ATTNKIT_BENCH_NO_ATTENTION
     const char* why = "not built: this tree has no flash_attn kernels (src/flash_attn/*.cu)";
     if (wanted("prefill")) rec.fail("prefill", "all prefill shapes", why);

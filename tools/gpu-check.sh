@@ -155,7 +155,7 @@ fi
   echo "==== gpu-check summary (commit $COMMIT) ===="
   for line in "${SUMMARY[@]}"; do echo "$line"; done
   if [ -s "$LOG/table.md" ]; then
-    grep -E '^\| (ceiling|kv_write) ' "$LOG/table.md" | cut -d'|' -f3-5
+    grep -E '^\| (ceiling|kv_write|merge) ' "$LOG/table.md" | cut -d'|' -f3-5
     sed -n '/^Targets/,$p' "$LOG/table.md"
   fi
   [ $FAILED = 0 ] && echo "RESULT: no failures in the steps run ($STEPS)" || echo "RESULT: FAILURES (see $LOG/tests.log, $LOG/build.log)"
