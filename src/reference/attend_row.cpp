@@ -6,6 +6,19 @@
 
 namespace attnkit::reference {
 
+namespace {
+// Four partial sums let the additions overlap; the result differs from a plain loop only by
+// double rounding.
+double dot(const double* q, const float* k, int d) {
+  double acc[4] = {0, 0, 0, 0};
+  int c = 0;
+  for (; c + 4 <= d; c += 4)
+    for (int i = 0; i < 4; ++i) acc[i] += q[c + i] * static_cast<double>(k[c + i]);
+  for (; c < d; ++c) acc[0] += q[c] * static_cast<double>(k[c]);
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+}  // namespace
+
 KeyRange visible_keys(int64_t pos, int64_t seq_len, bool causal, int window_left,
                       int window_right) {
   KeyRange r{0, seq_len};
@@ -29,9 +42,7 @@ double attend_row(const RowProblem& p, const double* q, const KVRowReader& k,
   for (int64_t i = 0; i < n; ++i) {
     const int64_t j = p.keys.begin + i;
     k.read(slot_of(p.block_row, p.block_size, j), p.kv_head, row);
-    double dot = 0.0;
-    for (int c = 0; c < d; ++c) dot += q[c] * static_cast<double>(row[c]);
-    double s = p.scale * dot;
+    double s = p.scale * dot(q, row, d);
     if (p.softcap > 0) s = p.softcap * std::tanh(s / p.softcap);
     s -= p.alibi_slope * static_cast<double>(std::llabs(p.pos - j));
     scratch.logits[i] = s;

@@ -1,6 +1,8 @@
 #include "reference/kv_row_reader.h"
 
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "attnkit/error.h"
@@ -45,6 +47,10 @@ KVRowReader::KVRowReader(const PagedKV& cache, const PagedKVSide& side, const Te
     const bool per_head = scale.size(0) > 1;
     for (int h = 0; h < cache.num_kv_heads; ++h) head_scale_[h] = scale_at(scale, per_head ? h : 0);
   }
+  if (dtype_ == DType::f16) {  // a table: the conversion is a call per element otherwise
+    f16_code_.resize(65536);
+    for (uint32_t c = 0; c < 65536; ++c) f16_code_[c] = f16_bits_to_float(static_cast<uint16_t>(c));
+  }
   if (is_fp8(dtype_)) {
     for (int c = 0; c < 256; ++c)
       fp8_code_[c] = dequantize_fp8(dtype_, static_cast<uint8_t>(c), 1.f);
@@ -54,12 +60,19 @@ KVRowReader::KVRowReader(const PagedKV& cache, const PagedKVSide& side, const Te
 void KVRowReader::read(int64_t slot, int kv_head, float* out) const {
   const int64_t off = row_offset(side_, block_size_, slot, kv_head);
   switch (dtype_) {
-    case DType::f32:
-    case DType::f16:
-    case DType::bf16: {
-      const int64_t elem = static_cast<int64_t>(dtype_size(dtype_));
-      const char* row = static_cast<const char*>(side_.base) + off * elem;
-      for (int d = 0; d < head_size_; ++d) out[d] = load_as_float(row, dtype_, d);
+    case DType::f32: {
+      std::memcpy(out, static_cast<const float*>(side_.base) + off, head_size_ * sizeof(float));
+      return;
+    }
+    case DType::f16: {
+      const uint16_t* row = static_cast<const uint16_t*>(side_.base) + off;
+      for (int d = 0; d < head_size_; ++d) out[d] = f16_code_[row[d]];
+      return;
+    }
+    case DType::bf16: {  // bf16 is the top half of an f32
+      const uint16_t* row = static_cast<const uint16_t*>(side_.base) + off;
+      for (int d = 0; d < head_size_; ++d)
+        out[d] = std::bit_cast<float>(static_cast<uint32_t>(row[d]) << 16);
       return;
     }
     case DType::fp8_e4m3:

@@ -26,6 +26,7 @@ class KVRowReader {
   int block_size_, head_size_;
   std::vector<float> head_scale_;     // per KV head (per-tensor scales repeated)
   std::array<float, 256> fp8_code_{};  // fp8 code -> unscaled value
+  std::vector<float> f16_code_;        // f16 bits -> value (f16 caches only)
 };
 
 // Checks a dequant scale tensor against the cache: f32 on the CPU, shape [1] or
