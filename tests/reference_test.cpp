@@ -669,6 +669,9 @@ const BadInput kBadInputs[] = {
     {"v_scale_value", "v_scale[1]", [](Built& b, TensorView&, PagedKV&, AttentionParams&, TensorView&, bool&) { b.v_scale[1] = -1.f; }},
     {"sink_nan", "sinks[3]", [](Built& b, TensorView&, PagedKV&, AttentionParams&, TensorView&, bool&) { b.sinks[3] = NAN; }},
     {"alibi_inf", "alibi_slopes[0]", [](Built& b, TensorView&, PagedKV&, AttentionParams&, TensorView&, bool&) { b.alibi[0] = INFINITY; }},
+    {"lse_dtype", "lse.dtype", [](Built&, TensorView&, PagedKV&, AttentionParams& p, TensorView&, bool&) { p.lse.dtype = DType::f16; }},
+    {"sinks_device", "sinks.device", [](Built&, TensorView&, PagedKV&, AttentionParams& p, TensorView&, bool&) { p.sinks.device = Device::CUDA; }},
+    {"window_left", "window_left", [](Built&, TensorView&, PagedKV&, AttentionParams& p, TensorView&, bool&) { p.window_left = -2; }},
     {"nvfp4_per_head", "k_scale", [](Built&, TensorView&, PagedKV& kv, AttentionParams&, TensorView&, bool&) { kv.dtype = DType::nvfp4; kv.k.scale_base = kv.v.scale_base = kv.k.base; }},
 };
 

@@ -46,7 +46,18 @@ void validate_cache(const PagedKV& c, int64_t head_size) {
   }
 }
 
-// Shapes and dtypes are AttentionParams::validate's job; these are the values the math needs.
+// The optional tensors the reference reads or writes directly. AttentionParams::validate checks
+// them too; repeating the few checks the memory accesses below rely on keeps this file safe
+// on its own.
+void validate_param_tensor(const TensorView& t, const char* name, int64_t d0, int64_t d1) {
+  if (!t.defined()) return;
+  t.require_dtype(kWhere, name, DType::f32);
+  t.require_device(kWhere, name, Device::CPU);
+  if (d1 < 0) t.require_shape(kWhere, name, {d0});
+  else t.require_shape(kWhere, name, {d0, d1});
+}
+
+// The values the math needs: finite slopes, sinks finite or -inf.
 void validate_head_values(const TensorView& sinks, const TensorView& alibi) {
   for (int64_t h = 0; alibi.defined() && h < alibi.size(0); ++h) {
     const float m = alibi.ptr<const float>()[h * alibi.stride(0)];
@@ -86,6 +97,9 @@ void validate_inputs(const TensorView& q, const PagedKV& cache, const BatchView&
 
   params.validate(kWhere, static_cast<int>(num_heads), cache.num_kv_heads, num_tokens,
                   Device::CPU);
+  validate_param_tensor(params.alibi_slopes, "alibi_slopes", num_heads, -1);
+  validate_param_tensor(params.sinks, "sinks", num_heads, -1);
+  validate_param_tensor(params.lse, "lse", num_heads, num_tokens);
   validate_head_values(params.sinks, params.alibi_slopes);
   validate_kv_scale(kWhere, "k_scale", params.k_scale, cache);
   validate_kv_scale(kWhere, "v_scale", params.v_scale, cache);
