@@ -2,6 +2,7 @@
 #ifndef ATTNKIT_WITH_CUDA
 #include "attnkit/error.h"
 #include "core/cuda_dispatch.h"
+#include "flash_attn/varlen_launch.h"
 
 namespace attnkit::cuda {
 
@@ -20,4 +21,15 @@ void merge_states(const TensorView&, const TensorView&, const TensorView&, const
 }
 
 }  // namespace attnkit::cuda
+
+namespace attnkit::flash_attn {
+
+size_t varlen_workspace_bytes(int64_t, int, int, int) { return 0; }
+
+void run_varlen_attention(const VarlenArgs&) {
+  throw Error("flash_attn varlen attention", "device = cuda",
+              "this attnkit was built without CUDA (ATTNKIT_CUDA=OFF or no nvcc)");
+}
+
+}  // namespace attnkit::flash_attn
 #endif
