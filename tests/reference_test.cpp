@@ -50,6 +50,7 @@ struct Problem {
   std::vector<Req> reqs;
   bool allow_longer = false;
   int pad_tokens = 0;  // q rows past the batch (CUDA-graph padding)
+  bool separate_views = false;  // K and V as two padded strided views (paged_kv_from_views)
   uint64_t seed = 1;
 };
 
@@ -66,9 +67,27 @@ struct Built {
   std::vector<std::vector<double>> dense_k, dense_v;  // per request [seq_len][kv_head][d]
   std::vector<double> q_vals;                         // q as stored, [token][head][d]
 
-  PagedKV kv() { return spec.view(TensorView(cache_bytes.data(), spec.storage_dtype(),
-                                             {static_cast<int64_t>(cache_bytes.size()) /
-                                              static_cast<int64_t>(dtype_size(spec.storage_dtype()))})); }
+  std::vector<uint8_t> k_mem, v_mem;  // separate_views only
+
+  PagedKV kv() {
+    if (pr.separate_views) return separate_kv();
+    return spec.view(TensorView(cache_bytes.data(), spec.storage_dtype(),
+                                {static_cast<int64_t>(cache_bytes.size()) /
+                                 static_cast<int64_t>(dtype_size(spec.storage_dtype()))}));
+  }
+  // Rows padded by 8 elements, blocks by 16, slot-major (NHD) or head-major (HND) per block.
+  PagedKV separate_kv() {
+    const int64_t nb = spec.num_blocks, bs = spec.block_size, hk = spec.num_kv_heads;
+    const int64_t d = spec.head_size, row = d + 8;
+    const int64_t s_slot = spec.layout == KVLayout::NHD ? hk * row : row;
+    const int64_t s_head = spec.layout == KVLayout::NHD ? row : bs * row;
+    const int64_t s_block = bs * hk * row + 16;
+    const size_t bytes = nb * s_block * dtype_size(spec.cache_dtype);
+    if (k_mem.size() != bytes) k_mem.assign(bytes, 0xFF), v_mem.assign(bytes, 0xFF);
+    return paged_kv_from_views(
+        TensorView(k_mem.data(), spec.cache_dtype, {nb, bs, hk, d}, {s_block, s_slot, s_head, 1}),
+        TensorView(v_mem.data(), spec.cache_dtype, {nb, bs, hk, d}, {s_block, s_slot, s_head, 1}));
+  }
   BatchView batch() const { return {qsl, seq_lens, block_table, max_blocks}; }
   TensorView q() {
     return TensorView(q_bytes.data(), pr.s.q_dtype, {num_tokens, pr.s.num_heads, pr.s.head_size});
@@ -444,6 +463,36 @@ INSTANTIATE_TEST_SUITE_P(
              (std::get<1>(info.param) ? "_perhead" : "_pertensor") + "_" +
              std::string(layout_name(std::get<2>(info.param))) +
              (std::get<3>(info.param) ? "_causal" : "_noncausal");
+    });
+
+// ---- separate, padded K and V views (vLLM's kv_cache[:, 0] / kv_cache[:, 1]) --------------
+
+class SeparateViewsGrid : public ::testing::TestWithParam<std::tuple<DType, KVLayout>> {};
+
+TEST_P(SeparateViewsGrid, MatchesBruteForce) {
+  const auto [cache_dtype, layout] = GetParam();
+  Problem pr;
+  pr.s.num_heads = 8;
+  pr.s.num_kv_heads = 2;
+  pr.s.head_size = 96;
+  pr.s.block_size = 32;
+  pr.s.layout = layout;
+  pr.s.cache_dtype = cache_dtype;
+  pr.separate_views = true;
+  pr.f.per_head_scale = true;
+  pr.reqs = {{1, 45}, {9, 70}, {0, 3}};
+  pr.seed = 77 + static_cast<int>(cache_dtype);
+  check(pr);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Reference, SeparateViewsGrid,
+    ::testing::Combine(::testing::Values(DType::f32, DType::f16, DType::bf16, DType::fp8_e4m3,
+                                         DType::fp8_e5m2),
+                       ::testing::Values(KVLayout::NHD, KVLayout::HND)),
+    [](const auto& info) {
+      return std::string(dtype_name(std::get<0>(info.param))) + "_" +
+             std::string(layout_name(std::get<1>(info.param)));
     });
 
 // The fp8 scale really is read: doubling it doubles every V (and so the output).
