@@ -136,6 +136,12 @@ int run_demo(int argc, char** argv) {
     StepPlan plan = sim.plan_step();
     const CommonAttentionMetadata& md = plan.metadata;
     md.validate(spec.num_blocks, spec.block_size);
+    // The engine-side split must agree with the plan (and throws unless decodes come first).
+    const DecodePrefillSplit split = split_decodes_and_prefills(md, kDecodeThreshold);
+    ATTNKIT_REQUIRE(split.num_decodes == plan.num_decodes && split.num_prefills == plan.num_prefills,
+                    "demo", "split_decodes_and_prefills().num_decodes", split.num_decodes,
+                    "must match the simulation's plan (" + std::to_string(plan.num_decodes) +
+                        " decodes, " + std::to_string(plan.num_prefills) + " prefills)");
     const int64_t t = md.num_actual_tokens;
 
     std::vector<uint16_t> q(t * kNumHeads * kHeadSize), k(t * kNumKvHeads * kHeadSize),

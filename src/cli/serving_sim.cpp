@@ -101,15 +101,18 @@ StepPlan ServingSim::plan_step() {
   int budget = cfg_.max_batch_tokens;
   for (const SimRequest& r : running_) {  // decodes first: one token each
     if (!r.prefill_done() || budget == 0) continue;
-    plan.requests.push_back({r.id, 1, r.num_computed, true});
+    plan.requests.push_back({r.id, 1, r.num_computed});
     --budget;
   }
   for (const SimRequest& r : running_) {  // then prompt chunks in admission order
     if (r.prefill_done() || budget == 0) continue;
     const int chunk = std::min({cfg_.prefill_chunk, r.prompt_len - r.num_computed, budget});
-    plan.requests.push_back({r.id, chunk, r.num_computed, false});
+    plan.requests.push_back({r.id, chunk, r.num_computed});
     budget -= chunk;
   }
+  // A one-token prompt chunk is a decode to the backends: it goes with the decodes.
+  std::stable_partition(plan.requests.begin(), plan.requests.end(),
+                        [](const ScheduledRequest& s) { return s.query_len <= kDecodeThreshold; });
 
   CommonAttentionMetadata& md = plan.metadata;
   md.causal = true;
@@ -130,7 +133,7 @@ StepPlan ServingSim::plan_step() {
     md.block_table.insert(md.block_table.end(), row.begin(), row.end());
     for (int pos = s.context_len; pos < seq_len; ++pos)
       md.slot_mapping.push_back(slot_of(r.blocks.data(), cfg_.block_size, pos));
-    (s.is_decode ? plan.num_decodes : plan.num_prefills) += 1;
+    (s.query_len <= kDecodeThreshold ? plan.num_decodes : plan.num_prefills) += 1;
     plan.num_tokens += s.query_len;
     plan.kv_tokens_read += seq_len;
   }

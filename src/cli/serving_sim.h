@@ -54,12 +54,15 @@ struct ScheduledRequest {
   int request_id = 0;
   int query_len = 0;    // new tokens this step
   int context_len = 0;  // tokens already cached
-  bool is_decode = false;
 };
+
+// A step's request counts the way engines count them (DESIGN.md section 3): a decode is a
+// request with query_len <= this, even the one-token last chunk of a prompt.
+inline constexpr int kDecodeThreshold = 1;
 
 struct StepPlan {
   int step = 0;
-  std::vector<ScheduledRequest> requests;  // decodes first, then prefills
+  std::vector<ScheduledRequest> requests;  // decodes first (stable), then prefills
   CommonAttentionMetadata metadata;        // host arrays, finalized (causal)
   int num_decodes = 0, num_prefills = 0;
   int num_tokens = 0;
