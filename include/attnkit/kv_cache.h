@@ -104,9 +104,9 @@ struct KVScales {
 // one dtype for both, last dim contiguous, other dims any stride); slot_mapping: int64
 // [num_tokens] (negative = padding, skipped; slot >= num_blocks*block_size -> Error).
 // Quantizes to fp8/nvfp4 per `scales`: fp8 stores saturate(RNE(x / scale[h])), nvfp4 uses the
-// scale as the global scale of quantize_nvfp4_block. Scales are ignored for f32/f16/bf16 caches
-// (but still checked). Runs on the device the tensors live on (all on the cache's device);
-// `stream` is a cudaStream_t for CUDA tensors (never the legacy default stream unless the
+// scale as the global scale of quantize_nvfp4_block. Scales are not used for f32/f16/bf16
+// caches (their dtype, shape and device are still checked). Runs on the device the tensors
+// live on (all on the cache's device); `stream` is a cudaStream_t for CUDA tensors (never the legacy default stream unless the
 // caller passes it). Shapes, dtypes and devices are checked on the host for both devices;
 // the values of slot_mapping and of the scales (finite, > 0) are checked on the host for CPU
 // tensors only: for CUDA tensors they stay on the device and the kernel must not write a slot
