@@ -4,6 +4,8 @@
 #include <string>
 
 #include "attnkit/error.h"
+#include "flashinfer/flashinfer_impl.h"
+#include "flashinfer/metadata_builder.h"
 
 namespace attnkit {
 namespace flashinfer {
@@ -30,6 +32,15 @@ bool is_large_page(int block_size) {
 }
 
 class FlashInferBackend final : public AttentionBackend {
+  // Builders and impls are made only for configurations check() accepts.
+  void require_serves(const AttentionConfig& cfg, std::string_view where) const {
+    const auto why = check(cfg);
+    if (why.empty()) return;
+    std::string all;
+    for (const auto& w : why) all += (all.empty() ? "" : "; ") + w;
+    throw Error(std::string(where), "configuration", "the flashinfer backend must serve it: " + all);
+  }
+
  public:
   std::string_view name() const override { return "flashinfer"; }
 
@@ -90,14 +101,16 @@ class FlashInferBackend final : public AttentionBackend {
     return group_size(cfg) > 1 ? CudagraphSupport::ALWAYS : CudagraphSupport::UNIFORM_BATCH;
   }
 
-  std::unique_ptr<MetadataBuilder> make_builder(const AttentionConfig&) const override {
-    throw Error("flashinfer make_builder", "backend = flashinfer",
-                "the FlashInfer-style metadata builder is not in this build yet");
+  // Default limits (metadata_builder.h); engines that know theirs construct
+  // FlashInferMetadataBuilder directly.
+  std::unique_ptr<MetadataBuilder> make_builder(const AttentionConfig& cfg) const override {
+    require_serves(cfg, "flashinfer make_builder");
+    return std::make_unique<FlashInferMetadataBuilder>(cfg, BuilderLimits{});
   }
 
-  std::unique_ptr<AttentionImpl> make_impl(const AttentionConfig&) const override {
-    throw Error("flashinfer make_impl", "backend = flashinfer",
-                "the FlashInfer-style GPU kernels are not in this build yet");
+  std::unique_ptr<AttentionImpl> make_impl(const AttentionConfig& cfg) const override {
+    require_serves(cfg, "flashinfer make_impl");
+    return make_flashinfer_impl(cfg);
   }
 };
 
