@@ -87,6 +87,10 @@ std::unique_ptr<BackendMetadata> FlashInferMetadataBuilder::build(const CommonAt
   ATTNKIT_REQUIRE(common.num_actual_tokens <= limits_.max_tokens, kWhere, "num_actual_tokens",
                   common.num_actual_tokens,
                   "must be <= the builder's max_tokens = " + std::to_string(limits_.max_tokens));
+  ATTNKIT_REQUIRE(common.max_seq_len <= limits_.max_seq_len, kWhere, "max_seq_len",
+                  common.max_seq_len,
+                  "must be <= the builder's max_seq_len = " + std::to_string(limits_.max_seq_len) +
+                      " (its page tables are sized for it)");
   DecodePrefillSplit split;
   if (common.causal) {
     split = split_decodes_and_prefills(common, reorder_batch_threshold());
