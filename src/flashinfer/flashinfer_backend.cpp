@@ -94,9 +94,12 @@ class FlashInferBackend final : public AttentionBackend {
     return v;
   }
 
-  // ALWAYS for GQA: decode and prefill both run the tile kernel family from plans held in
-  // fixed-capacity buffers (see plan.h), so a captured launch serves any batch that fits.
-  // MHA decode runs the CUDA-core kernel; graphs are offered for uniform batches only.
+  // ALWAYS for GQA/MQA: both parts run the tensor-core tile kernels over persistent slot
+  // lists (grid = num_slots x num_kv_heads, fixed), from plans in fixed-capacity buffers with
+  // the tile fixed at creation in graph mode (BuilderLimits::cuda_graph), so one captured
+  // launch replays for any batch mix that fits the limits. MHA decodes run the CUDA-core
+  // kernel, a separate design (one query row per item); until it is shown to replay across
+  // batch mixes it is offered for uniform batches only, as vLLM offers FA2 (UNIFORM_BATCH).
   CudagraphSupport cudagraph_support(const AttentionConfig& cfg) const override {
     return group_size(cfg) > 1 ? CudagraphSupport::ALWAYS : CudagraphSupport::UNIFORM_BATCH;
   }
