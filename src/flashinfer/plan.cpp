@@ -7,10 +7,9 @@
 //    gives <= tile_q * S; with the balance chunk, rows_t * n_t <= rows_t + tile_q * v_t / C gives
 //    <= packed rows + tile_q * S.
 //  * Balance. Greedy least-loaded assignment ends with max load <= ideal + max item cost
-//    (Graham). An item costs <= C + kTileRowCost * tile_q, and C <= max(c_min, W / S + page)
-//    <= ideal + c_min (the chunk is the balance chunk, a smaller search chunk, the minimum, or
-//    the whole range when the balance chunk exceeds the longest range, which then is < W / S;
-//    page <= c_min). So max load <= 2 * ideal + c_min + kTileRowCost * tile_q.
+//    (Graham; ideal = total cost / S >= W / S). An item costs <= C + kTileRowCost * tile_q,
+//    and C <= the balance chunk = max(c_min, ceil(W / S) rounded up to pages) <= ideal + c_min
+//    (a page is never more than c_min). So max load <= 2 * ideal + c_min + kTileRowCost * tile_q.
 #include "flashinfer/plan.h"
 
 #include <algorithm>
