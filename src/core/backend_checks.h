@@ -26,9 +26,9 @@ void require_declared_features(const AttentionParams& params, const Features& de
 
 // q: [>= num_tokens, num_heads, head_size] of cfg.dtype on `device`, last dim contiguous; out
 // the same shape, of q's dtype when out_same_dtype, else any of f32/f16/bf16; lse (when
-// defined) f32 [num_heads, >= num_tokens];
+// defined) f32 [num_heads, num_tokens];
 // k / v (when defined): [>= num_tokens, num_kv_heads, head_size]. Returns views cut to the
-// first num_tokens rows (engines pad their buffers for CUDA graphs).
+// first num_tokens rows of q and out (engines pad those buffers for CUDA graphs).
 struct ForwardViews {
   TensorView q, out, lse;
 };

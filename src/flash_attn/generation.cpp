@@ -55,8 +55,8 @@ std::vector<std::string> hopper_rules(const AttentionConfig& cfg, bool built) {
                   " only (head size is " + std::to_string(cfg.head_size) + ")");
   if (cfg.features.alibi) why.push_back("has no ALiBi (only the mma_sync generation adds the ALiBi bias)");
   if (cfg.cache_dtype != DType::f16 && cfg.cache_dtype != DType::bf16)
-    why.push_back("reads 16-bit caches only; a " + std::string(dtype_name(cfg.cache_dtype)) +
-                  " cache is dequantized in-kernel by the mma_sync generation");
+    why.push_back("reads 16-bit caches only (a " + std::string(dtype_name(cfg.cache_dtype)) +
+                  " cache needs the mma_sync generation's in-kernel dequantization)");
   if (!built) why.push_back("its kernels are not built in this release (only mma_sync kernels ship)");
   return why;
 }
@@ -103,8 +103,8 @@ GenerationChoice choose_generation(const AttentionConfig& cfg, bool hopper_kerne
 std::string GenerationChoice::describe() const {
   std::string s = chosen ? std::string(generation_name(*chosen)) + " generation: " + why : why;
   for (const auto& r : refused) {
-    s += "; " + std::string(generation_name(r.generation)) + " refused: ";
-    for (size_t i = 0; i < r.reasons.size(); ++i) s += (i ? ", " : "") + r.reasons[i];
+    s += ". " + std::string(generation_name(r.generation)) + " generation refused: ";
+    for (size_t i = 0; i < r.reasons.size(); ++i) s += (i ? "; " : "") + r.reasons[i];
   }
   return s;
 }

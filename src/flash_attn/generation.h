@@ -35,7 +35,7 @@ struct GenerationChoice {
   std::optional<Generation> chosen;  // none when no generation can serve
   std::string why;                   // why the chosen one (or why none)
   std::vector<GenerationRefusal> refused;
-  // "mma_sync generation: <why>; hopper refused: <reasons>"
+  // "mma_sync generation: <why>. hopper generation refused: <reason>; <reason>"
   std::string describe() const;
 };
 
