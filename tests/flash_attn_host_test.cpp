@@ -629,9 +629,11 @@ TEST(FlashAttnImpl, SplitLaunchNeedsWorkspace) {
   const FlashAttnMetadata md = builder.build_flash(c.batch.md);
   ASSERT_GT(md.split.num_splits, 1) << md.split.reason;
   FlashAttnImpl impl(c.cfg);
-  expect_error("no workspace", "set_workspace", [&] { impl.forward(c.qv, {}, {}, c.cv, md, {}, c.ov); });
   EXPECT_THROW(impl.set_workspace(nullptr, 64), Error);
+  EXPECT_EQ(impl.max_workspace_bytes(4096), varlen_workspace_bytes(4096, c.cfg.num_heads, c.cfg.head_size, kMaxSplits));
 #ifndef ATTNKIT_WITH_CUDA
+  // A CPU build has no allocator: the caller must provide the workspace.
+  expect_error("no workspace", "set_workspace", [&] { impl.forward(c.qv, {}, {}, c.cv, md, {}, c.ov); });
   std::vector<uint8_t> ws(md.workspace_bytes + 16);
   impl.set_workspace(ws.data(), ws.size());
   try {
@@ -641,6 +643,11 @@ TEST(FlashAttnImpl, SplitLaunchNeedsWorkspace) {
     EXPECT_EQ(e.where(), "flash_attn varlen attention") << e.what();
   }
 #endif
+  if (md.workspace_bytes > 0) {  // CUDA builds size the partials; too small a buffer throws
+    std::vector<uint8_t> small(md.workspace_bytes - 1);
+    impl.set_workspace(small.data(), small.size());
+    expect_error("small workspace", "max_workspace_bytes", [&] { impl.forward(c.qv, {}, {}, c.cv, md, {}, c.ov); });
+  }
 }
 
 TEST(FlashAttnImpl, DeclaredFeaturesPass) {

@@ -5,6 +5,9 @@
 #include "flash_attn/flash_attn_backend.h"
 #include "flash_attn/metadata_builder.h"
 #include "flash_attn/varlen_launch.h"
+#ifdef ATTNKIT_WITH_CUDA
+#include "cuda/device_buffer.h"
+#endif
 
 namespace attnkit::flash_attn {
 
@@ -19,9 +22,42 @@ void require_same_gpu(const TensorView& t, std::string_view name, int device_ind
 
 }  // namespace
 
+#ifdef ATTNKIT_WITH_CUDA
+struct FlashAttnImpl::OwnedWorkspace {
+  cuda::DeviceBuffer buffer;
+};
+#else
+struct FlashAttnImpl::OwnedWorkspace {};
+#endif
+
 FlashAttnImpl::FlashAttnImpl(const AttentionConfig& cfg) : cfg_(cfg) {
   require_servable(cfg, "flash_attn impl");
   generation_ = *choose_generation(cfg).chosen;  // require_servable guarantees one
+}
+
+FlashAttnImpl::~FlashAttnImpl() = default;
+
+size_t FlashAttnImpl::max_workspace_bytes(int64_t max_tokens) const {
+  ATTNKIT_REQUIRE(max_tokens >= 0, "flash_attn max_workspace_bytes", "max_tokens", max_tokens, "must be >= 0");
+  return varlen_workspace_bytes(max_tokens, cfg_.num_heads, cfg_.head_size, kMaxSplits);
+}
+
+void* FlashAttnImpl::workspace_for(size_t bytes, int num_splits) {
+  if (workspace_ != nullptr) {
+    ATTNKIT_REQUIRE(workspace_bytes_ >= bytes, kWhere, "workspace bytes", workspace_bytes_,
+                    "a launch with " + std::to_string(num_splits) + " KV splits needs " +
+                        std::to_string(bytes) + " bytes (see max_workspace_bytes)");
+    return workspace_;
+  }
+#ifdef ATTNKIT_WITH_CUDA
+  if (!owned_) owned_ = std::make_unique<OwnedWorkspace>();
+  owned_->buffer.resize(bytes);
+  return owned_->buffer.get();
+#else
+  fail(kWhere, "workspace", "none",
+       "a launch with " + std::to_string(num_splits) + " KV splits needs " + std::to_string(bytes) +
+           " bytes of device workspace: call FlashAttnImpl::set_workspace (or build with max_splits = 1)");
+#endif
 }
 
 void FlashAttnImpl::set_workspace(void* device_ptr, size_t bytes) {
@@ -53,13 +89,12 @@ void FlashAttnImpl::forward(const TensorView& q, const TensorView& k, const Tens
   AttentionParams p = params;
   p.lse = views.lse;
   p.validate(kWhere, cfg_.num_heads, cfg_.num_kv_heads, md->num_actual_tokens, Device::CUDA);
-  if (md->split.num_splits > 1)
-    ATTNKIT_REQUIRE(workspace_ != nullptr && workspace_bytes_ >= md->workspace_bytes, kWhere,
-                    "workspace bytes", workspace_bytes_,
-                    "a launch with " + std::to_string(md->split.num_splits) + " KV splits needs " +
-                        std::to_string(md->workspace_bytes) +
-                        " bytes of device workspace: call FlashAttnImpl::set_workspace (or build with "
-                        "max_splits = 1)");
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  if (md->split.num_splits > 1) {
+    workspace = workspace_for(md->workspace_bytes, md->split.num_splits);
+    workspace_bytes = workspace_ == workspace ? workspace_bytes_ : md->workspace_bytes;
+  }
   if (md->num_actual_tokens == 0) return;  // e.g. an all-padding CUDA-graph batch
 
   VarlenArgs a;
@@ -76,8 +111,8 @@ void FlashAttnImpl::forward(const TensorView& q, const TensorView& k, const Tens
   a.num_heads = cfg_.num_heads;
   a.params = p;
   a.num_splits = md->split.num_splits;
-  a.workspace = md->split.num_splits > 1 ? workspace_ : nullptr;
-  a.workspace_bytes = md->split.num_splits > 1 ? workspace_bytes_ : 0;
+  a.workspace = workspace;
+  a.workspace_bytes = workspace_bytes;
   a.stream = stream;
   run_varlen_attention(a);
 }
