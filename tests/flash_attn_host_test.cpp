@@ -503,6 +503,30 @@ TEST(FlashAttnBuilder, SplitDecisionAndWorkspace) {
   ASSERT_NE(dynamic_cast<FlashAttnMetadata*>(md.get()), nullptr);
 }
 
+TEST(FlashAttnBuilder, CascadeDecisionUsesTheConfiguration) {
+  // 64 GQA decodes over a 1024-token shared prefix: cascade pays (see Cascade.DecisionTable).
+  std::vector<int> q(64, 1), s(64, 2000);
+  HostBatch b(q, s, 16);
+  AttentionConfig cfg = config(90);
+  const FlashAttnMetadataBuilder plain(cfg);
+  const CascadeDecision d = plain.cascade_decision(b.md, 1024);
+  EXPECT_TRUE(d.use) << d.reason;
+  EXPECT_EQ(d.prefix_len, 1024);
+  EXPECT_FALSE(plain.cascade_decision(b.md, 1024, /*dcp_world_size=*/2).use);
+  cfg.features.alibi = true;
+  EXPECT_FALSE(FlashAttnMetadataBuilder(cfg).cascade_decision(b.md, 1024).use);
+  cfg = config(90);
+  cfg.features.sliding_window = true;
+  EXPECT_FALSE(FlashAttnMetadataBuilder(cfg).cascade_decision(b.md, 1024).use);
+  // The device's SM count feeds the cost model.
+  cfg = config(90);
+  cfg.device.num_sms = 100000;  // every CTA in one wave: cascade 8 tile-waves vs decode 1
+  EXPECT_FALSE(FlashAttnMetadataBuilder(cfg).cascade_decision(b.md, 1024).use);
+  CommonAttentionMetadata bad = b.md;
+  bad.seq_lens[0] = 0;
+  EXPECT_THROW(plain.cascade_decision(bad, 1024), Error);
+}
+
 TEST(FlashAttnBuilder, RejectsMissingDeviceCopiesAndBadMetadata) {
   AttentionConfig cfg = config(90);
   FlashAttnMetadataBuilder builder(cfg);

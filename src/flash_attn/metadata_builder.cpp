@@ -89,6 +89,23 @@ FlashAttnMetadata FlashAttnMetadataBuilder::build_flash(const CommonAttentionMet
   return m;
 }
 
+CascadeDecision FlashAttnMetadataBuilder::cascade_decision(const CommonAttentionMetadata& c,
+                                                          int common_prefix_len, int dcp_world_size) const {
+  validate_for_builder(c, cfg_.block_size, "flash_attn cascade decision");
+  CascadeInput in;
+  in.common_prefix_len = common_prefix_len;
+  in.query_start_loc = c.query_start_loc;
+  in.seq_lens = c.seq_lens;
+  in.num_heads = cfg_.num_heads;
+  in.num_kv_heads = cfg_.num_kv_heads;
+  in.block_size = cfg_.block_size;
+  in.alibi = cfg_.features.alibi;
+  in.sliding_window = cfg_.features.sliding_window;
+  in.dcp_world_size = dcp_world_size;
+  in.num_sms = cfg_.device.sms_or_default();
+  return use_cascade_attention(in);
+}
+
 std::unique_ptr<BackendMetadata> FlashAttnMetadataBuilder::build(const CommonAttentionMetadata& common) {
   return std::make_unique<FlashAttnMetadata>(build_flash(common));
 }

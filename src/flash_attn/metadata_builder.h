@@ -5,6 +5,7 @@
 #include <cstddef>
 
 #include "attnkit/backend.h"
+#include "flash_attn/cascade.h"
 #include "flash_attn/split_kv.h"
 
 namespace attnkit::flash_attn {
@@ -47,6 +48,10 @@ class FlashAttnMetadataBuilder final : public MetadataBuilder {
   std::unique_ptr<BackendMetadata> build(const CommonAttentionMetadata& common) override;
   // The concrete type, for callers that hold the builder as a FlashAttnMetadataBuilder.
   FlashAttnMetadata build_flash(const CommonAttentionMetadata& common) const;
+  // use_cascade_attention for this batch with this configuration's heads, features
+  // (ALiBi, sliding window) and SM count; common_prefix_len comes from the KV-cache manager.
+  CascadeDecision cascade_decision(const CommonAttentionMetadata& common, int common_prefix_len,
+                                   int dcp_world_size = 1) const;
 
  private:
   AttentionConfig cfg_;
