@@ -18,6 +18,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_buffer.h"
 #include "cuda/device_props.h"
+#include "flash_attn/split_kv.h"
 
 namespace attnkit::bench {
 
@@ -25,14 +26,17 @@ namespace {
 
 constexpr int kHeads = 32, kKvHeads = 8, kHeadSize = 128, kBlock = 16;
 
-// The bench's split-KV choice (the builder's rule in spirit): one work item per (request, KV
-// head) with the GQA group packed in M; split only when the items do not fill the SMs, and
-// never below 1024 keys per split.
-int choose_splits(int num_reqs, int kv_len, int sm_count) {
-  const int items = num_reqs * kKvHeads;
-  if (items >= sm_count) return 1;
-  const int want = (sm_count + items - 1) / items;
-  return std::max(1, std::min(want, kv_len / 1024));
+// The split-KV count the FlashAttention-style builder would choose for this batch.
+flash_attn::SplitKVDecision builder_splits(int num_reqs, int q_len, int kv_len, int sm_count) {
+  std::vector<int32_t> qsl(num_reqs + 1), seq(num_reqs, kv_len);
+  for (int i = 0; i <= num_reqs; ++i) qsl[i] = i * q_len;
+  flash_attn::SplitKVInput in;
+  in.query_start_loc = qsl;
+  in.seq_lens = seq;
+  in.num_heads = kHeads;
+  in.num_kv_heads = kKvHeads;
+  in.num_sms = sm_count;
+  return flash_attn::decide_num_splits(in);
 }
 
 struct GraphTiming {
@@ -122,7 +126,7 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
           const int64_t rot = std::min<int64_t>(fit, std::max<int64_t>(1, std::llround(std::ceil(8.0 * props.l2_bytes / kv_bytes))));
           const double est_ms = bytes / 4.0e9 + 0.005;
           const int calls = static_cast<int>(std::clamp<int64_t>(std::max<int64_t>(rot, std::llround(std::ceil(4.0 / est_ms))), 3, 512));
-          const int splits = choose_splits(B, L, props.sm_count);
+          const int splits = builder_splits(B, 1, L, props.sm_count).num_splits;
           std::vector<std::unique_ptr<UniformBatch>> inst;
           std::vector<flash_attn::VarlenArgs> args;
           cuda::DeviceBuffer workspace(std::max<size_t>(16, flash_attn::varlen_workspace_bytes(B, kHeads, kHeadSize, splits)));
@@ -141,7 +145,7 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
           const GraphTiming t = time_rotating(args, calls, stream);
           const double gbps = bytes / t.ms_per_call / 1e6;
           char note[200];
-          std::snprintf(note, sizeof note, "%s of %d calls over %zu KV instances (%.2f GB), splits %d, %.0f%% of read BW",
+          std::snprintf(note, sizeof note, "%s of %d calls over %zu KV instances (%.2f GB), builder splits %d, %.0f%% of read BW",
                         t.graph ? "CUDA graph" : "eager launches", calls, args.size(),
                         args.size() * kv_bytes / 1e9, splits, read_gbps > 0 ? 100.0 * gbps / read_gbps : 0.0);
           rec.add({"decode", key, "attnkit", "GB/s", gbps, t.ms_per_call, note});
