@@ -1,0 +1,334 @@
+// The varlen paged attention kernel (mma.sync generation, sm80+): one template, configured by
+// VarlenTraits, explicitly instantiated in varlen_hd*.cu. Reads like the algorithm:
+//
+//   load Q tile; start K/V tiles 0 .. kStages-2
+//   for each K/V tile of the work item:
+//     wait for it; start the tile kStages-1 ahead
+//     S = Q K^T                  (ldmatrix + mma.sync m16n8k16, fp32)
+//     score mod, mask            (attention_mask.h policies)
+//     online softmax: S -> P, rescale O
+//     O += P V
+//   epilogue: merge warps, normalise, sinks, write O and LSE (or split partials)
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "attnkit/detail/merge_rule.h"
+#include "attnkit/error.h"
+#include "cuda/attention_mask.h"
+#include "cuda/cp_async.h"
+#include "cuda/cuda_check.h"
+#include "cuda/fp8_dequant.h"
+#include "cuda/mma_sm80.h"
+#include "cuda/online_softmax.h"
+#include "cuda/output_store.h"
+#include "cuda/paged_kv_tile.h"
+#include "flash_attn/varlen_schedule.cuh"
+#include "flash_attn/varlen_traits.h"
+
+namespace attnkit::flash_attn {
+
+namespace detail {
+
+using namespace attnkit::cuda;
+
+// Q rows of the tile -> shared memory (zero rows past the tile's real rows).
+template <class Tr>
+__device__ __forceinline__ void load_q_tile(const VarlenKernelParams& p, const WorkItem& w,
+                                            uint32_t sq, int tid) {
+  using T = typename Tr::Elem;
+  constexpr int kChunksPerRow = Tr::kHeadDim / 8;
+  const T* q = static_cast<const T*>(p.q);
+  for (int idx = tid; idx < Tr::kBlockM * kChunksPerRow; idx += Tr::kThreads) {
+    const int m = idx / kChunksPerRow, chunk = idx % kChunksPerRow;
+    const bool valid = m < w.rows;
+    const T* src = q;
+    if (valid) {
+      const int gm = w.m0 + m;
+      const int64_t token = w.q_start + gm / p.group;
+      const int head = w.kv_head * p.group + gm % p.group;
+      src = q + token * p.q_stride_token + head * p.q_stride_head + chunk * 8;
+    }
+    cp_async_16(sq + static_cast<uint32_t>((m * Tr::kPitch + chunk * 8) * 2), src, valid);
+  }
+}
+
+// fp8 stage (K and V) -> 16-bit tiles the MMAs read.
+template <class Tr>
+__device__ __forceinline__ void dequant_stage(const unsigned char* stage, typename Tr::Elem* cvt,
+                                              Fp8Format fmt, int tid) {
+  using T = typename Tr::Elem;
+  constexpr int kChunksPerRow = Tr::kHeadDim / 16;  // 16 codes per chunk
+  constexpr int kChunksPerTile = Tr::kBlockN * kChunksPerRow;
+  for (int idx = tid; idx < 2 * kChunksPerTile; idx += Tr::kThreads) {
+    const int side = idx / kChunksPerTile, rem = idx % kChunksPerTile;
+    const int row = rem / kChunksPerRow, chunk = rem % kChunksPerRow;
+    const uint4 codes = *reinterpret_cast<const uint4*>(stage + side * Tr::kStageTileBytes +
+                                                        row * Tr::kStagePitchBytes + chunk * 16);
+    uint4 lo, hi;
+    fp8x16_to<T>(codes, fmt, lo, hi);
+    uint4* dst = reinterpret_cast<uint4*>(cvt + side * Tr::kBlockN * Tr::kPitch + row * Tr::kPitch +
+                                          chunk * 16);
+    dst[0] = lo;
+    dst[1] = hi;
+  }
+}
+
+// S (this warp's 16 rows x kWarpKeys keys) = Q K^T.
+template <class Tr>
+__device__ __forceinline__ void qk_tile(FragC (&s)[Tr::kSFrags],
+                                        const FragA (&q_regs)[Tr::kQInRegs ? Tr::kKSteps : 1], uint32_t sq,
+                                        int warp_row0, uint32_t sk, int key0, int lane) {
+  using T = typename Tr::Elem;
+#pragma unroll
+  for (int i = 0; i < Tr::kSFrags; ++i) s[i] = FragC{};
+#pragma unroll
+  for (int ks = 0; ks < Tr::kKSteps; ++ks) {
+    FragA a;
+    if constexpr (Tr::kQInRegs) {
+      a = q_regs[ks];
+    } else {
+      ldmatrix_x4(a.r, a_frag_addr(sq, Tr::kPitch, warp_row0, ks * 16, lane));
+    }
+#pragma unroll
+    for (int nf = 0; nf < Tr::kSFrags; nf += 2) {
+      uint32_t b[4];
+      ldmatrix_x4(b, bt_frag_addr(sk, Tr::kPitch, key0 + nf * 8, ks * 16, lane));
+      mma_16816<T>(s[nf], a, FragB{{b[0], b[1]}});
+      mma_16816<T>(s[nf + 1], a, FragB{{b[2], b[3]}});
+    }
+  }
+}
+
+// O (16 rows x head_dim) += P V, P taken from the softmaxed S fragments.
+template <class Tr>
+__device__ __forceinline__ void pv_tile(FragC (&o)[Tr::kOFrags], const FragC (&s)[Tr::kSFrags],
+                                        uint32_t sv, int key0, int lane) {
+  using T = typename Tr::Elem;
+#pragma unroll
+  for (int kk = 0; kk < Tr::kSFrags / 2; ++kk) {
+    const FragA pa = c_pair_to_a<T>(s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+    for (int dn = 0; dn < Tr::kOFrags; dn += 2) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, b_frag_addr_trans(sv, Tr::kPitch, key0 + kk * 16, dn * 8, lane));
+      mma_16816<T>(o[dn], pa, FragB{{b[0], b[1]}});
+      mma_16816<T>(o[dn + 1], pa, FragB{{b[2], b[3]}});
+    }
+  }
+}
+
+__device__ __forceinline__ float scale_of(const float* scale, int64_t stride, int kv_head) {
+  return scale != nullptr ? scale[kv_head * stride] : 1.f;
+}
+
+// Epilogue: the warps' partial (O, max, sum) -> normalised output rows and LSE, or split
+// partials. Runs after the pipeline has drained; reuses all shared memory.
+template <class Tr>
+__device__ __forceinline__ void epilogue(const VarlenKernelParams& p, const WorkItem& w,
+                                         unsigned char* smem, const FragC (&o)[Tr::kOFrags],
+                                         const RowSoftmax& softmax, float unit, bool warp_active,
+                                         int warp_m, int warp_n, int lane, int tid) {
+  using T = typename Tr::Elem;
+  constexpr int kN = Tr::kWarpsN;
+  float* s_o = reinterpret_cast<float*>(smem);                           // [kN][kBlockM][kOPitch]
+  float2* s_stat = reinterpret_cast<float2*>(smem + Tr::kEpiOBytes);     // [kN][kBlockM]
+  float* s_weight = reinterpret_cast<float*>(smem + Tr::kEpiOBytes + Tr::kEpiStatBytes);
+
+  if (warp_active) {
+    float max_log2[2], sum[2];
+    softmax.finish(unit, max_log2, sum);
+    const int row = warp_m * 16 + (lane >> 2);
+    float* base = s_o + (warp_n * Tr::kBlockM + row) * Tr::kOPitch + 2 * (lane & 3);
+#pragma unroll
+    for (int dn = 0; dn < Tr::kOFrags; ++dn) {
+      *reinterpret_cast<float2*>(base + dn * 8) = make_float2(o[dn].c[0], o[dn].c[1]);
+      *reinterpret_cast<float2*>(base + 8 * Tr::kOPitch + dn * 8) = make_float2(o[dn].c[2], o[dn].c[3]);
+    }
+    if ((lane & 3) == 0) {
+      s_stat[warp_n * Tr::kBlockM + row] = make_float2(max_log2[0], sum[0]);
+      s_stat[warp_n * Tr::kBlockM + row + 8] = make_float2(max_log2[1], sum[1]);
+    }
+  }
+  __syncthreads();
+
+  // Per row: merge the warps' parts, fold in v_scale and the sink, write the LSE.
+  const bool split = p.num_splits > 1;
+  const float v_scale = Tr::kFp8Cache ? scale_of(p.v_scale, p.v_scale_stride, w.kv_head) : 1.f;
+  for (int m = tid; m < w.rows; m += Tr::kThreads) {
+    float mx[kN], sm[kN], wt[kN];
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+      const float2 st = s_stat[n * Tr::kBlockM + m];
+      mx[n] = st.x;
+      sm[n] = st.y;
+    }
+    float lse = combine_row_parts<kN>(mx, sm, wt);
+    const int gm = w.m0 + m;
+    const int64_t token = w.q_start + gm / p.group;
+    const int head = w.kv_head * p.group + gm % p.group;
+    float sink_weight = 1.f;
+    if (!split && p.sinks != nullptr) {  // a part with LSE = sink logit and no value
+      float w_sink;
+      lse = merge_weights(lse, p.sinks[head * p.sinks_stride], &sink_weight, &w_sink);
+    }
+#pragma unroll
+    for (int n = 0; n < kN; ++n) s_weight[m * kN + n] = wt[n] * v_scale * sink_weight;
+    if (split) {
+      p.partials.lse[p.partials.lse_index(w.split, token, head)] = lse;
+    } else if (p.lse != nullptr) {
+      p.lse[head * p.lse_stride_head + token * p.lse_stride_token] = lse;
+    }
+  }
+  __syncthreads();
+
+  // Output rows, 8 values per thread per step (16-byte stores for 16-bit outputs).
+  constexpr int kChunks = Tr::kHeadDim / 8;
+  for (int idx = tid; idx < w.rows * kChunks; idx += Tr::kThreads) {
+    const int m = idx / kChunks, c = (idx % kChunks) * 8;
+    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+      const float wn = s_weight[m * kN + n];
+      if (wn == 0.f) continue;  // a part that saw nothing contributes exactly 0
+      const float4* src = reinterpret_cast<const float4*>(s_o + (n * Tr::kBlockM + m) * Tr::kOPitch + c);
+      const float4 a = src[0], b = src[1];
+      v[0] += wn * a.x; v[1] += wn * a.y; v[2] += wn * a.z; v[3] += wn * a.w;
+      v[4] += wn * b.x; v[5] += wn * b.y; v[6] += wn * b.z; v[7] += wn * b.w;
+    }
+    const int gm = w.m0 + m;
+    const int64_t token = w.q_start + gm / p.group;
+    const int head = w.kv_head * p.group + gm % p.group;
+    if (split) {
+      store8(p.partials.o + p.partials.o_index(w.split, token, head) + c, v);
+    } else {
+      store8(static_cast<T*>(p.out) + token * p.out_stride_token + head * p.out_stride_head + c, v);
+    }
+  }
+}
+
+}  // namespace detail
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1) varlen_attention_kernel(const VarlenKernelParams p) {
+  using namespace attnkit::cuda;
+  using T = typename Tr::Elem;
+  using Ring = StageRing<Tr::kStages>;
+  using Loader = PagedKVTileLoader<Tr::kBlockN, Tr::kKvRowBytes, Tr::kStagePitchBytes, Tr::kThreads>;
+  extern __shared__ __align__(16) unsigned char smem[];
+
+  WorkItem w;
+  if (!schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w)) return;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int warp_m = warp % Tr::kWarpsM, warp_n = warp / Tr::kWarpsM;
+  const int warp_row0 = warp_m * 16, warp_key0 = warp_n * Tr::kWarpKeys;
+  const bool warp_active = warp_row0 < w.rows;  // warps of padding rows only load and sync
+
+  const uint32_t s_q = smem_addr(smem);
+  const uint32_t s_stages = s_q + Tr::kStagesOffset;
+  T* cvt = reinterpret_cast<T*>(smem + Tr::kCvtOffset);
+  const uint32_t s_cvt = s_q + Tr::kCvtOffset;
+
+  const int elem = Tr::kFp8Cache ? 1 : 2;
+  Loader loader;
+  loader.k = {static_cast<const char*>(p.k_cache) + w.kv_head * p.k_stride_head * elem,
+              p.k_stride_block * elem, p.k_stride_slot * elem};
+  loader.v = {static_cast<const char*>(p.v_cache) + w.kv_head * p.v_stride_head * elem,
+              p.v_stride_block * elem, p.v_stride_slot * elem};
+  loader.block_row = p.block_table + static_cast<int64_t>(w.req) * p.max_blocks_per_req;
+  loader.block_size = p.block_size;
+  loader.seq_len = w.seq_len;
+  auto stage_k = [&](int tile) { return s_stages + Ring::stage_of(tile) * Tr::kStageBytes; };
+
+  // Prologue: Q in its own group, then kStages - 1 K/V tiles (one group each, maybe empty).
+  const int n_tiles = w.tile_end - w.tile_begin;
+  detail::load_q_tile<Tr>(p, w, s_q, tid);
+  cp_async_commit();
+#pragma unroll
+  for (int s = 0; s < Tr::kStages - 1; ++s) {
+    if (s < n_tiles) loader.load((w.tile_begin + s) * Tr::kBlockN, stage_k(s), stage_k(s) + Tr::kStageTileBytes, tid);
+    cp_async_commit();
+  }
+
+  const float k_scale = Tr::kFp8Cache ? detail::scale_of(p.k_scale, p.k_scale_stride, w.kv_head) : 1.f;
+  const ScoreMod mod{p.scale * k_scale, p.softcap, p.alibi_slopes != nullptr};
+  const float unit = mod.unit();
+  const RowFacts rows = row_facts(p, w, warp_row0, lane);
+
+  FragA q_regs[Tr::kQInRegs ? Tr::kKSteps : 1];
+  if constexpr (Tr::kQInRegs) {
+    cp_async_wait<Tr::kStages - 1>();  // the Q group
+    __syncthreads();
+#pragma unroll
+    for (int ks = 0; ks < Tr::kKSteps; ++ks) ldmatrix_x4(q_regs[ks].r, a_frag_addr(s_q, Tr::kPitch, warp_row0, ks * 16, lane));
+  }
+
+  RowSoftmax softmax;
+  softmax.init();
+  FragC o[Tr::kOFrags];
+
+  for (int it = 0; it < n_tiles; ++it) {
+    Ring::wait_oldest();
+    __syncthreads();  // tile `it` visible to all; the stage of tile it-1 is free again
+    const int ahead = it + Tr::kStages - 1;
+    if (ahead < n_tiles) loader.load((w.tile_begin + ahead) * Tr::kBlockN, stage_k(ahead), stage_k(ahead) + Tr::kStageTileBytes, tid);
+    cp_async_commit();
+
+    uint32_t s_k = stage_k(it), s_v = s_k + Tr::kStageTileBytes;
+    if constexpr (Tr::kFp8Cache) {
+      detail::dequant_stage<Tr>(smem + (s_k - s_q), cvt, static_cast<Fp8Format>(p.fp8_format), tid);
+      __syncthreads();
+      s_k = s_cvt;
+      s_v = s_cvt + Tr::kCvtTileBytes;
+    }
+    if (!warp_active) continue;
+
+    const int tile_key0 = (w.tile_begin + it) * Tr::kBlockN;
+    FragC s[Tr::kSFrags];
+    detail::qk_tile<Tr>(s, q_regs, s_q, warp_row0, s_k, warp_key0, lane);
+    if (mod.active()) mod.apply(s, rows, tile_key0 + warp_key0, lane);
+    const bool whole_tile_visible = tile_key0 >= w.full_lo && tile_key0 + Tr::kBlockN <= w.full_hi;
+    if (!whole_tile_visible) apply_mask(s, rows, tile_key0 + warp_key0, lane);
+    float rescale[2];
+    softmax.step(s, unit, rescale);
+    scale_rows(o, rescale);
+    detail::pv_tile<Tr>(o, s, s_v, warp_key0, lane);
+  }
+
+  Ring::drain();
+  __syncthreads();
+  detail::epilogue<Tr>(p, w, smem, o, softmax, unit, warp_active, warp_m, warp_n, lane, tid);
+}
+
+template <class Tr>
+void launch_varlen(const VarlenKernelParams& p, const VarlenLaunchShape& shape, cudaStream_t stream) {
+  const int64_t row_tiles = (static_cast<int64_t>(shape.max_query_len) * p.group + Tr::kBlockM - 1) / Tr::kBlockM;
+  if (row_tiles == 0 || p.num_reqs == 0) return;
+  const char* where = "flash_attn varlen attention";
+  ATTNKIT_REQUIRE(row_tiles <= 0x7fffffff, where, "max_query_len * group", shape.max_query_len,
+                  "must fit one grid");
+  ATTNKIT_REQUIRE(p.num_reqs <= 65535, where, "num_reqs", p.num_reqs, "must be <= 65535 (grid z)");
+  const int64_t y = static_cast<int64_t>(p.num_kv_heads) * p.num_splits;
+  ATTNKIT_REQUIRE(y <= 65535, where, "num_kv_heads * num_splits", y, "must be <= 65535 (grid y)");
+
+  auto kernel = varlen_attention_kernel<Tr>;
+  int device = 0, max_smem = 0;
+  ATTNKIT_CUDA_CHECK(cudaGetDevice(&device));
+  ATTNKIT_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  ATTNKIT_REQUIRE(Tr::kSmemBytes <= max_smem, where, "shared memory per block", Tr::kSmemBytes,
+                  "must fit the device's opt-in limit of " + std::to_string(max_smem) + " bytes");
+  ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+  const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(y), static_cast<unsigned>(p.num_reqs));
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  ATTNKIT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace attnkit::flash_attn
+
+// Explicit instantiation of both tile configurations of one (dtype, head size, cache kind).
+#define ATTNKIT_VARLEN_INSTANTIATE(ELEM, HEAD_DIM, FP8)                                          \
+  template void launch_varlen<PrefillTraits<ELEM, HEAD_DIM, FP8>>(                               \
+      const VarlenKernelParams&, const VarlenLaunchShape&, cudaStream_t);                        \
+  template void launch_varlen<DecodeTraits<ELEM, HEAD_DIM, FP8>>(                                \
+      const VarlenKernelParams&, const VarlenLaunchShape&, cudaStream_t);

@@ -1,0 +1,75 @@
+// Tile configurations of the varlen attention kernel family (mma.sync generation) and the
+// declaration of its launcher, explicitly instantiated per head size in varlen_hd*.cu.
+//
+// A CTA serves one work item: (request, KV head, tile of kBlockM packed query rows, split).
+// Packed row m of a request is (query token m / group, query head kv_head * group + m % group),
+// so the query heads that share a KV head share every K/V tile the CTA loads (GQA packing).
+// Each warp owns 16 rows (kWarpsM warps along M) and 1/kWarpsN of each K/V tile's keys; warps
+// along N hold independent softmax states merged in the epilogue.
+//  * Prefill: 8 warps x 16 rows = 128 rows, 64-key tiles, all warps along M.
+//  * Decode (packed rows <= 16, e.g. one token x its GQA group): 16 rows, 4 warps along N,
+//    so all four warps' tensor cores and load slots work on one KV stream.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "flash_attn/varlen_params.h"
+
+namespace attnkit::flash_attn {
+
+constexpr int ceil_div_c(int a, int b) { return (a + b - 1) / b; }
+constexpr int max_c(int a, int b) { return a > b ? a : b; }
+
+template <class Elem_, int kHeadDim_, bool kFp8Cache_, int kWarpsM_, int kWarpsN_, int kBlockN_,
+          int kStages_>
+struct VarlenTraits {
+  using Elem = Elem_;  // __nv_bfloat16 or __half: q, out and the MMA operands
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kFp8Cache = kFp8Cache_;
+  static constexpr int kWarpsM = kWarpsM_, kWarpsN = kWarpsN_;
+  static constexpr int kBlockM = 16 * kWarpsM;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+
+  static constexpr int kWarpKeys = kBlockN / kWarpsN;  // keys per warp per tile
+  static constexpr int kSFrags = kWarpKeys / 8;        // n8 fragments of a warp's S tile
+  static constexpr int kOFrags = kHeadDim / 8;         // n8 fragments of a warp's O tile
+  static constexpr int kKSteps = kHeadDim / 16;        // k16 steps of S = Q K^T
+  static constexpr bool kQInRegs = kHeadDim <= 128;    // larger heads re-read Q from smem
+
+  static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head size must be a multiple of 16, <= 256");
+  static_assert(kWarpKeys % 16 == 0, "each warp needs whole k16 steps of keys");
+
+  // Shared memory. 16-bit tiles have a pitch of kHeadDim + 8 elements (16 bytes of padding:
+  // the 8 rows of an ldmatrix phase hit distinct banks); fp8 staging rows are padded by 16 bytes.
+  static constexpr int kPitch = kHeadDim + 8;
+  static constexpr int kKvRowBytes = kFp8Cache ? kHeadDim : 2 * kHeadDim;  // in the cache
+  static constexpr int kStagePitchBytes = kFp8Cache ? kHeadDim + 16 : 2 * kPitch;
+  static constexpr int kQBytes = kBlockM * kPitch * 2;
+  static constexpr int kStageTileBytes = kBlockN * kStagePitchBytes;  // K or V of one stage
+  static constexpr int kStageBytes = 2 * kStageTileBytes;
+  static constexpr int kCvtTileBytes = kFp8Cache ? kBlockN * kPitch * 2 : 0;  // dequantised K or V
+  static constexpr int kStagesOffset = kQBytes;
+  static constexpr int kCvtOffset = kStagesOffset + kStages * kStageBytes;
+  static constexpr int kMainBytes = kCvtOffset + 2 * kCvtTileBytes;
+  // Epilogue (reuses everything): per-warp-column fp32 O, per-row softmax stats and weights.
+  static constexpr int kOPitch = kHeadDim + 8;
+  static constexpr int kEpiOBytes = kWarpsN * kBlockM * kOPitch * 4;
+  static constexpr int kEpiStatBytes = kWarpsN * kBlockM * 8;
+  static constexpr int kEpiWeightBytes = kBlockM * kWarpsN * 4;
+  static constexpr int kEpiBytes = kEpiOBytes + kEpiStatBytes + kEpiWeightBytes;
+  static constexpr int kSmemBytes = max_c(kMainBytes, kEpiBytes);
+};
+
+template <class Elem, int kHeadDim, bool kFp8Cache>
+using PrefillTraits = VarlenTraits<Elem, kHeadDim, kFp8Cache, 8, 1, 64, (kHeadDim <= 128 ? 3 : 2)>;
+
+template <class Elem, int kHeadDim, bool kFp8Cache>
+using DecodeTraits = VarlenTraits<Elem, kHeadDim, kFp8Cache, 1, 4, 64, 3>;
+
+// Launches the kernel of configuration Tr (defined in varlen_kernel.cuh, instantiated in
+// varlen_hd*.cu). Throws Error on launch failure or when the device lacks the shared memory.
+template <class Tr>
+void launch_varlen(const VarlenKernelParams& p, const VarlenLaunchShape& shape, cudaStream_t stream);
+
+}  // namespace attnkit::flash_attn
