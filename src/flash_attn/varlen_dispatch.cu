@@ -166,8 +166,8 @@ VarlenKernelParams make_params(const VarlenArgs& a) {
   }
 
   p.num_splits = a.num_splits;
-  if (a.num_splits > 1) {
-    const size_t need = cuda::split_partials_bytes(q.size(0), a.num_heads, head_size, a.num_splits);
+  const size_t need = cuda::split_partials_bytes(q.size(0), a.num_heads, head_size, a.num_splits);
+  if (need > 0) {  // (a batch without tokens needs none)
     ATTNKIT_REQUIRE(a.workspace != nullptr && a.workspace_bytes >= need && aligned16(a.workspace), kWhere,
                     "workspace_bytes", a.workspace_bytes,
                     "split-KV needs a 16-byte aligned workspace of varlen_workspace_bytes() = " +
