@@ -1,5 +1,6 @@
 // run_varlen_attention: VarlenArgs -> kernel parameters, and the one place where runtime
 // values (dtype, cache dtype, head size, decode vs prefill shape) choose a compiled kernel.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -62,7 +63,9 @@ int64_t scale_stride(const TensorView& t, const char* name, int num_kv_heads) {
   return t.size(0) == 1 ? 0 : t.stride(0);
 }
 
-VarlenKernelParams make_params(const VarlenArgs& a) {
+}  // namespace
+
+VarlenKernelParams varlen_kernel_params(const VarlenArgs& a) {
   const TensorView& q = a.q;
   const PagedKV& c = a.cache;
   const AttentionParams& ap = a.params;
@@ -118,13 +121,20 @@ VarlenKernelParams make_params(const VarlenArgs& a) {
   p.num_tokens = q.size(0);
   p.k_cache = c.k.base;
   p.v_cache = c.v.base;
-  p.k_stride_block = c.k.stride_block;
-  p.k_stride_slot = c.k.stride_slot;
-  p.k_stride_head = c.k.stride_head;
-  p.v_stride_block = c.v.stride_block;
-  p.v_stride_slot = c.v.stride_slot;
-  p.v_stride_head = c.v.stride_head;
-  p.block_size = c.block_size;
+  const int64_t elem = static_cast<int64_t>(dtype_size(c.dtype));
+  const auto byte_stride = [&](int64_t stride, int64_t max_index, const char* name) {
+    const int64_t bytes = stride * elem;
+    ATTNKIT_REQUIRE(bytes >= 0 && bytes * std::max<int64_t>(max_index, 1) < (int64_t(1) << 31), kWhere, name,
+                    stride, "a cache block must span < 2 GiB (the kernel keeps 32-bit in-block offsets)");
+    return static_cast<int32_t>(bytes);
+  };
+  p.k_stride_block = byte_stride(c.k.stride_block, 1, "cache.k.stride_block");
+  p.k_stride_slot = byte_stride(c.k.stride_slot, c.block_size, "cache.k.stride_slot");
+  p.k_stride_head = byte_stride(c.k.stride_head, c.num_kv_heads, "cache.k.stride_head");
+  p.v_stride_block = byte_stride(c.v.stride_block, 1, "cache.v.stride_block");
+  p.v_stride_slot = byte_stride(c.v.stride_slot, c.block_size, "cache.v.stride_slot");
+  p.v_stride_head = byte_stride(c.v.stride_head, c.num_kv_heads, "cache.v.stride_head");
+  p.block_size = cuda::FastDivmod(c.block_size);
   p.fp8_format = static_cast<int>(c.dtype == DType::fp8_e5m2 ? cuda::Fp8Format::e5m2 : cuda::Fp8Format::e4m3);
   p.cu_seqlens_q = a.cu_seqlens_q;
   p.seqused_k = a.seqused_k;
@@ -177,14 +187,12 @@ VarlenKernelParams make_params(const VarlenArgs& a) {
   return p;
 }
 
-}  // namespace
-
 size_t varlen_workspace_bytes(int64_t num_tokens, int num_heads, int head_size, int num_splits) {
   return cuda::split_partials_bytes(num_tokens, num_heads, head_size, num_splits);
 }
 
 void run_varlen_attention(const VarlenArgs& args) {
-  const VarlenKernelParams p = make_params(args);
+  const VarlenKernelParams p = varlen_kernel_params(args);
   if (p.num_tokens == 0 || args.num_reqs == 0) return;
   VarlenLaunchShape shape;
   shape.max_query_len = args.max_query_len;

@@ -74,46 +74,61 @@ __device__ __forceinline__ void dequant_stage(const unsigned char* stage, typena
   }
 }
 
-// S (this warp's 16 rows x kWarpKeys keys) = Q K^T.
+// S (this warp's kMFrags x 16 rows x kWarpKeys keys) = Q K^T. Each K fragment read from
+// shared memory feeds every row fragment.
 template <class Tr>
-__device__ __forceinline__ void qk_tile(FragC (&s)[Tr::kSFrags],
+__device__ __forceinline__ void qk_tile(FragC (&s)[Tr::kMFrags][Tr::kSFrags],
                                         const FragA (&q_regs)[Tr::kQInRegs ? Tr::kKSteps : 1], uint32_t sq,
                                         int warp_row0, uint32_t sk, int key0, int lane) {
   using T = typename Tr::Elem;
 #pragma unroll
-  for (int i = 0; i < Tr::kSFrags; ++i) s[i] = FragC{};
+  for (int mf = 0; mf < Tr::kMFrags; ++mf)
+#pragma unroll
+    for (int i = 0; i < Tr::kSFrags; ++i) s[mf][i] = FragC{};
 #pragma unroll
   for (int ks = 0; ks < Tr::kKSteps; ++ks) {
-    FragA a;
-    if constexpr (Tr::kQInRegs) {
-      a = q_regs[ks];
-    } else {
-      ldmatrix_x4(a.r, a_frag_addr(sq, Tr::kPitch, warp_row0, ks * 16, lane));
+    FragA a[Tr::kMFrags];
+#pragma unroll
+    for (int mf = 0; mf < Tr::kMFrags; ++mf) {
+      if constexpr (Tr::kQInRegs) {
+        a[mf] = q_regs[ks];
+      } else {
+        ldmatrix_x4(a[mf].r, a_frag_addr(sq, Tr::kPitch, warp_row0 + 16 * mf, ks * 16, lane));
+      }
     }
 #pragma unroll
     for (int nf = 0; nf < Tr::kSFrags; nf += 2) {
       uint32_t b[4];
       ldmatrix_x4(b, bt_frag_addr(sk, Tr::kPitch, key0 + nf * 8, ks * 16, lane));
-      mma_16816<T>(s[nf], a, FragB{{b[0], b[1]}});
-      mma_16816<T>(s[nf + 1], a, FragB{{b[2], b[3]}});
+#pragma unroll
+      for (int mf = 0; mf < Tr::kMFrags; ++mf) {
+        mma_16816<T>(s[mf][nf], a[mf], FragB{{b[0], b[1]}});
+        mma_16816<T>(s[mf][nf + 1], a[mf], FragB{{b[2], b[3]}});
+      }
     }
   }
 }
 
-// O (16 rows x head_dim) += P V, P taken from the softmaxed S fragments.
+// O (kMFrags x 16 rows x head_dim) += P V, P taken from the softmaxed S fragments.
 template <class Tr>
-__device__ __forceinline__ void pv_tile(FragC (&o)[Tr::kOFrags], const FragC (&s)[Tr::kSFrags],
-                                        uint32_t sv, int key0, int lane) {
+__device__ __forceinline__ void pv_tile(FragC (&o)[Tr::kMFrags][Tr::kOFrags],
+                                        const FragC (&s)[Tr::kMFrags][Tr::kSFrags], uint32_t sv, int key0,
+                                        int lane) {
   using T = typename Tr::Elem;
 #pragma unroll
   for (int kk = 0; kk < Tr::kSFrags / 2; ++kk) {
-    const FragA pa = c_pair_to_a<T>(s[2 * kk], s[2 * kk + 1]);
+    FragA pa[Tr::kMFrags];
+#pragma unroll
+    for (int mf = 0; mf < Tr::kMFrags; ++mf) pa[mf] = c_pair_to_a<T>(s[mf][2 * kk], s[mf][2 * kk + 1]);
 #pragma unroll
     for (int dn = 0; dn < Tr::kOFrags; dn += 2) {
       uint32_t b[4];
       ldmatrix_x4_trans(b, b_frag_addr_trans(sv, Tr::kPitch, key0 + kk * 16, dn * 8, lane));
-      mma_16816<T>(o[dn], pa, FragB{{b[0], b[1]}});
-      mma_16816<T>(o[dn + 1], pa, FragB{{b[2], b[3]}});
+#pragma unroll
+      for (int mf = 0; mf < Tr::kMFrags; ++mf) {
+        mma_16816<T>(o[mf][dn], pa[mf], FragB{{b[0], b[1]}});
+        mma_16816<T>(o[mf][dn + 1], pa[mf], FragB{{b[2], b[3]}});
+      }
     }
   }
 }
@@ -126,9 +141,9 @@ __device__ __forceinline__ float scale_of(const float* scale, int64_t stride, in
 // partials. Runs after the pipeline has drained; reuses all shared memory.
 template <class Tr>
 __device__ __forceinline__ void epilogue(const VarlenKernelParams& p, const WorkItem& w,
-                                         unsigned char* smem, const FragC (&o)[Tr::kOFrags],
-                                         const RowSoftmax& softmax, float unit, bool warp_active,
-                                         int warp_m, int warp_n, int lane, int tid) {
+                                         unsigned char* smem, const FragC (&o)[Tr::kMFrags][Tr::kOFrags],
+                                         const RowSoftmax (&softmax)[Tr::kMFrags], float unit,
+                                         bool warp_active, int warp_m, int warp_n, int lane, int tid) {
   using T = typename Tr::Elem;
   constexpr int kN = Tr::kWarpsN;
   float* s_o = reinterpret_cast<float*>(smem);                           // [kN][kBlockM][kOPitch]
@@ -136,18 +151,21 @@ __device__ __forceinline__ void epilogue(const VarlenKernelParams& p, const Work
   float* s_weight = reinterpret_cast<float*>(smem + Tr::kEpiOBytes + Tr::kEpiStatBytes);
 
   if (warp_active) {
-    float max_log2[2], sum[2];
-    softmax.finish(unit, max_log2, sum);
-    const int row = warp_m * 16 + (lane >> 2);
-    float* base = s_o + (warp_n * Tr::kBlockM + row) * Tr::kOPitch + 2 * (lane & 3);
 #pragma unroll
-    for (int dn = 0; dn < Tr::kOFrags; ++dn) {
-      *reinterpret_cast<float2*>(base + dn * 8) = make_float2(o[dn].c[0], o[dn].c[1]);
-      *reinterpret_cast<float2*>(base + 8 * Tr::kOPitch + dn * 8) = make_float2(o[dn].c[2], o[dn].c[3]);
-    }
-    if ((lane & 3) == 0) {
-      s_stat[warp_n * Tr::kBlockM + row] = make_float2(max_log2[0], sum[0]);
-      s_stat[warp_n * Tr::kBlockM + row + 8] = make_float2(max_log2[1], sum[1]);
+    for (int mf = 0; mf < Tr::kMFrags; ++mf) {
+      float max_log2[2], sum[2];
+      softmax[mf].finish(unit, max_log2, sum);
+      const int row = warp_m * Tr::kWarpRows + 16 * mf + (lane >> 2);
+      float* base = s_o + (warp_n * Tr::kBlockM + row) * Tr::kOPitch + 2 * (lane & 3);
+#pragma unroll
+      for (int dn = 0; dn < Tr::kOFrags; ++dn) {
+        *reinterpret_cast<float2*>(base + dn * 8) = make_float2(o[mf][dn].c[0], o[mf][dn].c[1]);
+        *reinterpret_cast<float2*>(base + 8 * Tr::kOPitch + dn * 8) = make_float2(o[mf][dn].c[2], o[mf][dn].c[3]);
+      }
+      if ((lane & 3) == 0) {
+        s_stat[warp_n * Tr::kBlockM + row] = make_float2(max_log2[0], sum[0]);
+        s_stat[warp_n * Tr::kBlockM + row + 8] = make_float2(max_log2[1], sum[1]);
+      }
     }
   }
   __syncthreads();
@@ -210,7 +228,7 @@ __device__ __forceinline__ void epilogue(const VarlenKernelParams& p, const Work
 }  // namespace detail
 
 template <class Tr>
-__global__ void __launch_bounds__(Tr::kThreads, 1) varlen_attention_kernel(const VarlenKernelParams p) {
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_attention_kernel(const VarlenKernelParams p) {
   using namespace attnkit::cuda;
   using T = typename Tr::Elem;
   using Ring = StageRing<Tr::kStages>;
@@ -222,7 +240,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) varlen_attention_kernel(const
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp % Tr::kWarpsM, warp_n = warp / Tr::kWarpsM;
-  const int warp_row0 = warp_m * 16, warp_key0 = warp_n * Tr::kWarpKeys;
+  const int warp_row0 = warp_m * Tr::kWarpRows, warp_key0 = warp_n * Tr::kWarpKeys;
   const bool warp_active = warp_row0 < w.rows;  // warps of padding rows only load and sync
 
   const uint32_t s_q = smem_addr(smem);
@@ -230,12 +248,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) varlen_attention_kernel(const
   T* cvt = reinterpret_cast<T*>(smem + Tr::kCvtOffset);
   const uint32_t s_cvt = s_q + Tr::kCvtOffset;
 
-  const int elem = Tr::kFp8Cache ? 1 : 2;
   Loader loader;
-  loader.k = {static_cast<const char*>(p.k_cache) + w.kv_head * p.k_stride_head * elem,
-              p.k_stride_block * elem, p.k_stride_slot * elem};
-  loader.v = {static_cast<const char*>(p.v_cache) + w.kv_head * p.v_stride_head * elem,
-              p.v_stride_block * elem, p.v_stride_slot * elem};
+  loader.k = {static_cast<const char*>(p.k_cache) + w.kv_head * p.k_stride_head, p.k_stride_block, p.k_stride_slot};
+  loader.v = {static_cast<const char*>(p.v_cache) + w.kv_head * p.v_stride_head, p.v_stride_block, p.v_stride_slot};
   loader.block_row = p.block_table + static_cast<int64_t>(w.req) * p.max_blocks_per_req;
   loader.block_size = p.block_size;
   loader.seq_len = w.seq_len;
@@ -254,8 +269,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) varlen_attention_kernel(const
   const float k_scale = Tr::kFp8Cache ? detail::scale_of(p.k_scale, p.k_scale_stride, w.kv_head) : 1.f;
   const ScoreMod mod{p.scale * k_scale, p.softcap, p.alibi_slopes != nullptr};
   const float unit = mod.unit();
-  const RowFacts rows = row_facts(p, w, warp_row0, lane);
-
   FragA q_regs[Tr::kQInRegs ? Tr::kKSteps : 1];
   if constexpr (Tr::kQInRegs) {
     cp_async_wait<Tr::kStages - 1>();  // the Q group
@@ -264,9 +277,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) varlen_attention_kernel(const
     for (int ks = 0; ks < Tr::kKSteps; ++ks) ldmatrix_x4(q_regs[ks].r, a_frag_addr(s_q, Tr::kPitch, warp_row0, ks * 16, lane));
   }
 
-  RowSoftmax softmax;
-  softmax.init();
-  FragC o[Tr::kOFrags];
+  RowSoftmax softmax[Tr::kMFrags];
+#pragma unroll
+  for (int mf = 0; mf < Tr::kMFrags; ++mf) softmax[mf].init();
+  FragC o[Tr::kMFrags][Tr::kOFrags];
 
   for (int it = 0; it < n_tiles; ++it) {
     Ring::wait_oldest();
@@ -285,14 +299,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) varlen_attention_kernel(const
     if (!warp_active) continue;
 
     const int tile_key0 = (w.tile_begin + it) * Tr::kBlockN;
-    FragC s[Tr::kSFrags];
+    FragC s[Tr::kMFrags][Tr::kSFrags];
     detail::qk_tile<Tr>(s, q_regs, s_q, warp_row0, s_k, warp_key0, lane);
-    if (mod.active()) mod.apply(s, rows, tile_key0 + warp_key0, lane);
     const bool whole_tile_visible = tile_key0 >= w.full_lo && tile_key0 + Tr::kBlockN <= w.full_hi;
-    if (!whole_tile_visible) apply_mask(s, rows, tile_key0 + warp_key0, lane);
-    float rescale[2];
-    softmax.step(s, unit, rescale);
-    scale_rows(o, rescale);
+#pragma unroll
+    for (int mf = 0; mf < Tr::kMFrags; ++mf) {
+      if (mod.active() || !whole_tile_visible) {  // boundary tiles and score mods only
+        const RowFacts rows = row_facts(p, w, warp_row0 + 16 * mf, lane);
+        if (mod.active()) mod.apply(s[mf], rows, tile_key0 + warp_key0, lane);
+        if (!whole_tile_visible) apply_mask(s[mf], rows, tile_key0 + warp_key0, lane);
+      }
+      float rescale[2];
+      softmax[mf].step(s[mf], unit, rescale);
+      scale_rows(o[mf], rescale);
+    }
     detail::pv_tile<Tr>(o, s, s_v, warp_key0, lane);
   }
 

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 
+#include "cuda/fast_divmod.h"
 #include "cuda/split_kv_combine.h"
 
 namespace attnkit::flash_attn {
@@ -15,12 +16,12 @@ struct VarlenKernelParams {
   int64_t out_stride_token = 0, out_stride_head = 0;
   int64_t num_tokens = 0;
 
-  // Paged cache sides; strides in storage elements (bytes for fp8).
+  // Paged cache sides; byte strides (the host checks they fit 32 bits).
   const void* k_cache = nullptr;
   const void* v_cache = nullptr;
-  int64_t k_stride_block = 0, k_stride_slot = 0, k_stride_head = 0;
-  int64_t v_stride_block = 0, v_stride_slot = 0, v_stride_head = 0;
-  int block_size = 0;
+  int32_t k_stride_block = 0, k_stride_slot = 0, k_stride_head = 0;
+  int32_t v_stride_block = 0, v_stride_slot = 0, v_stride_head = 0;
+  cuda::FastDivmod block_size;
   int fp8_format = 0;  // cuda::Fp8Format for fp8 caches
 
   // Batch: cu_seqlens_q [num_reqs + 1], seqused_k [num_reqs], block_table [num_reqs, max_blocks].
@@ -58,5 +59,9 @@ struct VarlenKernelParams {
 struct VarlenLaunchShape {
   int max_query_len = 0;
 };
+
+struct VarlenArgs;
+// Checks the arguments this kernel family relies on and resolves them (varlen_dispatch.cu).
+VarlenKernelParams varlen_kernel_params(const VarlenArgs& args);
 
 }  // namespace attnkit::flash_attn

@@ -4,13 +4,18 @@
 // A CTA serves one work item: (request, KV head, tile of kBlockM packed query rows, split).
 // Packed row m of a request is (query token m / group, query head kv_head * group + m % group),
 // so the query heads that share a KV head share every K/V tile the CTA loads (GQA packing).
-// Each warp owns 16 rows (kWarpsM warps along M) and 1/kWarpsN of each K/V tile's keys; warps
-// along N hold independent softmax states merged in the epilogue.
-//  * Prefill: 8 warps x 16 rows = 128 rows, 64-key tiles, all warps along M.
+// Each warp owns kMFrags m16 row fragments (kWarpsM warps along M) and 1/kWarpsN of each K/V
+// tile's keys; warps along N hold independent softmax states merged in the epilogue.
+//  * Prefill, head size <= 128: 4 warps x 32 rows = 128 rows, 64-key tiles (every K/V
+//    fragment read from shared memory feeds two row fragments), two CTAs per SM.
+//  * Prefill, head size 192 / 256: 8 warps x 16 rows (the fp32 output of 32 rows would not
+//    fit in registers).
 //  * Decode (packed rows <= 16, e.g. one token x its GQA group): 16 rows, 4 warps along N,
 //    so all four warps' tensor cores and load slots work on one KV stream.
 #pragma once
 #include <cuda_runtime.h>
+
+#include <type_traits>
 
 #include "flash_attn/varlen_params.h"
 
@@ -19,14 +24,17 @@ namespace attnkit::flash_attn {
 constexpr int ceil_div_c(int a, int b) { return (a + b - 1) / b; }
 constexpr int max_c(int a, int b) { return a > b ? a : b; }
 
-template <class Elem_, int kHeadDim_, bool kFp8Cache_, int kWarpsM_, int kWarpsN_, int kBlockN_,
-          int kStages_>
+template <class Elem_, int kHeadDim_, bool kFp8Cache_, int kMFrags_, int kWarpsM_, int kWarpsN_,
+          int kBlockN_, int kStages_, int kMinBlocksPerSm_>
 struct VarlenTraits {
   using Elem = Elem_;  // __nv_bfloat16 or __half: q, out and the MMA operands
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kFp8Cache = kFp8Cache_;
+  static constexpr int kMFrags = kMFrags_;  // m16 row fragments per warp
   static constexpr int kWarpsM = kWarpsM_, kWarpsN = kWarpsN_;
-  static constexpr int kBlockM = 16 * kWarpsM;
+  static constexpr int kWarpRows = 16 * kMFrags;
+  static constexpr int kBlockM = kWarpRows * kWarpsM;
+  static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
@@ -35,7 +43,8 @@ struct VarlenTraits {
   static constexpr int kSFrags = kWarpKeys / 8;        // n8 fragments of a warp's S tile
   static constexpr int kOFrags = kHeadDim / 8;         // n8 fragments of a warp's O tile
   static constexpr int kKSteps = kHeadDim / 16;        // k16 steps of S = Q K^T
-  static constexpr bool kQInRegs = kHeadDim <= 128;    // larger heads re-read Q from smem
+  // One row fragment of Q stays in registers; more (or larger heads) are re-read from smem.
+  static constexpr bool kQInRegs = kMFrags == 1 && kHeadDim <= 128;
 
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head size must be a multiple of 16, <= 256");
   static_assert(kWarpKeys % 16 == 0, "each warp needs whole k16 steps of keys");
@@ -62,10 +71,12 @@ struct VarlenTraits {
 };
 
 template <class Elem, int kHeadDim, bool kFp8Cache>
-using PrefillTraits = VarlenTraits<Elem, kHeadDim, kFp8Cache, 8, 1, 64, (kHeadDim <= 128 ? 3 : 2)>;
+using PrefillTraits = std::conditional_t<(kHeadDim <= 128),
+                                         VarlenTraits<Elem, kHeadDim, kFp8Cache, 2, 4, 1, 64, 2, 2>,
+                                         VarlenTraits<Elem, kHeadDim, kFp8Cache, 1, 8, 1, 64, 2, 1>>;
 
 template <class Elem, int kHeadDim, bool kFp8Cache>
-using DecodeTraits = VarlenTraits<Elem, kHeadDim, kFp8Cache, 1, 4, 64, 3>;
+using DecodeTraits = VarlenTraits<Elem, kHeadDim, kFp8Cache, 1, 1, 4, 64, 3, 2>;
 
 // Launches the kernel of configuration Tr (defined in varlen_kernel.cuh, instantiated in
 // varlen_hd*.cu). Throws Error on launch failure or when the device lacks the shared memory.

@@ -332,6 +332,33 @@ Case random_small_case(uint64_t seed) {
   return c;
 }
 
+Case random_medium_case(uint64_t seed) {
+  std::mt19937_64 rng(seed * 15485863 + 5);
+  Case c;
+  c.seed = seed;
+  c.head_size = kHeadSizes[seed % 5];
+  c.dtype = (seed / 5) % 2 ? DType::f16 : DType::bf16;
+  const int cache_kind = static_cast<int>(rng() % 3);
+  c.cache_dtype = cache_kind == 0 ? c.dtype : cache_kind == 1 ? DType::fp8_e4m3 : DType::fp8_e5m2;
+  c.block_size = kBlockSizes[rng() % 5];
+  random_features(c, rng);
+  c.num_kv_heads = rng() % 2 ? 2 : 1;
+  c.group = rng() % 2 ? 4 : 8;
+  const int n = uniform_int(rng, 1, 32);
+  int token_budget = 1024;  // bounds the CPU reference's work
+  for (int r = 0; r < n; ++r) {
+    const bool prefill = rng() % 4 == 0;
+    const int q = prefill ? uniform_int(rng, 2, std::max(2, std::min(700, token_budget))) : 1;
+    token_budget = std::max(0, token_budget - q);
+    const int seq = q + static_cast<int>(rng() % 3500);
+    c.q_lens.push_back(q);
+    c.seq_lens.push_back(seq);
+  }
+  const int splits[] = {1, 3, 8};
+  c.num_splits = splits[rng() % 3];
+  return c;
+}
+
 Case random_large_case(uint64_t seed) {
   std::mt19937_64 rng(seed * 104729 + 11);
   Case c;

@@ -94,6 +94,8 @@ class Problem {
 
 // Random case builders used by the grids (deterministic in the seed).
 Case random_small_case(uint64_t seed);
+// Batches of 1..32 requests, up to ~1k query tokens and 3.5k keys (still CPU-checkable).
+Case random_medium_case(uint64_t seed);
 Case random_large_case(uint64_t seed);
 
 }  // namespace attnkit::test

@@ -38,7 +38,15 @@ class VarlenSmallGrid : public ::testing::TestWithParam<int> {};
 
 TEST_P(VarlenSmallGrid, MatchesCpuReference) { check_against_cpu(random_small_case(GetParam())); }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, VarlenSmallGrid, ::testing::Range(0, 300));
+INSTANTIATE_TEST_SUITE_P(Seeds, VarlenSmallGrid, ::testing::Range(0, 450));
+
+// ---- medium batches (up to 32 requests, ~1k query tokens, 3.5k keys), every row ----------------
+
+class VarlenMediumGrid : public ::testing::TestWithParam<int> {};
+
+TEST_P(VarlenMediumGrid, MatchesCpuReference) { check_against_cpu(random_medium_case(GetParam())); }
+
+INSTANTIATE_TEST_SUITE_P(Seeds, VarlenMediumGrid, ::testing::Range(0, 20));
 
 // ---- every combination of the mask / score-mod features -------------------------------------
 
@@ -164,7 +172,7 @@ TEST_P(VarlenLargeGrid, SampledRowsMatchGpuReference) {
   EXPECT_TRUE(lse_match(lse, ref_lse, {n})) << "(sampled row index)";
 }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, VarlenLargeGrid, ::testing::Range(0, 16));
+INSTANTIATE_TEST_SUITE_P(Seeds, VarlenLargeGrid, ::testing::Range(0, 32));
 
 // ---- the GPU fp32 reference is itself checked against the CPU reference --------------------
 

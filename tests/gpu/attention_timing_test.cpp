@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_buffer.h"
 #include "device_fill.h"
+#include "timing_variants.h"
 
 namespace attnkit::test {
 namespace {
@@ -24,8 +26,11 @@ struct Timed {
   double ms;
 };
 
+using Launch = std::function<void(const flash_attn::VarlenArgs&)>;
+
 // Median over `reps` batches of `iters` launches; launches rotate over the problems.
-Timed time_launches(const std::vector<const Problem*>& problems, int splits, int iters, int reps) {
+Timed time_launches(const std::vector<const Problem*>& problems, int splits, int iters, int reps,
+                    const Launch& launch = [](const flash_attn::VarlenArgs& a) { flash_attn::run_varlen_attention(a); }) {
   const Case& c = problems[0]->spec();
   const int64_t T = c.num_tokens();
   const int H = c.num_heads(), D = c.head_size;
@@ -39,14 +44,14 @@ Timed time_launches(const std::vector<const Problem*>& problems, int splits, int
     args.push_back(p->make_args(out.get(), lse.get(), ws_bytes ? ws.get() : nullptr, ws_bytes, splits));
     args.back().stream = stream;
   }
-  for (int i = 0; i < 3; ++i) flash_attn::run_varlen_attention(args[i % args.size()]);
+  for (int i = 0; i < 3; ++i) launch(args[i % args.size()]);
   cudaEvent_t a, b;
   ATTNKIT_CUDA_CHECK(cudaEventCreate(&a));
   ATTNKIT_CUDA_CHECK(cudaEventCreate(&b));
   std::vector<double> ms;
   for (int r = 0; r < reps; ++r) {
     ATTNKIT_CUDA_CHECK(cudaEventRecord(a, stream));
-    for (int i = 0; i < iters; ++i) flash_attn::run_varlen_attention(args[i % args.size()]);
+    for (int i = 0; i < iters; ++i) launch(args[i % args.size()]);
     ATTNKIT_CUDA_CHECK(cudaEventRecord(b, stream));
     ATTNKIT_CUDA_CHECK(cudaEventSynchronize(b));
     float t = 0;
@@ -58,6 +63,15 @@ Timed time_launches(const std::vector<const Problem*>& problems, int splits, int
   cudaStreamDestroy(stream);
   std::sort(ms.begin(), ms.end());
   return {ms[ms.size() / 2]};
+}
+
+// A launcher for one tile configuration (no split-KV).
+Launch variant_launch(const Variant& v) {
+  return [v](const flash_attn::VarlenArgs& a) {
+    flash_attn::VarlenLaunchShape shape;
+    shape.max_query_len = a.max_query_len;
+    v.launch(flash_attn::varlen_kernel_params(a), shape, static_cast<cudaStream_t>(a.stream));
+  };
 }
 
 Case timing_case(int head_size, DType cache, bool causal, std::vector<int> q, std::vector<int> seq) {
@@ -85,21 +99,31 @@ void prefill(int head_size, bool causal, int seqlen) {
               causal ? "causal" : "full", reqs, seqlen, t.ms, flops / t.ms * 1e-9);
 }
 
-void decode(int batch, int kv, DType cache, int splits) {
+std::vector<std::unique_ptr<Problem>> decode_problems(int batch, int kv, DType cache, double& bytes_one) {
   // Enough distinct problems that the rotation's data exceeds the 60 MB L2 several times.
-  const double bytes_one = double(batch) * kv * 8 * 128 * 2 * (is_fp8(cache) ? 1 : 2);
+  bytes_one = double(batch) * kv * 8 * 128 * 2 * (is_fp8(cache) ? 1 : 2);
   const int copies = std::max(1, std::min(8, static_cast<int>(std::ceil(240e6 / bytes_one))));
   std::vector<std::unique_ptr<Problem>> ps;
-  std::vector<const Problem*> raw;
   for (int i = 0; i < copies; ++i) {
     Case c = timing_case(128, cache, true, std::vector<int>(batch, 1), std::vector<int>(batch, kv));
     c.seed = 100 + i;
     ps.push_back(std::make_unique<Problem>(c));
-    raw.push_back(ps.back().get());
   }
-  const Timed t = time_launches(raw, splits, 20, 5);
+  return ps;
+}
+
+std::vector<const Problem*> raw(const std::vector<std::unique_ptr<Problem>>& ps) {
+  std::vector<const Problem*> r;
+  for (const auto& p : ps) r.push_back(p.get());
+  return r;
+}
+
+void decode(int batch, int kv, DType cache, int splits) {
+  double bytes = 0;
+  const auto ps = decode_problems(batch, kv, cache, bytes);
+  const Timed t = time_launches(raw(ps), splits, 20, 5);
   std::printf("TIMING decode %s batch %d kv %d, 32/8 heads hd128 block 16, splits %d: %.1f us, %.0f GB/s\n",
-              dtype_name(cache).data(), batch, kv, splits, t.ms * 1e3, bytes_one / t.ms * 1e-6);
+              dtype_name(cache).data(), batch, kv, splits, t.ms * 1e3, bytes / t.ms * 1e-6);
 }
 
 TEST(DISABLED_VarlenTiming, Prefill) {
@@ -108,6 +132,29 @@ TEST(DISABLED_VarlenTiming, Prefill) {
   prefill(128, true, 2048);
   prefill(64, true, 16384);
   prefill(256, true, 16384);
+}
+
+TEST(DISABLED_VarlenTiming, PrefillVariants) {
+  Case c = timing_case(128, DType::bf16, true, {16384}, {16384});
+  Problem p(c);
+  const double flops = 4.0 * (16384.0 * 16385 / 2) * c.num_heads() * 128;
+  for (const Variant& v : prefill_variants_bf16_hd128()) {
+    const Timed t = time_launches({&p}, 1, 5, 5, variant_launch(v));
+    std::printf("TIMING variant prefill causal 16k hd128 [%s]: %.3f ms, %.1f TFLOP/s\n", v.name, t.ms,
+                flops / t.ms * 1e-9);
+  }
+}
+
+TEST(DISABLED_VarlenTiming, DecodeVariants) {
+  for (bool fp8 : {false, true}) {
+    double bytes = 0;
+    const auto ps = decode_problems(64, 8192, fp8 ? DType::fp8_e4m3 : DType::bf16, bytes);
+    for (const Variant& v : decode_variants_bf16_hd128(fp8)) {
+      const Timed t = time_launches(raw(ps), 1, 20, 5, variant_launch(v));
+      std::printf("TIMING variant decode batch 64 kv 8192 [%s]: %.1f us, %.0f GB/s\n", v.name, t.ms * 1e3,
+                  bytes / t.ms * 1e-6);
+    }
+  }
 }
 
 TEST(DISABLED_VarlenTiming, Decode) {
