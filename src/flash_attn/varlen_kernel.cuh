@@ -13,6 +13,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "attnkit/detail/merge_rule.h"
 #include "attnkit/error.h"
 #include "cuda/attention_mask.h"
@@ -53,57 +55,101 @@ __device__ __forceinline__ void load_q_tile(const VarlenKernelParams& p, const W
   }
 }
 
-// fp8 stage (K and V) -> 16-bit tiles the MMAs read.
+// fp8 caches with a bf16 Q: Q tile (in shared memory, landed) -> f16 in place, times a power
+// of two that keeps the tile's largest value below 2^15. Returns that factor (the caller
+// divides the softmax scale by it; bf16 values are exact in f16 in its normal range).
 template <class Tr>
-__device__ __forceinline__ void dequant_stage(const unsigned char* stage, typename Tr::Elem* cvt,
-                                              Fp8Format fmt, int tid) {
-  using T = typename Tr::Elem;
-  constexpr int kChunksPerRow = Tr::kHeadDim / 16;  // 16 codes per chunk
-  constexpr int kChunksPerTile = Tr::kBlockN * kChunksPerRow;
-  for (int idx = tid; idx < 2 * kChunksPerTile; idx += Tr::kThreads) {
-    const int side = idx / kChunksPerTile, rem = idx % kChunksPerTile;
-    const int row = rem / kChunksPerRow, chunk = rem % kChunksPerRow;
-    const uint4 codes = *reinterpret_cast<const uint4*>(stage + side * Tr::kStageTileBytes +
-                                                        row * Tr::kStagePitchBytes + chunk * 16);
-    uint4 lo, hi;
-    fp8x16_to<T>(codes, fmt, lo, hi);
-    uint4* dst = reinterpret_cast<uint4*>(cvt + side * Tr::kBlockN * Tr::kPitch + row * Tr::kPitch +
-                                          chunk * 16);
-    dst[0] = lo;
-    dst[1] = hi;
+__device__ __forceinline__ float q_tile_to_f16(unsigned char* smem, int tid) {
+  __shared__ float s_warp_max[Tr::kThreads / 32];
+  uint32_t* q = reinterpret_cast<uint32_t*>(smem);  // pairs of values
+  constexpr int kPairsPerRow = Tr::kHeadDim / 2, kPitchPairs = Tr::kPitch / 2;
+  float mx = 0.f;
+  for (int i = tid; i < Tr::kBlockM * kPairsPerRow; i += Tr::kThreads) {
+    const uint32_t v = q[(i / kPairsPerRow) * kPitchPairs + i % kPairsPerRow];
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+    mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
   }
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if ((tid & 31) == 0) s_warp_max[tid >> 5] = mx;
+  __syncthreads();
+  mx = 0.f;
+#pragma unroll
+  for (int w = 0; w < Tr::kThreads / 32; ++w) mx = fmaxf(mx, s_warp_max[w]);
+  int e = 0;
+  frexpf(mx, &e);  // mx < 2^e
+  const float factor = (mx > 0.f && mx <= 3.0e38f) ? ldexpf(1.f, 15 - e) : 1.f;
+  for (int i = tid; i < Tr::kBlockM * kPairsPerRow; i += Tr::kThreads) {
+    uint32_t& v = q[(i / kPairsPerRow) * kPitchPairs + i % kPairsPerRow];
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+    v = pack2<__half>(f.x * factor, f.y * factor);
+  }
+  __syncthreads();
+  return factor;
 }
 
 // S (this warp's kMFrags x 16 rows x kWarpKeys keys) = Q K^T. Each K fragment read from
 // shared memory feeds every row fragment.
 template <class Tr>
 __device__ __forceinline__ void qk_tile(FragC (&s)[Tr::kMFrags][Tr::kSFrags],
-                                        const FragA (&q_regs)[Tr::kQInRegs ? Tr::kKSteps : 1], uint32_t sq,
-                                        int warp_row0, uint32_t sk, int key0, int lane) {
-  using T = typename Tr::Elem;
+                                        const FragA (&q_regs)[Tr::kQInRegs ? Tr::kKSteps : 1],
+                                        const unsigned char* smem, uint32_t sq, int warp_row0, uint32_t sk,
+                                        int key0, int lane, Fp8Format fmt) {
+  using M = typename Tr::MmaElem;
 #pragma unroll
   for (int mf = 0; mf < Tr::kMFrags; ++mf)
 #pragma unroll
     for (int i = 0; i < Tr::kSFrags; ++i) s[mf][i] = FragC{};
+  if constexpr (Tr::kFp8Cache) {
+    // Head dimension permuted within each k16 step (fp8_dequant.h): 4 codes per lane.
 #pragma unroll
-  for (int ks = 0; ks < Tr::kKSteps; ++ks) {
-    FragA a[Tr::kMFrags];
+    for (int ks = 0; ks < Tr::kKSteps; ks += 2) {
+      FragA a[Tr::kMFrags][2];
 #pragma unroll
-    for (int mf = 0; mf < Tr::kMFrags; ++mf) {
-      if constexpr (Tr::kQInRegs) {
-        a[mf] = q_regs[ks];
-      } else {
-        ldmatrix_x4(a[mf].r, a_frag_addr(sq, Tr::kPitch, warp_row0 + 16 * mf, ks * 16, lane));
+      for (int mf = 0; mf < Tr::kMFrags; ++mf)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if constexpr (Tr::kQInRegs) {
+            a[mf][h] = q_regs[ks + h];
+          } else {
+            a[mf][h] = a_frag_dim_permuted(reinterpret_cast<const uint16_t*>(smem), Tr::kPitch,
+                                           warp_row0 + 16 * mf, ks + h, lane);
+          }
+        }
+#pragma unroll
+      for (int nf = 0; nf < Tr::kSFrags; nf += 2) {
+        FragB b[4];
+        k_frags_fp8(sk, Tr::kStagePitchBytes, key0 + nf * 8, ks, lane, fmt, b);
+#pragma unroll
+        for (int mf = 0; mf < Tr::kMFrags; ++mf) {
+          mma_16816<M>(s[mf][nf], a[mf][0], b[0]);
+          mma_16816<M>(s[mf][nf + 1], a[mf][0], b[1]);
+          mma_16816<M>(s[mf][nf], a[mf][1], b[2]);
+          mma_16816<M>(s[mf][nf + 1], a[mf][1], b[3]);
+        }
       }
     }
+    return;
+  } else {
 #pragma unroll
-    for (int nf = 0; nf < Tr::kSFrags; nf += 2) {
-      uint32_t b[4];
-      ldmatrix_x4(b, bt_frag_addr(sk, Tr::kPitch, key0 + nf * 8, ks * 16, lane));
+    for (int ks = 0; ks < Tr::kKSteps; ++ks) {
+      FragA a[Tr::kMFrags];
 #pragma unroll
       for (int mf = 0; mf < Tr::kMFrags; ++mf) {
-        mma_16816<T>(s[mf][nf], a[mf], FragB{{b[0], b[1]}});
-        mma_16816<T>(s[mf][nf + 1], a[mf], FragB{{b[2], b[3]}});
+        if constexpr (Tr::kQInRegs) {
+          a[mf] = q_regs[ks];
+        } else {
+          ldmatrix_x4(a[mf].r, a_frag_addr(sq, Tr::kPitch, warp_row0 + 16 * mf, ks * 16, lane));
+        }
+      }
+#pragma unroll
+      for (int nf = 0; nf < Tr::kSFrags; nf += 2) {
+        uint32_t b[4];
+        ldmatrix_x4(b, bt_frag_addr(sk, Tr::kPitch, key0 + nf * 8, ks * 16, lane));
+#pragma unroll
+        for (int mf = 0; mf < Tr::kMFrags; ++mf) {
+          mma_16816<M>(s[mf][nf], a[mf], FragB{{b[0], b[1]}});
+          mma_16816<M>(s[mf][nf + 1], a[mf], FragB{{b[2], b[3]}});
+        }
       }
     }
   }
@@ -112,22 +158,36 @@ __device__ __forceinline__ void qk_tile(FragC (&s)[Tr::kMFrags][Tr::kSFrags],
 // O (kMFrags x 16 rows x head_dim) += P V, P taken from the softmaxed S fragments.
 template <class Tr>
 __device__ __forceinline__ void pv_tile(FragC (&o)[Tr::kMFrags][Tr::kOFrags],
-                                        const FragC (&s)[Tr::kMFrags][Tr::kSFrags], uint32_t sv, int key0,
-                                        int lane) {
-  using T = typename Tr::Elem;
+                                        const FragC (&s)[Tr::kMFrags][Tr::kSFrags], const unsigned char* smem,
+                                        uint32_t s_base, uint32_t sv, int key0, int lane, Fp8Format fmt) {
+  using M = typename Tr::MmaElem;
 #pragma unroll
   for (int kk = 0; kk < Tr::kSFrags / 2; ++kk) {
     FragA pa[Tr::kMFrags];
 #pragma unroll
-    for (int mf = 0; mf < Tr::kMFrags; ++mf) pa[mf] = c_pair_to_a<T>(s[mf][2 * kk], s[mf][2 * kk + 1]);
+    for (int mf = 0; mf < Tr::kMFrags; ++mf) pa[mf] = c_pair_to_a<M>(s[mf][2 * kk], s[mf][2 * kk + 1]);
+    if constexpr (Tr::kFp8Cache) {
+      // O's columns permuted within 32-dim groups (fp8_dequant.h); undone in the epilogue.
+      const unsigned char* v_tile = smem + (sv - s_base);
 #pragma unroll
-    for (int dn = 0; dn < Tr::kOFrags; dn += 2) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, b_frag_addr_trans(sv, Tr::kPitch, key0 + kk * 16, dn * 8, lane));
+      for (int group = 0; group < Tr::kHeadDim / 32; ++group) {
+        FragB b[4];
+        v_frags_fp8(v_tile, Tr::kStagePitchBytes, key0 + kk * 16, group, lane, fmt, b);
 #pragma unroll
-      for (int mf = 0; mf < Tr::kMFrags; ++mf) {
-        mma_16816<T>(o[mf][dn], pa[mf], FragB{{b[0], b[1]}});
-        mma_16816<T>(o[mf][dn + 1], pa[mf], FragB{{b[2], b[3]}});
+        for (int mf = 0; mf < Tr::kMFrags; ++mf)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) mma_16816<M>(o[mf][4 * group + e], pa[mf], b[e]);
+      }
+    } else {
+#pragma unroll
+      for (int dn = 0; dn < Tr::kOFrags; dn += 2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, b_frag_addr_trans(sv, Tr::kPitch, key0 + kk * 16, dn * 8, lane));
+#pragma unroll
+        for (int mf = 0; mf < Tr::kMFrags; ++mf) {
+          mma_16816<M>(o[mf][dn], pa[mf], FragB{{b[0], b[1]}});
+          mma_16816<M>(o[mf][dn + 1], pa[mf], FragB{{b[2], b[3]}});
+        }
       }
     }
   }
@@ -159,8 +219,17 @@ __device__ __forceinline__ void epilogue(const VarlenKernelParams& p, const Work
       float* base = s_o + (warp_n * Tr::kBlockM + row) * Tr::kOPitch + 2 * (lane & 3);
 #pragma unroll
       for (int dn = 0; dn < Tr::kOFrags; ++dn) {
-        *reinterpret_cast<float2*>(base + dn * 8) = make_float2(o[mf][dn].c[0], o[mf][dn].c[1]);
-        *reinterpret_cast<float2*>(base + 8 * Tr::kOPitch + dn * 8) = make_float2(o[mf][dn].c[2], o[mf][dn].c[3]);
+        if constexpr (Tr::kFp8Cache) {  // undo the column permutation of the fp8 P V
+          float* row_lo = base - 2 * (lane & 3);
+          const int d0 = o_column_dim(dn, 2 * (lane & 3)), d1 = o_column_dim(dn, 2 * (lane & 3) + 1);
+          row_lo[d0] = o[mf][dn].c[0];
+          row_lo[d1] = o[mf][dn].c[1];
+          row_lo[8 * Tr::kOPitch + d0] = o[mf][dn].c[2];
+          row_lo[8 * Tr::kOPitch + d1] = o[mf][dn].c[3];
+        } else {
+          *reinterpret_cast<float2*>(base + dn * 8) = make_float2(o[mf][dn].c[0], o[mf][dn].c[1]);
+          *reinterpret_cast<float2*>(base + 8 * Tr::kOPitch + dn * 8) = make_float2(o[mf][dn].c[2], o[mf][dn].c[3]);
+        }
       }
       if ((lane & 3) == 0) {
         s_stat[warp_n * Tr::kBlockM + row] = make_float2(max_log2[0], sum[0]);
@@ -245,8 +314,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
 
   const uint32_t s_q = smem_addr(smem);
   const uint32_t s_stages = s_q + Tr::kStagesOffset;
-  T* cvt = reinterpret_cast<T*>(smem + Tr::kCvtOffset);
-  const uint32_t s_cvt = s_q + Tr::kCvtOffset;
+  const Fp8Format fmt = static_cast<Fp8Format>(p.fp8_format);
 
   Loader loader;
   loader.k = {static_cast<const char*>(p.k_cache) + w.kv_head * p.k_stride_head, p.k_stride_block, p.k_stride_slot};
@@ -266,16 +334,28 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
     cp_async_commit();
   }
 
-  const float k_scale = Tr::kFp8Cache ? detail::scale_of(p.k_scale, p.k_scale_stride, w.kv_head) : 1.f;
-  const ScoreMod mod{p.scale * k_scale, p.softcap, p.alibi_slopes != nullptr};
-  const float unit = mod.unit();
+  // Q: wait for its group when it is read before the loop (into registers, or converted).
+  constexpr bool kConvertQ = Tr::kFp8Cache && std::is_same_v<T, __nv_bfloat16>;
+  float q_factor = 1.f;
   FragA q_regs[Tr::kQInRegs ? Tr::kKSteps : 1];
-  if constexpr (Tr::kQInRegs) {
+  if constexpr (Tr::kQInRegs || kConvertQ) {
     cp_async_wait<Tr::kStages - 1>();  // the Q group
     __syncthreads();
+    if constexpr (kConvertQ) q_factor = detail::q_tile_to_f16<Tr>(smem, tid);
+    if constexpr (Tr::kQInRegs) {
 #pragma unroll
-    for (int ks = 0; ks < Tr::kKSteps; ++ks) ldmatrix_x4(q_regs[ks].r, a_frag_addr(s_q, Tr::kPitch, warp_row0, ks * 16, lane));
+      for (int ks = 0; ks < Tr::kKSteps; ++ks) {
+        if constexpr (Tr::kFp8Cache)
+          q_regs[ks] = a_frag_dim_permuted(reinterpret_cast<const uint16_t*>(smem), Tr::kPitch, warp_row0, ks, lane);
+        else
+          ldmatrix_x4(q_regs[ks].r, a_frag_addr(s_q, Tr::kPitch, warp_row0, ks * 16, lane));
+      }
+    }
   }
+
+  const float k_scale = Tr::kFp8Cache ? detail::scale_of(p.k_scale, p.k_scale_stride, w.kv_head) : 1.f;
+  const ScoreMod mod{p.scale * k_scale / q_factor, p.softcap, p.alibi_slopes != nullptr};
+  const float unit = mod.unit();
 
   RowSoftmax softmax[Tr::kMFrags];
 #pragma unroll
@@ -289,18 +369,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
     if (ahead < n_tiles) loader.load((w.tile_begin + ahead) * Tr::kBlockN, stage_k(ahead), stage_k(ahead) + Tr::kStageTileBytes, tid);
     cp_async_commit();
 
-    uint32_t s_k = stage_k(it), s_v = s_k + Tr::kStageTileBytes;
-    if constexpr (Tr::kFp8Cache) {
-      detail::dequant_stage<Tr>(smem + (s_k - s_q), cvt, static_cast<Fp8Format>(p.fp8_format), tid);
-      __syncthreads();
-      s_k = s_cvt;
-      s_v = s_cvt + Tr::kCvtTileBytes;
-    }
+    const uint32_t s_k = stage_k(it), s_v = s_k + Tr::kStageTileBytes;
     if (!warp_active) continue;
 
     const int tile_key0 = (w.tile_begin + it) * Tr::kBlockN;
     FragC s[Tr::kMFrags][Tr::kSFrags];
-    detail::qk_tile<Tr>(s, q_regs, s_q, warp_row0, s_k, warp_key0, lane);
+    detail::qk_tile<Tr>(s, q_regs, smem, s_q, warp_row0, s_k, warp_key0, lane, fmt);
     const bool whole_tile_visible = tile_key0 >= w.full_lo && tile_key0 + Tr::kBlockN <= w.full_hi;
 #pragma unroll
     for (int mf = 0; mf < Tr::kMFrags; ++mf) {
@@ -313,7 +387,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
       softmax[mf].step(s[mf], unit, rescale);
       scale_rows(o[mf], rescale);
     }
-    detail::pv_tile<Tr>(o, s, s_v, warp_key0, lane);
+    detail::pv_tile<Tr>(o, s, smem, s_q, s_v, warp_key0, lane, fmt);
   }
 
   Ring::drain();

@@ -13,6 +13,8 @@
 //  * Decode (packed rows <= 16, e.g. one token x its GQA group): 16 rows, 4 warps along N,
 //    so all four warps' tensor cores and load slots work on one KV stream.
 #pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <type_traits>
@@ -27,7 +29,10 @@ constexpr int max_c(int a, int b) { return a > b ? a : b; }
 template <class Elem_, int kHeadDim_, bool kFp8Cache_, int kMFrags_, int kWarpsM_, int kWarpsN_,
           int kBlockN_, int kStages_, int kMinBlocksPerSm_>
 struct VarlenTraits {
-  using Elem = Elem_;  // __nv_bfloat16 or __half: q, out and the MMA operands
+  using Elem = Elem_;  // __nv_bfloat16 or __half: q and out
+  // The MMA operand type: fp8 caches run both GEMMs in f16 (every fp8 value is exact in f16,
+  // P gains precision; a bf16 Q is rescaled by a power of two into f16 range first).
+  using MmaElem = std::conditional_t<kFp8Cache_, __half, Elem_>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kFp8Cache = kFp8Cache_;
   static constexpr int kMFrags = kMFrags_;  // m16 row fragments per warp
@@ -48,19 +53,19 @@ struct VarlenTraits {
 
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head size must be a multiple of 16, <= 256");
   static_assert(kWarpKeys % 16 == 0, "each warp needs whole k16 steps of keys");
+  static_assert(!kFp8Cache || (kHeadDim % 32 == 0 && kKSteps % 2 == 0),
+                "fp8 fragments come in 32-dim groups and pairs of k16 steps");
 
   // Shared memory. 16-bit tiles have a pitch of kHeadDim + 8 elements (16 bytes of padding:
-  // the 8 rows of an ldmatrix phase hit distinct banks); fp8 staging rows are padded by 16 bytes.
+  // the 8 rows of an ldmatrix phase hit distinct banks); fp8 tiles are padded by 16 bytes.
   static constexpr int kPitch = kHeadDim + 8;
   static constexpr int kKvRowBytes = kFp8Cache ? kHeadDim : 2 * kHeadDim;  // in the cache
   static constexpr int kStagePitchBytes = kFp8Cache ? kHeadDim + 16 : 2 * kPitch;
   static constexpr int kQBytes = kBlockM * kPitch * 2;
   static constexpr int kStageTileBytes = kBlockN * kStagePitchBytes;  // K or V of one stage
   static constexpr int kStageBytes = 2 * kStageTileBytes;
-  static constexpr int kCvtTileBytes = kFp8Cache ? kBlockN * kPitch * 2 : 0;  // dequantised K or V
   static constexpr int kStagesOffset = kQBytes;
-  static constexpr int kCvtOffset = kStagesOffset + kStages * kStageBytes;
-  static constexpr int kMainBytes = kCvtOffset + 2 * kCvtTileBytes;
+  static constexpr int kMainBytes = kStagesOffset + kStages * kStageBytes;
   // Epilogue (reuses everything): per-warp-column fp32 O, per-row softmax stats and weights.
   static constexpr int kOPitch = kHeadDim + 8;
   static constexpr int kEpiOBytes = kWarpsN * kBlockM * kOPitch * 4;

@@ -121,6 +121,7 @@ Problem::Problem(const Case& c) : c_(c) {
   upload(d_cu_, cu_.data(), cu_.size() * 4);
   upload(d_seq_, seq_.data(), seq_.size() * 4);
   upload(d_table_, table_.data(), table_.size() * 4);
+  ATTNKIT_CUDA_CHECK(cudaDeviceSynchronize());  // fills done before any other stream reads them
 }
 
 AttentionParams Problem::params_on(bool device) const {
@@ -172,15 +173,14 @@ Result Problem::run_kernel(int num_splits) const {
   cuda::DeviceBuffer out(std::max<int64_t>(T * H * D * 2, 16)), lse(std::max<int64_t>(T * H * 4, 16));
   const size_t ws_bytes = flash_attn::varlen_workspace_bytes(T, H, D, num_splits);
   cuda::DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
-  poison_device(out.get(), T * H * D * 2);
-  poison_device(lse.get(), T * H * 4);
-  poison_device(ws.get(), static_cast<int64_t>(ws_bytes));
-
   flash_attn::VarlenArgs a = make_args(out.get(), lse.get(), ws_bytes ? ws.get() : nullptr, ws_bytes, num_splits);
   cudaStream_t stream;
   ATTNKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   a.stream = stream;
   try {
+    poison_device(out.get(), T * H * D * 2, stream);
+    poison_device(lse.get(), T * H * 4, stream);
+    poison_device(ws.get(), static_cast<int64_t>(ws_bytes), stream);
     flash_attn::run_varlen_attention(a);
     ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
   } catch (...) {

@@ -43,8 +43,8 @@ void fill_random_device(void* dst, DType dtype, int64_t n, uint64_t seed, float 
   ATTNKIT_CUDA_CHECK_LAUNCH();
 }
 
-void poison_device(void* dst, int64_t bytes, uint8_t byte) {
-  if (bytes > 0) ATTNKIT_CUDA_CHECK(cudaMemset(dst, byte, static_cast<size_t>(bytes)));
+void poison_device(void* dst, int64_t bytes, cudaStream_t stream, uint8_t byte) {
+  if (bytes > 0) ATTNKIT_CUDA_CHECK(cudaMemsetAsync(dst, byte, static_cast<size_t>(bytes), stream));
 }
 
 }  // namespace attnkit::test

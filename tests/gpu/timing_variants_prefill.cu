@@ -9,8 +9,6 @@ using E = __nv_bfloat16;
 std::vector<Variant> prefill_variants_bf16_hd128() {
   return {
       {"MF2 x 4 warps, 128x64, 2 stages, 2/SM", &launch_varlen<VarlenTraits<E, 128, false, 2, 4, 1, 64, 2, 2>>},
-      {"MF1 x 8 warps, 128x64, 3 stages", &launch_varlen<VarlenTraits<E, 128, false, 1, 8, 1, 64, 3, 1>>},
-      {"MF2 x 4 warps, 128x32, 3 stages, 2/SM", &launch_varlen<VarlenTraits<E, 128, false, 2, 4, 1, 32, 3, 2>>},
       {"MF2 x 8 warps, 256x64, 2 stages", &launch_varlen<VarlenTraits<E, 128, false, 2, 8, 1, 64, 2, 1>>},
   };
 }
