@@ -385,7 +385,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
       }
       float rescale[2];
       softmax[mf].step(s[mf], unit, rescale);
-      scale_rows(o[mf], rescale);
+      // Once the running maxima settle, most tiles change none of them: skip the multiply.
+      if (__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) scale_rows(o[mf], rescale);
     }
     detail::pv_tile<Tr>(o, s, smem, s_q, s_v, warp_key0, lane, fmt);
   }

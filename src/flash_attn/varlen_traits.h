@@ -80,8 +80,11 @@ using PrefillTraits = std::conditional_t<(kHeadDim <= 128),
                                          VarlenTraits<Elem, kHeadDim, kFp8Cache, 2, 4, 1, 64, 2, 2>,
                                          VarlenTraits<Elem, kHeadDim, kFp8Cache, 1, 8, 1, 64, 2, 1>>;
 
+// fp8 tiles are half the bytes: for head sizes <= 128 three CTAs fit per SM and hide more of
+// each tile's latency.
 template <class Elem, int kHeadDim, bool kFp8Cache>
-using DecodeTraits = VarlenTraits<Elem, kHeadDim, kFp8Cache, 1, 1, 4, 64, 3, 2>;
+using DecodeTraits =
+    VarlenTraits<Elem, kHeadDim, kFp8Cache, 1, 1, 4, 64, 3, ((kFp8Cache && kHeadDim <= 128) ? 3 : 2)>;
 
 // Launches the kernel of configuration Tr (defined in varlen_kernel.cuh, instantiated in
 // varlen_hd*.cu). Throws Error on launch failure or when the device lacks the shared memory.

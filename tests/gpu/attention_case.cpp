@@ -34,7 +34,8 @@ std::string Case::describe() const {
      << group << ", block " << block_size << ", " << (causal ? "causal" : "non-causal") << ", window ("
      << window_left << ", " << window_right << "), softcap " << softcap << (alibi ? ", alibi" : "")
      << (sinks ? ", sinks" : "") << (per_head_kv_scale ? ", per-head kv scale" : "") << ", scale " << scale
-     << ", q_amp " << q_amp << ", splits " << num_splits << "; requests (q_len/seq_len):";
+     << ", q_amp " << q_amp << ", splits " << num_splits << (want_lse ? "" : ", no lse")
+     << "; requests (q_len/seq_len):";
   for (size_t r = 0; r < q_lens.size(); ++r) {
     if (r == 12 && q_lens.size() > 14) {
       os << " ... (" << q_lens.size() << " total)";
@@ -173,7 +174,8 @@ Result Problem::run_kernel(int num_splits) const {
   cuda::DeviceBuffer out(std::max<int64_t>(T * H * D * 2, 16)), lse(std::max<int64_t>(T * H * 4, 16));
   const size_t ws_bytes = flash_attn::varlen_workspace_bytes(T, H, D, num_splits);
   cuda::DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
-  flash_attn::VarlenArgs a = make_args(out.get(), lse.get(), ws_bytes ? ws.get() : nullptr, ws_bytes, num_splits);
+  flash_attn::VarlenArgs a =
+      make_args(out.get(), c_.want_lse ? lse.get() : nullptr, ws_bytes ? ws.get() : nullptr, ws_bytes, num_splits);
   cudaStream_t stream;
   ATTNKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   a.stream = stream;
@@ -190,7 +192,7 @@ Result Problem::run_kernel(int num_splits) const {
   ATTNKIT_CUDA_CHECK(cudaStreamDestroy(stream));
   Result r;
   r.out = download_as_float(out.get(), c_.dtype, T * H * D);
-  r.lse = download_as_float(lse.get(), DType::f32, T * H);
+  if (c_.want_lse) r.lse = download_as_float(lse.get(), DType::f32, T * H);
   return r;
 }
 
@@ -285,6 +287,7 @@ void random_features(Case& c, Rng& rng) {
   c.per_head_kv_scale = rng() % 2 == 0;
   if (rng() % 3 == 0) c.scale = 0.05f + 0.25f * static_cast<float>(rng() % 1000) / 1000.f;
   c.q_amp = rng() % 2 ? 1.f : 3.f;
+  c.want_lse = rng() % 8 != 0;
 }
 
 }  // namespace

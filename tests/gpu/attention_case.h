@@ -32,6 +32,7 @@ struct Case {
   float scale = 0.f;  // 0 = default
   float q_amp = 1.f;  // |q| <= q_amp; K/V values lie in [-1, 1]
   int num_splits = 1;
+  bool want_lse = true;  // false: the launch gets no LSE tensor
   uint64_t seed = 1;
 
   int num_heads() const { return num_kv_heads * group; }

@@ -27,7 +27,7 @@ void check_against_cpu(const Case& c) {
     SCOPED_TRACE("num_splits " + std::to_string(splits));
     const Result got = p.run_kernel(splits);
     EXPECT_TRUE(outputs_match(c.dtype, got.out, ref.out, {T, H, D}));
-    EXPECT_TRUE(lse_match(got.lse, ref.lse, {H, T}));
+    if (c.want_lse) EXPECT_TRUE(lse_match(got.lse, ref.lse, {H, T}));
     if (c.num_splits == 1) break;
   }
 }
@@ -165,11 +165,11 @@ TEST_P(VarlenLargeGrid, SampledRowsMatchGpuReference) {
   for (size_t i = 0; i < rows.size(); ++i) {
     const int64_t base = (static_cast<int64_t>(rows[i].token) * H + rows[i].head) * D;
     std::copy(got.out.begin() + base, got.out.begin() + base + D, out.begin() + i * D);
-    lse[i] = got.lse[static_cast<int64_t>(rows[i].head) * T + rows[i].token];
+    if (c.want_lse) lse[i] = got.lse[static_cast<int64_t>(rows[i].head) * T + rows[i].token];
   }
   const int64_t n = static_cast<int64_t>(rows.size());
   EXPECT_TRUE(outputs_match(c.dtype, out, ref_out, {n, D})) << "(sampled row index, dim)";
-  EXPECT_TRUE(lse_match(lse, ref_lse, {n})) << "(sampled row index)";
+  if (c.want_lse) EXPECT_TRUE(lse_match(lse, ref_lse, {n})) << "(sampled row index)";
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, VarlenLargeGrid, ::testing::Range(0, 32));
@@ -210,8 +210,7 @@ INSTANTIATE_TEST_SUITE_P(Seeds, GpuReferenceGrid, ::testing::Range(0, 24));
 TEST(VarlenSanitizer, SmallGridOfEveryPath) {
   // Decode and prefill tiles, fp8 and 16-bit caches, splits, windows, partial tiles, block
   // table padding, queries longer than keys, empty requests.
-  const int seeds[] = {0, 7, 13, 24, 31, 47, 52, 68, 89, 95, 118, 131, 149};
-  for (int s : seeds) {
+  for (int s = 0; s < 300; s += 7) {  // 7 is coprime to the grid cycle: every head size, cache kind, dtype, block size
     Case c = random_small_case(s);
     if (c.q_lens.size() > 3) {
       c.q_lens.resize(3);
