@@ -25,10 +25,11 @@ TEST(VarlenNumSplits, FillsTheGpuOnlyWhenWorkIsScarce) {
               EXPECT_GE(std::max(seq, q) / s, 512) << "each split reads at least 512 keys";
               const int64_t rows = int64_t(q) * group, tile = rows <= 16 ? 16 : 128;
               const int64_t items = int64_t(reqs) * kv_heads * ((rows + tile - 1) / tile);
-              EXPECT_LT(items, 198) << "splits only when the work items do not fill the GPU";
+              EXPECT_LT(items, sms) << "splits only when the work items do not fill the GPU";
             }
           }
   EXPECT_GE(varlen_num_splits(1, 8, 4, 1, 32768, 132), 16);  // batch 1, long context: split
+  EXPECT_EQ(varlen_num_splits(16, 8, 4, 1, 4096, 132), 2);
   EXPECT_EQ(varlen_num_splits(64, 8, 4, 1, 8192, 132), 1);   // 512 work items: no split
   EXPECT_EQ(varlen_num_splits(1, 8, 4, 1, 600, 132), 1);     // too few keys to split
   EXPECT_EQ(varlen_num_splits(0, 8, 4, 1, 600, 132), 1);
