@@ -36,13 +36,6 @@ struct VarlenArgs {
 // Bytes of split-KV workspace a launch with these sizes needs (0 when num_splits == 1).
 size_t varlen_workspace_bytes(int64_t num_tokens, int num_heads, int head_size, int num_splits);
 
-// The split-KV count this kernel family suits for a batch of this shape on a GPU with
-// `num_sms` multiprocessors (a default for the builder's ahead-of-time decision): 1 when the
-// (request, KV head, row tile) work items already fill the GPU or the keys are short, else
-// enough splits to fill it, never fewer than 512 keys (8 K/V tiles) per split, at most 256.
-int varlen_num_splits(int num_reqs, int num_kv_heads, int group, int max_query_len, int max_seq_len,
-                      int num_sms);
-
 // Validated by the caller (the impl); launches on args.stream. Throws Error on a CUDA failure
 // or a configuration no compiled kernel serves. In a build without CUDA it throws.
 void run_varlen_attention(const VarlenArgs& args);

@@ -18,6 +18,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_buffer.h"
 #include "device_fill.h"
+#include "flash_attn/split_kv.h"
 #include "timing_variants.h"
 
 namespace attnkit::test {
@@ -137,12 +138,20 @@ void decode(int batch, int kv, DType cache, int splits) {
               dtype_name(cache).data(), batch, kv, splits, t.ms * 1e3, bytes / t.ms * 1e-6);
 }
 
-// The heuristic's split count for a decode batch of the timing shapes (32/8 heads) on this GPU.
-int varlen_splits(int batch, int kv) {
+// The builder's split count (split_kv.h) for a decode batch of the timing shapes (32/8 heads).
+int builder_splits(int batch, int kv) {
   int dev = 0, sms = 0;
   ATTNKIT_CUDA_CHECK(cudaGetDevice(&dev));
   ATTNKIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return flash_attn::varlen_num_splits(batch, 8, 4, 1, kv, sms);
+  std::vector<int32_t> qsl(batch + 1), seq(batch, kv);
+  for (int i = 0; i <= batch; ++i) qsl[i] = i;
+  flash_attn::SplitKVInput in;
+  in.query_start_loc = qsl;
+  in.seq_lens = seq;
+  in.num_heads = 32;
+  in.num_kv_heads = 8;
+  in.num_sms = sms;
+  return flash_attn::decide_num_splits(in).num_splits;
 }
 
 TEST(DISABLED_VarlenTiming, Prefill) {
@@ -182,7 +191,7 @@ TEST(DISABLED_VarlenTiming, DecodeVariants) {
 TEST(DISABLED_VarlenTiming, Decode) {
   decode(64, 8192, DType::bf16, 1);
   decode(64, 8192, DType::fp8_e4m3, 1);
-  const int h = varlen_splits(16, 4096), one = varlen_splits(1, 32768);
+  const int h = builder_splits(16, 4096), one = builder_splits(1, 32768);
   decode(16, 4096, DType::bf16, h);
   decode(16, 4096, DType::fp8_e4m3, h);
   decode(1, 32768, DType::bf16, one);
