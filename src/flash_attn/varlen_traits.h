@@ -11,8 +11,7 @@
 //  * Prefill, head size 192 / 256: 8 warps x 16 rows (the fp32 output of 32 rows would not
 //    fit in registers).
 //  * Decode (packed rows <= 16, e.g. one token x its GQA group): 16 rows, 4 warps along N,
-//    so all four warps' tensor cores and load slots work on one KV stream; 64-key tiles
-//    (128 for fp8 caches).
+//    so all four warps' tensor cores and load slots work on one KV stream.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -81,12 +80,12 @@ using PrefillTraits = std::conditional_t<(kHeadDim <= 128),
                                          VarlenTraits<Elem, kHeadDim, kFp8Cache, 2, 4, 1, 64, 2, 2>,
                                          VarlenTraits<Elem, kHeadDim, kFp8Cache, 1, 8, 1, 64, 2, 1>>;
 
-// fp8 tiles are half the bytes: 128-key tiles keep as many bytes in flight per stage as the
-// 16-bit path (measured on the H200, batch 64 x 8k keys: 311 us against 319 us for 64-key
-// tiles at 3 CTAs/SM and 324 us at 2).
+// fp8 tiles are half the bytes: for head sizes <= 128 three CTAs fit per SM and hide more of
+// each tile's latency (H200, batch 64 x 8k keys: 319-331 us against 324-349 us at 2 CTAs/SM;
+// 128-key tiles measured the same within run-to-run noise, 311-342 us).
 template <class Elem, int kHeadDim, bool kFp8Cache>
-using DecodeTraits = std::conditional_t<kFp8Cache, VarlenTraits<Elem, kHeadDim, true, 1, 1, 4, 128, 3, 1>,
-                                        VarlenTraits<Elem, kHeadDim, false, 1, 1, 4, 64, 3, 2>>;
+using DecodeTraits =
+    VarlenTraits<Elem, kHeadDim, kFp8Cache, 1, 1, 4, 64, 3, ((kFp8Cache && kHeadDim <= 128) ? 3 : 2)>;
 
 // Launches the kernel of configuration Tr (defined in varlen_kernel.cuh, instantiated in
 // varlen_hd*.cu). Throws Error on launch failure or when the device lacks the shared memory.
