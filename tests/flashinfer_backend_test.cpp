@@ -1,10 +1,6 @@
 // The FlashInfer-style backend's host side: capabilities and check() tables, cache shapes,
 // the page-table conversion, the builder (ordering, split, per-part tables and plans) and
 // the impl's validation.
-// Transitional guard: the backend abstraction's shared code (src/core/backend.cpp, the
-// registry) arrives with the host branch; until it is in this tree these tests cannot link.
-// Remove the guard once it is.
-#if __has_include("core/backend_registry.h")
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -401,8 +397,14 @@ TEST(FlashInferBuilder, LimitsStalenessAndFixedBuffers) {
 // CUDA views over a fake address: validation reads shapes only, never the memory.
 void* fake() { return reinterpret_cast<void*>(uintptr_t{0x10000}); }
 
+AttentionConfig windowed_config() {
+  AttentionConfig c = config(8, 2, 16);
+  c.features.sliding_window = true;
+  return c;
+}
+
 struct ForwardCase {
-  AttentionConfig cfg = config(8, 2, 16);
+  AttentionConfig cfg = windowed_config();
   int64_t blocks = 64;
   int tokens = 0;
   TensorView q, k, v, out, cache;
@@ -453,7 +455,7 @@ TEST(FlashInferImpl, ValidatesThenSaysTheKernelsAreNotInThisBuild) {
   {
     ForwardCase c = fc;  // HND order given for an NHD configuration
     c.cache = TensorView(fake(), DType::bf16, {64, 2, 2, 16, 128}, Device::CUDA);
-    expect_error([&] { run(c, *md); }, "kv_cache.shape");
+    expect_error([&] { run(c, *md); }, "cache.shape = [64, 2, 2, 16, 128]");
   }
   {
     ForwardCase c = fc;  // the plan reads page ids up to 2 * max_blocks_per_req - 1
@@ -464,6 +466,16 @@ TEST(FlashInferImpl, ValidatesThenSaysTheKernelsAreNotInThisBuild) {
     ForwardCase c = fc;
     c.params.alibi_slopes = TensorView(fake(), DType::f32, {8}, Device::CUDA);
     expect_error([&] { run(c, *md); }, "ALiBi");
+  }
+  {
+    ForwardCase c = fc;  // a feature the configuration did not declare
+    c.params.softcap = 30.f;
+    expect_error([&] { run(c, *md); }, "softcap");
+  }
+  {
+    ForwardCase c = fc;
+    c.params.lse = TensorView(fake(), DType::f32, {8, c.tokens}, Device::CUDA);
+    expect_error([&] { run(c, *md); }, "LSE output");
   }
   {
     ForwardCase c = fc;
@@ -501,7 +513,21 @@ TEST(FlashInferImpl, ValidatesThenSaysTheKernelsAreNotInThisBuild) {
                  "not in this build");
     c.cache = TensorView(fake(), DType::u8, {64, 2, 16, 2, 128}, Device::CUDA);
     expect_error([&] { impl4->forward(c.q, c.k, c.v, c.cache, *md4, c.params, c.out); },
-                 "kv_cache.shape");
+                 "[64, 2, 16, 2, 72]");
+  }
+  {
+    // Declared features in use, and buffers padded past num_actual_tokens (CUDA graphs).
+    AttentionConfig cfg = fc.cfg;
+    cfg.features.lse = cfg.features.sinks = cfg.features.softcap = true;
+    auto full = flashinfer_backend().make_impl(cfg);
+    ForwardCase c = fc;
+    c.q = TensorView(fake(), DType::bf16, {64, 8, 128}, Device::CUDA);
+    c.out = c.q;
+    c.params.lse = TensorView(fake(), DType::f32, {8, c.tokens}, Device::CUDA);
+    c.params.sinks = TensorView(fake(), DType::f32, {8}, Device::CUDA);
+    c.params.softcap = 30.f;
+    expect_error([&] { full->forward(c.q, c.k, c.v, c.cache, *md, c.params, c.out); },
+                 "not in this build");
   }
   builder.build(make_batch({1}, {5}, 16, rng));
   expect_error([&] { run(fc, *md); }, "re-planned");
@@ -509,4 +535,3 @@ TEST(FlashInferImpl, ValidatesThenSaysTheKernelsAreNotInThisBuild) {
 
 }  // namespace
 }  // namespace attnkit::flashinfer
-#endif  // __has_include("core/backend_registry.h")

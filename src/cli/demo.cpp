@@ -6,11 +6,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "attnkit/device.h"
 #include "attnkit/error.h"
 #include "attnkit/kv_cache.h"
 #include "attnkit/metadata.h"
@@ -27,20 +29,25 @@ constexpr DType kDtype = DType::bf16;
 
 void print_help(FILE* f) {
   std::fprintf(f,
-               "usage: attnkit demo [--steps N] [--seed N]\n\n"
+               "usage: attnkit demo [--steps N] [--seed N] [--device auto|cpu|cuda] [--backend NAME]\n\n"
                "Simulates continuous batching (requests arriving, chunked prefills, one-token\n"
                "decodes, finished requests freeing their KV blocks) for a model with %d query\n"
                "heads, %d KV heads, head size %d and a paged bf16 cache of block size %d, and\n"
-               "runs attention for every step.\n\n"
-               "  --steps N   serving steps to run (1..1000, default 16)\n"
-               "  --seed N    seed of arrivals, lengths and data (default 0)\n"
-               "  --help      this text\n",
+               "runs attention for every step on the backend the selector picks for the device\n"
+               "(the CPU reference without a GPU), printing why the others were refused.\n\n"
+               "  --steps N       serving steps to run (1..1000, default 16)\n"
+               "  --seed N        seed of arrivals, lengths and data (default 0)\n"
+               "  --device D      auto (a GPU when one is visible, default), cpu or cuda\n"
+               "  --backend NAME  ask the selector for this backend (error if it cannot serve)\n"
+               "  --help          this text\n",
                kNumHeads, kNumKvHeads, kHeadSize, kBlockSize);
 }
 
 struct Options {
   int steps = 16;
   uint64_t seed = 0;
+  std::string device = "auto";
+  std::optional<std::string> backend;
 };
 
 bool parse_number(std::string_view s, uint64_t* v) {
@@ -62,7 +69,7 @@ int parse(int argc, char** argv, Options* o) {
       print_help(stdout);
       return 0;
     }
-    if (flag != "--steps" && flag != "--seed") {
+    if (flag != "--steps" && flag != "--seed" && flag != "--device" && flag != "--backend") {
       std::fprintf(stderr, "attnkit demo: unknown flag '%s'\n\n", argv[i]);
       print_help(stderr);
       return 2;
@@ -73,6 +80,19 @@ int parse(int argc, char** argv, Options* o) {
         return 2;
       }
       value = argv[++i];
+    }
+    if (flag == "--device") {
+      if (value != "auto" && value != "cpu" && value != "cuda") {
+        std::fprintf(stderr, "attnkit demo: --device = '%.*s' must be auto, cpu or cuda\n",
+                     static_cast<int>(value.size()), value.data());
+        return 2;
+      }
+      o->device = std::string(value);
+      continue;
+    }
+    if (flag == "--backend") {
+      o->backend = std::string(value);
+      continue;
     }
     uint64_t n = 0;
     if (!parse_number(value, &n)) {
@@ -100,6 +120,47 @@ void fill_random(std::vector<uint16_t>& buf, std::mt19937_64& rng) {
   for (uint16_t& x : buf) x = float_to_bf16_bits(u(rng));
 }
 
+// Where a step's tensors live: host vectors, mirrored into device memory on a GPU backend.
+class StepMemory {
+ public:
+  explicit StepMemory(bool on_gpu) : on_gpu_(on_gpu) {}
+  // A view of `host` on the run's device (uploaded when on the GPU; the buffer is kept until
+  // the next step).
+  template <class T>
+  TensorView place(std::vector<T>& host, DType dtype, std::initializer_list<int64_t> shape,
+                   void* stream) {
+    if (!on_gpu_) return TensorView(host.data(), dtype, shape);
+    auto& mem = buffers_.emplace_back(std::max<size_t>(host.size() * sizeof(T), 1));
+    cuda_copy_to_device(mem.get(), host.data(), host.size() * sizeof(T), stream);
+    return TensorView(mem.get(), dtype, shape, Device::CUDA);
+  }
+  void clear() { buffers_.clear(); }
+
+ private:
+  bool on_gpu_;
+  std::vector<CudaMemory> buffers_;
+};
+
+DeviceSpec pick_device(const std::string& want) {
+  const int gpus = cuda_device_count();
+  if (want == "cpu" || (want == "auto" && gpus == 0)) return DeviceSpec::Cpu();
+  ATTNKIT_REQUIRE(gpus > 0, "demo", "--device", want,
+                  "needs a visible CUDA GPU and an attnkit built with CUDA");
+  return cuda_device_spec(0);
+}
+
+void print_selection(const Selection& sel, const DeviceSpec& device) {
+  std::printf("device: %s%s\n", device.describe().c_str(),
+              device.cpu ? "" : (" (" + cuda_device_name(0) + ")").c_str());
+  std::printf("backend: %s", sel.backend.c_str());
+  if (!sel.variant.empty()) std::printf(" — %s", sel.variant.c_str());
+  std::printf("\n");
+  for (const Refusal& r : sel.refused) {
+    std::printf("  refused %s:\n", r.backend.c_str());
+    for (const std::string& why : r.reasons) std::printf("    - %s\n", why.c_str());
+  }
+}
+
 int run_demo(int argc, char** argv) {
   Options opt;
   if (const int rc = parse(argc, argv, &opt); rc >= 0) return rc;
@@ -109,6 +170,18 @@ int run_demo(int argc, char** argv) {
   cfg.seed = opt.seed;
   ServingSim sim(cfg);
 
+  AttentionConfig model;
+  model.num_heads = kNumHeads;
+  model.num_kv_heads = kNumKvHeads;
+  model.head_size = kHeadSize;
+  model.dtype = kDtype;
+  model.cache_dtype = kDtype;
+  model.block_size = kBlockSize;
+  model.layout = KVLayout::NHD;
+  model.device = pick_device(opt.device);
+  StepAttention attention(model, opt.backend);
+  const bool on_gpu = !model.device.cpu;
+
   KVCacheSpec spec;
   spec.num_blocks = cfg.num_blocks;
   spec.block_size = kBlockSize;
@@ -117,11 +190,27 @@ int run_demo(int argc, char** argv) {
   spec.cache_dtype = kDtype;
   spec.layout = KVLayout::NHD;
   spec.validate("demo");
-  std::vector<uint16_t> cache_mem(spec.total_bytes() / sizeof(uint16_t));
-  const PagedKV cache =
-      spec.view(TensorView(cache_mem.data(), kDtype, {static_cast<int64_t>(cache_mem.size())}));
+  const int64_t cache_elems = spec.total_bytes() / static_cast<int64_t>(sizeof(uint16_t));
+  std::vector<uint16_t> cache_host;
+  CudaMemory cache_dev;
+  void* cache_ptr = nullptr;
+  if (on_gpu) {
+    cache_dev = CudaMemory(spec.total_bytes());
+    cache_ptr = cache_dev.get();
+  } else {
+    cache_host.resize(cache_elems);
+    cache_ptr = cache_host.data();
+  }
+  const TensorView kv_cache(cache_ptr, kDtype, {cache_elems}, on_gpu ? Device::CUDA : Device::CPU);
+  const PagedKV cache = spec.view(kv_cache);
+  void* stream = on_gpu ? cuda_stream_create() : nullptr;
+  struct StreamGuard {
+    void* s;
+    ~StreamGuard() { cuda_stream_destroy(s); }
+  } stream_guard{stream};
 
-  std::printf("attnkit demo: continuous batching, attention on the CPU reference backend\n");
+  std::printf("attnkit demo: continuous batching over a paged KV cache\n");
+  print_selection(attention.selection(), model.device);
   std::printf("model: %d query heads, %d KV heads, head size %d, %s; cache: %lld blocks x %d "
               "tokens, %s, %.1f MiB\n",
               kNumHeads, kNumKvHeads, kHeadSize, std::string(dtype_name(kDtype)).c_str(),
@@ -131,10 +220,11 @@ int run_demo(int argc, char** argv) {
               "kv_read", "running", "waiting", "free_blocks", "time_ms");
 
   std::mt19937_64 rng(opt.seed * 0x9E3779B97F4A7C15ull + 1);
+  StepMemory mem(on_gpu);
   double total_ms = 0;
   for (int step = 0; step < opt.steps; ++step) {
     StepPlan plan = sim.plan_step();
-    const CommonAttentionMetadata& md = plan.metadata;
+    CommonAttentionMetadata& md = plan.metadata;
     md.validate(spec.num_blocks, spec.block_size);
     // The engine-side split must agree with the plan (and throws unless decodes come first).
     const DecodePrefillSplit split = split_decodes_and_prefills(md, kDecodeThreshold);
@@ -145,25 +235,36 @@ int run_demo(int argc, char** argv) {
     const int64_t t = md.num_actual_tokens;
 
     std::vector<uint16_t> q(t * kNumHeads * kHeadSize), k(t * kNumKvHeads * kHeadSize),
-        v(k.size()), out(q.size());
+        v(k.size()), out(q.size(), 0xFFFF);
     fill_random(q, rng);
     fill_random(k, rng);
     fill_random(v, rng);
     std::vector<int64_t> slots = md.slot_mapping;
+    mem.clear();
     StepTensors st;
-    st.q = TensorView(q.data(), kDtype, {t, kNumHeads, kHeadSize});
-    st.k = TensorView(k.data(), kDtype, {t, kNumKvHeads, kHeadSize});
-    st.v = TensorView(v.data(), kDtype, {t, kNumKvHeads, kHeadSize});
-    st.out = TensorView(out.data(), kDtype, {t, kNumHeads, kHeadSize});
-    st.cache = cache;
-    write_kv(st.k, st.v, cache, TensorView(slots.data(), DType::i64, {t}));
+    st.q = mem.place(q, kDtype, {t, kNumHeads, kHeadSize}, stream);
+    st.k = mem.place(k, kDtype, {t, kNumKvHeads, kHeadSize}, stream);
+    st.v = mem.place(v, kDtype, {t, kNumKvHeads, kHeadSize}, stream);
+    st.out = mem.place(out, kDtype, {t, kNumHeads, kHeadSize}, stream);
+    st.kv_cache = kv_cache;
+    const TensorView slot_view = mem.place(slots, DType::i64, {t}, stream);
+    if (on_gpu) {  // the kernels read the device copies of the small arrays
+      const int64_t r = md.num_reqs;
+      md.query_start_loc_dev = mem.place(md.query_start_loc, DType::i32, {r + 1}, stream);
+      md.seq_lens_dev = mem.place(md.seq_lens, DType::i32, {r}, stream);
+      md.block_table_dev = mem.place(md.block_table, DType::i32, {r, md.max_blocks_per_req}, stream);
+      md.slot_mapping_dev = slot_view;
+    }
+    write_kv(st.k, st.v, cache, slot_view, {}, stream);
 
     const auto start = std::chrono::steady_clock::now();
-    run_step_attention(st, md, AttentionParams{});
+    attention.run(st, md, AttentionParams{}, stream);
+    if (on_gpu) cuda_stream_synchronize(stream);
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
             .count();
     total_ms += ms;
+    if (on_gpu) cuda_copy_to_host(out.data(), st.out.data, out.size() * sizeof(uint16_t), stream);
     for (size_t i = 0; i < out.size(); ++i) {
       const float x = bf16_bits_to_float(out[i]);
       ATTNKIT_REQUIRE(std::isfinite(x), "demo", "out[" + std::to_string(i) + "]", x,

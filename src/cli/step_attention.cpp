@@ -1,14 +1,20 @@
 #include "cli/step_attention.h"
 
-#include "attnkit/reference.h"
-
 namespace attnkit::cli {
 
-void run_step_attention(const StepTensors& t, const CommonAttentionMetadata& md,
-                        const AttentionParams& params) {
+StepAttention::StepAttention(const AttentionConfig& cfg, std::optional<std::string_view> preferred)
+    : selection_(select_backend(cfg, preferred)) {
+  const AttentionBackend& b = backend(selection_.backend);
+  builder_ = b.make_builder(cfg);
+  impl_ = b.make_impl(cfg);
+}
+
+void StepAttention::run(const StepTensors& t, const CommonAttentionMetadata& md,
+                        const AttentionParams& params, void* stream) {
   AttentionParams p = params;
   p.causal = md.causal;
-  reference_attention(t.q, t.cache, md.batch(), p, t.out);
+  const auto metadata = builder_->build(md);
+  impl_->forward(t.q, t.k, t.v, t.kv_cache, *metadata, p, t.out, stream);
 }
 
 }  // namespace attnkit::cli

@@ -1,22 +1,38 @@
-// The one place the CLI runs attention on a serving step's tensors, so a backend chosen by the
-// selector can replace the CPU reference here without touching the simulation or the printing.
+// The one place the CLI runs attention on a serving step: the selector picks the backend for
+// the model and device, and every step goes through that backend's builder and impl.
 #pragma once
-#include "attnkit/kv_cache.h"
+#include <memory>
+#include <optional>
+#include <string_view>
+
+#include "attnkit/backend.h"
 #include "attnkit/metadata.h"
 #include "attnkit/params.h"
+#include "attnkit/selector.h"
 #include "attnkit/tensor.h"
 
 namespace attnkit::cli {
 
 struct StepTensors {
-  TensorView q;       // [num_tokens, num_heads, head_size]
-  TensorView k, v;    // the new tokens' [num_tokens, num_kv_heads, head_size], already cached
-  PagedKV cache;      // holds every request's K/V including this step's
-  TensorView out;     // [num_tokens, num_heads, head_size]
+  TensorView q;         // [num_tokens, num_heads, head_size]
+  TensorView k, v;      // the new tokens' [num_tokens, num_kv_heads, head_size], already cached
+  TensorView kv_cache;  // the backend's cache tensor (flat view of its storage)
+  TensorView out;       // [num_tokens, num_heads, head_size]
 };
 
-// Runs attention for one step (today: the CPU reference over the paged cache).
-void run_step_attention(const StepTensors& t, const CommonAttentionMetadata& md,
-                        const AttentionParams& params);
+class StepAttention {
+ public:
+  // Runs the selector (Error when `preferred` cannot serve cfg or nothing can).
+  StepAttention(const AttentionConfig& cfg, std::optional<std::string_view> preferred);
+  const Selection& selection() const { return selection_; }
+  // Builds the backend's metadata for the step and runs its impl (stream: cudaStream_t).
+  void run(const StepTensors& t, const CommonAttentionMetadata& md, const AttentionParams& params,
+           void* stream);
+
+ private:
+  Selection selection_;
+  std::unique_ptr<MetadataBuilder> builder_;
+  std::unique_ptr<AttentionImpl> impl_;
+};
 
 }  // namespace attnkit::cli

@@ -1,5 +1,6 @@
 // A build without CUDA: the GPU entry points exist and say why they cannot run.
 #ifndef ATTNKIT_WITH_CUDA
+#include "attnkit/device.h"
 #include "attnkit/error.h"
 #include "core/cuda_dispatch.h"
 #include "flash_attn/varlen_launch.h"
@@ -21,6 +22,26 @@ void merge_states(const TensorView&, const TensorView&, const TensorView&, const
 }
 
 }  // namespace attnkit::cuda
+
+namespace attnkit {
+
+int cuda_device_count() { return 0; }
+
+[[noreturn]] static void no_cuda_runtime(const char* where) {
+  throw Error(where, "device = cuda", "this attnkit was built without CUDA (ATTNKIT_CUDA=OFF or no nvcc)");
+}
+
+DeviceSpec cuda_device_spec(int) { no_cuda_runtime("cuda_device_spec"); }
+std::string cuda_device_name(int) { no_cuda_runtime("cuda_device_name"); }
+void* cuda_malloc(size_t) { no_cuda_runtime("cuda_malloc"); }
+void cuda_free(void*) noexcept {}
+void cuda_copy_to_device(void*, const void*, size_t, void*) { no_cuda_runtime("cuda_copy_to_device"); }
+void cuda_copy_to_host(void*, const void*, size_t, void*) { no_cuda_runtime("cuda_copy_to_host"); }
+void cuda_stream_synchronize(void*) { no_cuda_runtime("cuda_stream_synchronize"); }
+void* cuda_stream_create() { no_cuda_runtime("cuda_stream_create"); }
+void cuda_stream_destroy(void*) noexcept {}
+
+}  // namespace attnkit
 
 namespace attnkit::flash_attn {
 

@@ -38,7 +38,8 @@ class FlashInferBackend final : public AttentionBackend {
     if (why.empty()) return;
     std::string all;
     for (const auto& w : why) all += (all.empty() ? "" : "; ") + w;
-    throw Error(std::string(where), "configuration", "the flashinfer backend must serve it: " + all);
+    throw Error(std::string(where), "configuration " + cfg.describe(),
+                "the flashinfer backend must serve it: " + all);
   }
 
  public:

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "attnkit/error.h"
+#include "core/backend_checks.h"
 #include "flashinfer/flashinfer_backend.h"
 #include "flashinfer/metadata_builder.h"
 
@@ -16,39 +17,21 @@ constexpr std::string_view kWhere = "flashinfer forward";
 // keys the call needs (-1 = unbounded).
 bool window_within(int call, int planned) { return planned < 0 || (call >= 0 && call <= planned); }
 
-void check_rows(const TensorView& t, std::string_view name, DType dtype, int64_t tokens, int heads,
-                int head_size) {
-  t.require_defined(kWhere, name);
-  t.require_device(kWhere, name, Device::CUDA);
-  t.require_dtype(kWhere, name, dtype);
-  t.require_shape(kWhere, name, {-1, heads, head_size});
-  t.require_last_dim_contiguous(kWhere, name);
-  ATTNKIT_REQUIRE(t.size(0) >= tokens, kWhere, std::string(name) + ".shape[0]", t.size(0),
-                  "must be >= num_actual_tokens = " + std::to_string(tokens));
+void require_same_gpu(const TensorView& t, std::string_view name, int device_index) {
+  ATTNKIT_REQUIRE(t.device_index == device_index, kWhere, std::string(name) + ".device_index",
+                  t.device_index, "must be q's CUDA device " + std::to_string(device_index));
 }
 
+// The cache tensor made for cfg (cache_spec_of, then the dense physical layout spec.view
+// checks), and every page the plans read inside it.
 void check_cache(const TensorView& cache, const AttentionConfig& cfg, const PlanState& state) {
-  cache.require_defined(kWhere, "kv_cache");
   cache.require_device(kWhere, "kv_cache", Device::CUDA);
-  cache.require_ndim(kWhere, "kv_cache", 5);
-  const AttentionBackend& b = flashinfer_backend();
-  const auto logical = b.get_kv_cache_shape(cache.size(0), cfg.block_size, cfg.num_kv_heads,
-                                            cfg.head_size, cfg.cache_dtype);
-  const auto order = b.get_kv_cache_stride_order(cfg.layout);
-  std::string want = "[";
-  for (int d = 0; d < 5; ++d) want += (d ? ", " : "") + std::to_string(logical[order[d]]);
-  want += "]";
-  for (int d = 0; d < 5; ++d)
-    ATTNKIT_REQUIRE(cache.size(d) == logical[order[d]], kWhere, "kv_cache.shape", cache.shape_str(),
-                    "must be " + want + " (the " + std::string(layout_name(cfg.layout)) +
-                        " physical order of get_kv_cache_shape)");
-  const DType storage = cfg.cache_dtype == DType::nvfp4 ? DType::u8 : cfg.cache_dtype;
-  cache.require_dtype(kWhere, "kv_cache", storage);
-  cache.require_contiguous(kWhere, "kv_cache");
+  const KVCacheSpec spec = cache_spec_of(cache, cfg, kWhere);
+  (void)spec.view(cache);
   for (const PageTable* t : {&state.decode_pages, &state.prefill_pages})
     for (int64_t i = 0; i < t->num_pages; ++i)
-      ATTNKIT_REQUIRE(t->indices[i] < cache.size(0), kWhere, "planned page id", t->indices[i],
-                      "must be < the cache's num_blocks = " + std::to_string(cache.size(0)));
+      ATTNKIT_REQUIRE(t->indices[i] < spec.num_blocks, kWhere, "planned page id", t->indices[i],
+                      "must be < the cache's num_blocks = " + std::to_string(spec.num_blocks));
 }
 
 class FlashInferImpl final : public AttentionImpl {
@@ -63,20 +46,22 @@ class FlashInferImpl final : public AttentionImpl {
                     "must come from the flashinfer builder (make_builder(cfg).build)");
     ATTNKIT_REQUIRE(!md->stale(), kWhere, "metadata generation", md->generation,
                     "must be the builder's latest build: the builder re-planned its buffers since");
-    const int64_t tokens = md->num_actual_tokens;
-    check_rows(q, "q", cfg_.dtype, tokens, cfg_.num_heads, cfg_.head_size);
-    check_rows(out, "out", q.dtype, tokens, cfg_.num_heads, cfg_.head_size);
-    ATTNKIT_REQUIRE(out.size(0) == q.size(0), kWhere, "out.shape[0]", out.size(0),
-                    "must equal q.shape[0] = " + std::to_string(q.size(0)));
-    if (k.defined()) check_rows(k, "k", cfg_.dtype, tokens, cfg_.num_kv_heads, cfg_.head_size);
-    if (v.defined()) check_rows(v, "v", cfg_.dtype, tokens, cfg_.num_kv_heads, cfg_.head_size);
-    check_cache(kv_cache, cfg_, *md->state);
-    params.validate(kWhere, cfg_.num_heads, cfg_.num_kv_heads, tokens, Device::CUDA);
     ATTNKIT_REQUIRE(!params.alibi_slopes.defined(), kWhere, "params.alibi_slopes", "defined",
                     "ALiBi is not supported by the flashinfer backend");
     ATTNKIT_REQUIRE(params.causal == md->causal, kWhere, "params.causal", params.causal,
-                    "must match the metadata's causal = " + std::to_string(md->causal) +
+                    std::string("must equal the batch metadata's causal = ") +
+                        (md->causal ? "true" : "false") +
                         " (the builder split and planned the batch for it)");
+    require_declared_features(params, cfg_.features, kWhere);
+    const int64_t tokens = md->num_actual_tokens;
+    const ForwardViews views = check_forward_tensors(q, k, v, out, params.lse, cfg_, tokens,
+                                                     Device::CUDA, /*out_same_dtype=*/true, kWhere);
+    require_same_gpu(out, "out", q.device_index);
+    require_same_gpu(kv_cache, "kv_cache", q.device_index);
+    check_cache(kv_cache, cfg_, *md->state);
+    AttentionParams p = params;
+    p.lse = views.lse;
+    p.validate(kWhere, cfg_.num_heads, cfg_.num_kv_heads, tokens, Device::CUDA);
     ATTNKIT_REQUIRE(window_within(params.window_left, md->window_left), kWhere,
                     "params.window_left", params.window_left,
                     "must lie within the planned window_left = " + std::to_string(md->window_left) +

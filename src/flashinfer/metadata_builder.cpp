@@ -4,6 +4,7 @@
 #include <string>
 
 #include "attnkit/error.h"
+#include "core/backend_checks.h"
 #include "flashinfer/flashinfer_backend.h"
 
 namespace attnkit::flashinfer {
@@ -11,9 +12,6 @@ namespace attnkit::flashinfer {
 namespace {
 
 constexpr std::string_view kWhere = "flashinfer builder";
-// The builder does not know the cache's block count; any int32 block id is accepted here and
-// the impl checks the ids against the cache it is given.
-constexpr int64_t kAnyInt32BlockId = int64_t{1} << 31;
 
 PlanConfig part_config(const AttentionConfig& cfg, int num_sms, bool decode, bool cuda_graph) {
   PlanConfig p;
@@ -34,18 +32,6 @@ PlanConfig part_config(const AttentionConfig& cfg, int num_sms, bool decode, boo
 
 }  // namespace
 
-int default_num_sms(const DeviceSpec& device) {
-  if (!device.cpu && device.num_sms > 0) return device.num_sms;
-  if (device.cpu) return 132;
-  switch (device.cc()) {
-    case 80: return 108;   // A100
-    case 89: return 142;   // L40S
-    case 90: return 132;   // H100 SXM / H200
-    case 100: return 148;  // B200
-    default: return 132;
-  }
-}
-
 FlashInferMetadataBuilder::FlashInferMetadataBuilder(const AttentionConfig& cfg,
                                                      const BuilderLimits& limits)
     : cfg_(cfg), limits_(limits), state_(std::make_shared<PlanState>()) {
@@ -65,7 +51,7 @@ FlashInferMetadataBuilder::FlashInferMetadataBuilder(const AttentionConfig& cfg,
   ATTNKIT_REQUIRE(limits.num_sms >= 0, kWhere, "limits.num_sms", limits.num_sms, "must be >= 0 (0 = the device's)");
   ATTNKIT_REQUIRE(limits.window_left >= -1, kWhere, "limits.window_left", limits.window_left, "must be >= -1");
   ATTNKIT_REQUIRE(limits.window_right >= -1, kWhere, "limits.window_right", limits.window_right, "must be >= -1");
-  const int sms = limits.num_sms > 0 ? limits.num_sms : default_num_sms(cfg.device);
+  const int sms = limits.num_sms > 0 ? limits.num_sms : cfg.device.sms_or_default();
   const int64_t pages = int64_t{limits.max_reqs} *
                         ((int64_t{limits.max_seq_len} + cfg.block_size - 1) / cfg.block_size);
   // Decodes have at most one query token each.
@@ -81,7 +67,8 @@ FlashInferMetadataBuilder::FlashInferMetadataBuilder(const AttentionConfig& cfg,
 }
 
 std::unique_ptr<BackendMetadata> FlashInferMetadataBuilder::build(const CommonAttentionMetadata& common) {
-  common.validate(kAnyInt32BlockId, cfg_.block_size);
+  // Block ids are checked against the cache by the impl (the builder does not know its size).
+  validate_for_builder(common, cfg_.block_size, kWhere);
   ATTNKIT_REQUIRE(common.num_reqs <= limits_.max_reqs, kWhere, "num_reqs", common.num_reqs,
                   "must be <= the builder's max_reqs = " + std::to_string(limits_.max_reqs));
   ATTNKIT_REQUIRE(common.num_actual_tokens <= limits_.max_tokens, kWhere, "num_actual_tokens",

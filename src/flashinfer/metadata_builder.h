@@ -18,15 +18,11 @@ struct BuilderLimits {
   int max_reqs = 256;          // vLLM's default max_num_seqs
   int max_tokens = 8192;       // query tokens per batch (vLLM's default max_num_batched_tokens)
   int max_seq_len = 131072;    // longest request (KV tokens): page capacity max_reqs * pages
-  int num_sms = 0;             // 0: cfg.device's SM count, else the usual count for its cc
+  int num_sms = 0;             // 0: cfg.device.sms_or_default()
   bool cuda_graph = false;     // fix the query tile per part (largest) so launches never change
   int window_left = -1;        // the layer's sliding window, planned in (-1 = unbounded); the
   int window_right = -1;       // impl refuses a call whose window reaches further
 };
-
-// The usual SM count for a compute capability when the device does not say (A100 108,
-// L40S 142, H100 SXM 132, B200 148; unknown / CPU: the design target H100, 132).
-int default_num_sms(const DeviceSpec& device);
 
 // Everything build() writes; one per builder, shared with the metadata it hands out.
 struct PlanState {

@@ -1,0 +1,37 @@
+// cp.async (sm80+): asynchronous 16-byte global -> shared copies, grouped into commit groups,
+// and the multi-stage ring that names which shared-memory stage a tile lives in.
+#pragma once
+#include <cstdint>
+
+namespace attnkit::cuda {
+
+// Copies 16 bytes, or writes 16 zero bytes when !valid (src is then not read; pass any
+// in-bounds pointer). Bypasses L1 (.cg): tiles are consumed from shared memory once.
+__device__ __forceinline__ void cp_async_16(uint32_t dst_smem, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_smem), "l"(src),
+               "r"(src_bytes));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// A ring of kStages shared-memory stages. Tile i lives in stage i % kStages. The loop keeps
+// kStages - 1 tiles in flight: one commit group per tile (possibly empty), so that
+// "wait until tile i has landed" is always wait_group<kStages - 2>.
+template <int kStages>
+struct StageRing {
+  static_assert(kStages >= 2, "a pipeline needs at least two stages");
+  static constexpr int kInFlight = kStages - 1;
+  __device__ __forceinline__ static int stage_of(int tile) { return tile % kStages; }
+  // After this, the group of the oldest tile in flight has completed (in this thread).
+  __device__ __forceinline__ static void wait_oldest() { cp_async_wait<kStages - 2>(); }
+  __device__ __forceinline__ static void drain() { cp_async_wait<0>(); }
+};
+
+}  // namespace attnkit::cuda

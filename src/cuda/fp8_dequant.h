@@ -1,0 +1,98 @@
+// FP8 (e4m3 "FN" / e5m2) cache values -> the 16-bit type the MMAs read.
+//
+// Every e4m3 and e5m2 value is exactly representable in fp16 (and bf16), so the conversion
+// here is exact and carries no scale: the dequant scale (per tensor or per KV head, uniform
+// over a CTA that serves one KV head) is folded into the softmax scale for K and into the
+// epilogue for V. The value the kernel computes with is therefore code * scale, as DESIGN.md
+// section 2 defines it, with the multiplication done in fp32.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/mma_sm80.h"
+
+namespace attnkit::cuda {
+
+enum class Fp8Format : int { e4m3 = 0, e5m2 = 1 };
+
+// Two fp8 codes (low byte first) -> two 16-bit values of T in one register.
+template <class T>
+__device__ __forceinline__ uint32_t fp8x2_to(uint32_t two_codes, Fp8Format fmt) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes & 0xffffu),
+                                                   fmt == Fp8Format::e4m3 ? __NV_E4M3 : __NV_E5M2);
+  if constexpr (std::is_same_v<T, __half>) {
+    return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+  } else {
+    const float2 f = __half22float2(__half2(h));
+    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);  // exact: fp8 fits in bf16
+    return *reinterpret_cast<const uint32_t*>(&b);
+  }
+}
+
+// ---- MMA fragments straight from fp8 tiles in shared memory (no dequantised copy) -------------
+// Tiles are row-major [key][dim] fp8 codes with a pitch in bytes. The fragments are f16.
+//
+// K, the B operand of S = Q K^T: the head dimension is permuted inside every 16-dim k-step so
+// that virtual k (2t, 2t+1, 8+2t, 9+2t) of lane t is physical dim (4t, 4t+1, 4t+2, 4t+3). Then
+// a b16 ldmatrix of 8 keys x 16 codes hands each lane exactly its 4 codes. Q's A fragments
+// must use the same permutation (a_frag_dim_permuted); S itself is unchanged.
+// b[0]: keys key0..+7 at k-step ks, b[1]: keys key0+8..+15 at ks, b[2] / b[3]: the same at ks+1.
+__device__ __forceinline__ void k_frags_fp8(uint32_t tile, int pitch_bytes, int key0, int ks, int lane,
+                                            Fp8Format fmt, FragB (&b)[4]) {
+  const int m = lane >> 3;
+  const uint32_t addr = tile + static_cast<uint32_t>((key0 + (lane & 7) + ((m & 1) << 3)) * pitch_bytes +
+                                                     (ks + (m >> 1)) * 16);
+  uint32_t r[4];
+  ldmatrix_x4(r, addr);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    b[i].r[0] = fp8x2_to<__half>(r[i], fmt);
+    b[i].r[1] = fp8x2_to<__half>(r[i] >> 16, fmt);
+  }
+}
+
+// Q as the A operand of k-step ks with the permutation above, from a 16-bit [row][dim] tile.
+__device__ __forceinline__ FragA a_frag_dim_permuted(const uint16_t* tile, int pitch, int row0, int ks, int lane) {
+  const uint16_t* p = tile + (row0 + (lane >> 2)) * pitch + ks * 16 + 4 * (lane & 3);
+  const uint2 lo = *reinterpret_cast<const uint2*>(p);
+  const uint2 hi = *reinterpret_cast<const uint2*>(p + 8 * pitch);
+  FragA a;
+  a.r[0] = lo.x;
+  a.r[2] = lo.y;
+  a.r[1] = hi.x;
+  a.r[3] = hi.y;
+  return a;
+}
+
+// V, the B operand of O += P V, for k-step keys key0..key0+15 and the four n8 fragments of
+// the 32-dim group `group`, with O's columns permuted: column c of fragment e is dim
+// 32 * group + 4c + e (o_column_dim). Each lane reads one 32-bit word (4 codes) of 4 keys.
+__device__ __forceinline__ void v_frags_fp8(const unsigned char* tile, int pitch_bytes, int key0, int group,
+                                            int lane, Fp8Format fmt, FragB (&b)[4]) {
+  const int g = lane >> 2, t = lane & 3;
+  const unsigned char* base = tile + (key0 + 2 * t) * pitch_bytes + group * 32 + 4 * g;
+  const uint32_t w0 = *reinterpret_cast<const uint32_t*>(base);
+  const uint32_t w1 = *reinterpret_cast<const uint32_t*>(base + pitch_bytes);
+  const uint32_t w2 = *reinterpret_cast<const uint32_t*>(base + 8 * pitch_bytes);
+  const uint32_t w3 = *reinterpret_cast<const uint32_t*>(base + 9 * pitch_bytes);
+  // Byte e of the words of keys (2t, 2t+1) side by side: e = 0, 1 in p01, e = 2, 3 in p23.
+  const uint32_t p01 = __byte_perm(w0, w1, 0x5140), p23 = __byte_perm(w0, w1, 0x7362);
+  const uint32_t q01 = __byte_perm(w2, w3, 0x5140), q23 = __byte_perm(w2, w3, 0x7362);
+  b[0].r[0] = fp8x2_to<__half>(p01, fmt);
+  b[0].r[1] = fp8x2_to<__half>(q01, fmt);
+  b[1].r[0] = fp8x2_to<__half>(p01 >> 16, fmt);
+  b[1].r[1] = fp8x2_to<__half>(q01 >> 16, fmt);
+  b[2].r[0] = fp8x2_to<__half>(p23, fmt);
+  b[2].r[1] = fp8x2_to<__half>(q23, fmt);
+  b[3].r[0] = fp8x2_to<__half>(p23 >> 16, fmt);
+  b[3].r[1] = fp8x2_to<__half>(q23 >> 16, fmt);
+}
+
+// The head dimension held by C-fragment column `col` (0..7) of O fragment `frag` on the fp8 path.
+__device__ __forceinline__ int o_column_dim(int frag, int col) { return 32 * (frag >> 2) + 4 * col + (frag & 3); }
+
+}  // namespace attnkit::cuda

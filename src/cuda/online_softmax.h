@@ -1,0 +1,127 @@
+// Online softmax over the rows of an m16 accumulator tile, in fp32, base 2.
+//
+// A thread holds two rows of each m16 tile (C fragment rows g and g + 8); the four threads of
+// a quad hold the same rows, so row reductions are two xor-shuffles. Scores arrive in "score
+// units" and `unit` converts them to log2 units: the plain path keeps raw q.k and passes
+// scale * log2(e) (one FFMA per exp2), score modifications pass already-converted scores and 1.
+// The running sum stays per thread (a partial over the thread's columns) until finish(): only
+// the maximum must agree across the quad while the loop runs.
+#pragma once
+#include <cmath>
+
+#include "cuda/mma_sm80.h"
+
+namespace attnkit::cuda {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// 2^x on the special-function unit (relative error ~2^-22; 2^-inf = +0, subnormals flush).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Multiplies the two rows of every C fragment by f[0] / f[1].
+template <int N>
+__device__ __forceinline__ void scale_rows(FragC (&acc)[N], const float (&f)[2]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    acc[i].c[0] *= f[0];
+    acc[i].c[1] *= f[0];
+    acc[i].c[2] *= f[1];
+    acc[i].c[3] *= f[1];
+  }
+}
+
+struct RowSoftmax {
+  float max[2];  // running row maximum in score units (-inf: nothing visible yet)
+  float sum[2];  // this thread's partial of sum(exp2((s - max) * unit))
+
+  __device__ __forceinline__ void init() {
+    max[0] = max[1] = -INFINITY;
+    sum[0] = sum[1] = 0.f;
+  }
+
+  // Folds one tile of scores into the state: S becomes P = exp2((S - max) * unit) in place
+  // (masked -inf scores give exactly 0) and `rescale` receives the factor by which the
+  // output accumulator of each row must be multiplied.
+  template <int N>
+  __device__ __forceinline__ void step(FragC (&s)[N], float unit, float (&rescale)[2]) {
+    float m[2] = {max[0], max[1]};
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      m[0] = fmaxf(m[0], fmaxf(s[i].c[0], s[i].c[1]));
+      m[1] = fmaxf(m[1], fmaxf(s[i].c[2], s[i].c[3]));
+    }
+    float base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      m[r] = quad_max(m[r]);
+      // A row that has seen nothing keeps max = -inf; subtract 0 instead so no (-inf) - (-inf).
+      base[r] = (m[r] == -INFINITY) ? 0.f : m[r] * unit;
+      rescale[r] = fast_exp2(max[r] * unit - base[r]);  // old max -inf -> 0 (accumulators are 0 too)
+      max[r] = m[r];
+      sum[r] *= rescale[r];
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      s[i].c[0] = fast_exp2(fmaf(s[i].c[0], unit, -base[0]));
+      s[i].c[1] = fast_exp2(fmaf(s[i].c[1], unit, -base[0]));
+      s[i].c[2] = fast_exp2(fmaf(s[i].c[2], unit, -base[1]));
+      s[i].c[3] = fast_exp2(fmaf(s[i].c[3], unit, -base[1]));
+      sum[0] += s[i].c[0] + s[i].c[1];
+      sum[1] += s[i].c[2] + s[i].c[3];
+    }
+  }
+
+  // Completes the row sums across the quad and returns the maxima in log2 units.
+  __device__ __forceinline__ void finish(float unit, float (&max_log2)[2], float (&row_sum)[2]) const {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_sum[r] = quad_sum(sum[r]);
+      max_log2[r] = max[r] == -INFINITY ? -INFINITY : max[r] * unit;
+    }
+  }
+};
+
+// Merges partial softmax states of one row computed over disjoint key sets (by the warps of
+// a CTA that split the keys): given each part's (max_log2, sum), returns the weight of each
+// part's unnormalised output in the normalised result and the row's LSE (natural log).
+// Parts with sum 0 (nothing visible) get weight 0; a row with nothing visible gets LSE -inf.
+template <int kParts>
+__device__ __forceinline__ float combine_row_parts(const float (&max_log2)[kParts],
+                                                   const float (&sum)[kParts],
+                                                   float (&weight)[kParts]) {
+  float m = -INFINITY;
+#pragma unroll
+  for (int p = 0; p < kParts; ++p)
+    if (sum[p] > 0.f) m = fmaxf(m, max_log2[p]);
+  float total = 0.f;
+#pragma unroll
+  for (int p = 0; p < kParts; ++p) {
+    weight[p] = sum[p] > 0.f ? exp2f(max_log2[p] - m) : 0.f;
+    total += weight[p] * sum[p];
+  }
+  if (!(total > 0.f)) {
+#pragma unroll
+    for (int p = 0; p < kParts; ++p) weight[p] = 0.f;
+    return -INFINITY;
+  }
+  const float inv = 1.f / total;
+#pragma unroll
+  for (int p = 0; p < kParts; ++p) weight[p] *= inv;
+  return (m + log2f(total)) * kLn2;
+}
+
+}  // namespace attnkit::cuda

@@ -1,0 +1,104 @@
+// Loading tiles of consecutive keys of one KV head from a paged cache into shared memory with
+// cp.async, resolving each key's page through the request's block-table row. Tiles may cross
+// page boundaries (any block size works, including ones smaller than the tile); keys at or past
+// seq_len are zero-filled and their block-table entries are never read.
+#pragma once
+#include <cstdint>
+
+#include "cuda/cp_async.h"
+#include "cuda/fast_divmod.h"
+
+namespace attnkit::cuda {
+
+// One side (K or V) of the cache as the loader sees it: base already offset to the KV head,
+// 32-bit byte strides (the host checks that a block and a slot offset fit).
+struct PagedSideBytes {
+  const char* head_base;
+  int32_t stride_block, stride_slot;
+};
+
+// kRows keys x kRowBytes bytes per key, copied by kThreads threads in 16-byte chunks into a
+// shared tile with a pitch of kPitchBytes. K and V of the same keys are loaded together: the
+// page lookup is shared. All block-table reads of a tile are issued before the first copy so
+// their latencies overlap.
+template <int kRows, int kRowBytes, int kPitchBytes, int kThreads>
+struct PagedKVTileLoader {
+  static_assert(kRowBytes % 16 == 0, "rows must be whole 16-byte chunks");
+  static_assert(kRows % 16 == 0, "tiles are whole 16-key groups");
+  static constexpr int kChunksPerRow = kRowBytes / 16;
+  static constexpr int kChunks = kRows * kChunksPerRow;
+  static constexpr int kIters = (kChunks + kThreads - 1) / kThreads;
+
+  PagedSideBytes k, v;
+  const int32_t* block_row;  // this request's block-table row
+  FastDivmod block_size;
+  int seq_len;
+
+  // Keys [first_key, first_key + kRows) -> k_tile / v_tile (shared addresses). Needs
+  // seq_len > 0 and first_key a multiple of 16; keys >= seq_len are zero-filled without
+  // reading their block-table entry.
+  __device__ __forceinline__ void load(int first_key, uint32_t k_tile, uint32_t v_tile, int tid) const {
+    if constexpr (kChunks % kThreads == 0 && kThreads % kChunksPerRow == 0 &&
+                  (kThreads / kChunksPerRow >= 16 || 16 % (kThreads / kChunksPerRow) == 0)) {
+      load_by_groups(first_key, k_tile, v_tile, tid);
+    } else {
+      load_by_rows(first_key, k_tile, v_tile, tid);
+    }
+  }
+
+ private:
+  __device__ __forceinline__ void copy(int row, int chunk, int32_t blk, int32_t slot, bool valid, uint32_t k_tile,
+                                       uint32_t v_tile) const {
+    const char* ks = k.head_base + static_cast<int64_t>(blk) * k.stride_block + (slot * k.stride_slot + chunk * 16);
+    const char* vs = v.head_base + static_cast<int64_t>(blk) * v.stride_block + (slot * v.stride_slot + chunk * 16);
+    const uint32_t dst = static_cast<uint32_t>(row * kPitchBytes + chunk * 16);
+    cp_async_16(k_tile + dst, ks, valid);
+    cp_async_16(v_tile + dst, vs, valid);
+  }
+
+  // Each thread copies one chunk column of rows r0 + i * kRowsPerIter. Block sizes are
+  // multiples of 16, so a 16-key group never crosses a page: one block-table read per group.
+  __device__ __forceinline__ void load_by_groups(int first_key, uint32_t k_tile, uint32_t v_tile, int tid) const {
+    constexpr int kRowsPerIter = kThreads / kChunksPerRow;
+    constexpr int kItersPerGroup = kRowsPerIter >= 16 ? 1 : 16 / kRowsPerIter;
+    constexpr int kGroups = kIters / kItersPerGroup;
+    const int r0 = tid / kChunksPerRow, chunk = tid % kChunksPerRow;
+    int32_t blk[kGroups], slot0[kGroups];
+#pragma unroll
+    for (int gi = 0; gi < kGroups; ++gi) {
+      const int key = first_key + ((r0 + gi * kItersPerGroup * kRowsPerIter) & ~15);
+      const int kc = key < seq_len ? key : 0;  // a key that is always backed by a block
+      const int page = block_size.div(kc);
+      blk[gi] = __ldg(block_row + page);
+      slot0[gi] = kc - page * block_size.divisor;
+    }
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int row = r0 + i * kRowsPerIter;
+      const int gi = i / kItersPerGroup;
+      copy(row, chunk, blk[gi], slot0[gi] + (row & 15), first_key + row < seq_len, k_tile, v_tile);
+    }
+  }
+
+  __device__ __forceinline__ void load_by_rows(int first_key, uint32_t k_tile, uint32_t v_tile, int tid) const {
+    int32_t blk[kIters], slot[kIters];
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int idx = tid + i * kThreads;
+      const int key = first_key + idx / kChunksPerRow;
+      const int kc = key < seq_len ? key : 0;
+      const int page = block_size.div(kc);
+      blk[i] = (kChunks % kThreads != 0 && idx >= kChunks) ? 0 : __ldg(block_row + page);
+      slot[i] = kc - page * block_size.divisor;
+    }
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int idx = tid + i * kThreads;
+      if (kChunks % kThreads != 0 && idx >= kChunks) break;
+      const int row = idx / kChunksPerRow;
+      copy(row, idx % kChunksPerRow, blk[i], slot[i], first_key + row < seq_len, k_tile, v_tile);
+    }
+  }
+};
+
+}  // namespace attnkit::cuda

@@ -1,0 +1,7 @@
+// Varlen attention kernels for head size 256, bf16 queries: 16-bit and fp8 caches.
+#include "flash_attn/varlen_kernel.cuh"
+
+namespace attnkit::flash_attn {
+ATTNKIT_VARLEN_INSTANTIATE(__nv_bfloat16, 256, false)
+ATTNKIT_VARLEN_INSTANTIATE(__nv_bfloat16, 256, true)
+}  // namespace attnkit::flash_attn

@@ -1,0 +1,429 @@
+// The varlen paged attention kernel (mma.sync generation, sm80+): one template, configured by
+// VarlenTraits, explicitly instantiated in varlen_hd*.cu. Reads like the algorithm:
+//
+//   load Q tile; start K/V tiles 0 .. kStages-2
+//   for each K/V tile of the work item:
+//     wait for it; start the tile kStages-1 ahead
+//     S = Q K^T                  (ldmatrix + mma.sync m16n8k16, fp32)
+//     score mod, mask            (attention_mask.h policies)
+//     online softmax: S -> P, rescale O
+//     O += P V
+//   epilogue: merge warps, normalise, sinks, write O and LSE (or split partials)
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "attnkit/detail/merge_rule.h"
+#include "attnkit/error.h"
+#include "cuda/attention_mask.h"
+#include "cuda/cp_async.h"
+#include "cuda/cuda_check.h"
+#include "cuda/fp8_dequant.h"
+#include "cuda/mma_sm80.h"
+#include "cuda/online_softmax.h"
+#include "cuda/output_store.h"
+#include "cuda/paged_kv_tile.h"
+#include "flash_attn/varlen_schedule.cuh"
+#include "flash_attn/varlen_traits.h"
+
+namespace attnkit::flash_attn {
+
+namespace detail {
+
+using namespace attnkit::cuda;
+
+// Q rows of the tile -> shared memory (zero rows past the tile's real rows).
+template <class Tr>
+__device__ __forceinline__ void load_q_tile(const VarlenKernelParams& p, const WorkItem& w,
+                                            uint32_t sq, int tid) {
+  using T = typename Tr::Elem;
+  constexpr int kChunksPerRow = Tr::kHeadDim / 8;
+  const T* q = static_cast<const T*>(p.q);
+  for (int idx = tid; idx < Tr::kBlockM * kChunksPerRow; idx += Tr::kThreads) {
+    const int m = idx / kChunksPerRow, chunk = idx % kChunksPerRow;
+    const bool valid = m < w.rows;
+    const T* src = q;
+    if (valid) {
+      const int gm = w.m0 + m;
+      const int64_t token = w.q_start + gm / p.group;
+      const int head = w.kv_head * p.group + gm % p.group;
+      src = q + token * p.q_stride_token + head * p.q_stride_head + chunk * 8;
+    }
+    cp_async_16(sq + static_cast<uint32_t>((m * Tr::kPitch + chunk * 8) * 2), src, valid);
+  }
+}
+
+// fp8 caches with a bf16 Q: Q tile (in shared memory, landed) -> f16 in place, times a power
+// of two that keeps the tile's largest value below 2^15. Returns that factor (the caller
+// divides the softmax scale by it; bf16 values are exact in f16 in its normal range).
+template <class Tr>
+__device__ __forceinline__ float q_tile_to_f16(unsigned char* smem, int tid) {
+  __shared__ float s_warp_max[Tr::kThreads / 32];
+  uint32_t* q = reinterpret_cast<uint32_t*>(smem);  // pairs of values
+  constexpr int kPairsPerRow = Tr::kHeadDim / 2, kPitchPairs = Tr::kPitch / 2;
+  float mx = 0.f;
+  for (int i = tid; i < Tr::kBlockM * kPairsPerRow; i += Tr::kThreads) {
+    const uint32_t v = q[(i / kPairsPerRow) * kPitchPairs + i % kPairsPerRow];
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+    mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
+  }
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if ((tid & 31) == 0) s_warp_max[tid >> 5] = mx;
+  __syncthreads();
+  mx = 0.f;
+#pragma unroll
+  for (int w = 0; w < Tr::kThreads / 32; ++w) mx = fmaxf(mx, s_warp_max[w]);
+  int e = 0;
+  frexpf(mx, &e);  // mx < 2^e
+  const float factor = (mx > 0.f && mx <= 3.0e38f) ? ldexpf(1.f, 15 - e) : 1.f;
+  for (int i = tid; i < Tr::kBlockM * kPairsPerRow; i += Tr::kThreads) {
+    uint32_t& v = q[(i / kPairsPerRow) * kPitchPairs + i % kPairsPerRow];
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+    v = pack2<__half>(f.x * factor, f.y * factor);
+  }
+  __syncthreads();
+  return factor;
+}
+
+// S (this warp's kMFrags x 16 rows x kWarpKeys keys) = Q K^T. Each K fragment read from
+// shared memory feeds every row fragment.
+template <class Tr>
+__device__ __forceinline__ void qk_tile(FragC (&s)[Tr::kMFrags][Tr::kSFrags],
+                                        const FragA (&q_regs)[Tr::kQInRegs ? Tr::kKSteps : 1],
+                                        const unsigned char* smem, uint32_t sq, int warp_row0, uint32_t sk,
+                                        int key0, int lane, Fp8Format fmt) {
+  using M = typename Tr::MmaElem;
+#pragma unroll
+  for (int mf = 0; mf < Tr::kMFrags; ++mf)
+#pragma unroll
+    for (int i = 0; i < Tr::kSFrags; ++i) s[mf][i] = FragC{};
+  if constexpr (Tr::kFp8Cache) {
+    // Head dimension permuted within each k16 step (fp8_dequant.h): 4 codes per lane.
+#pragma unroll
+    for (int ks = 0; ks < Tr::kKSteps; ks += 2) {
+      FragA a[Tr::kMFrags][2];
+#pragma unroll
+      for (int mf = 0; mf < Tr::kMFrags; ++mf)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if constexpr (Tr::kQInRegs) {
+            a[mf][h] = q_regs[ks + h];
+          } else {
+            a[mf][h] = a_frag_dim_permuted(reinterpret_cast<const uint16_t*>(smem), Tr::kPitch,
+                                           warp_row0 + 16 * mf, ks + h, lane);
+          }
+        }
+#pragma unroll
+      for (int nf = 0; nf < Tr::kSFrags; nf += 2) {
+        FragB b[4];
+        k_frags_fp8(sk, Tr::kStagePitchBytes, key0 + nf * 8, ks, lane, fmt, b);
+#pragma unroll
+        for (int mf = 0; mf < Tr::kMFrags; ++mf) {
+          mma_16816<M>(s[mf][nf], a[mf][0], b[0]);
+          mma_16816<M>(s[mf][nf + 1], a[mf][0], b[1]);
+          mma_16816<M>(s[mf][nf], a[mf][1], b[2]);
+          mma_16816<M>(s[mf][nf + 1], a[mf][1], b[3]);
+        }
+      }
+    }
+    return;
+  } else {
+#pragma unroll
+    for (int ks = 0; ks < Tr::kKSteps; ++ks) {
+      FragA a[Tr::kMFrags];
+#pragma unroll
+      for (int mf = 0; mf < Tr::kMFrags; ++mf) {
+        if constexpr (Tr::kQInRegs) {
+          a[mf] = q_regs[ks];
+        } else {
+          ldmatrix_x4(a[mf].r, a_frag_addr(sq, Tr::kPitch, warp_row0 + 16 * mf, ks * 16, lane));
+        }
+      }
+#pragma unroll
+      for (int nf = 0; nf < Tr::kSFrags; nf += 2) {
+        uint32_t b[4];
+        ldmatrix_x4(b, bt_frag_addr(sk, Tr::kPitch, key0 + nf * 8, ks * 16, lane));
+#pragma unroll
+        for (int mf = 0; mf < Tr::kMFrags; ++mf) {
+          mma_16816<M>(s[mf][nf], a[mf], FragB{{b[0], b[1]}});
+          mma_16816<M>(s[mf][nf + 1], a[mf], FragB{{b[2], b[3]}});
+        }
+      }
+    }
+  }
+}
+
+// O (kMFrags x 16 rows x head_dim) += P V, P taken from the softmaxed S fragments.
+template <class Tr>
+__device__ __forceinline__ void pv_tile(FragC (&o)[Tr::kMFrags][Tr::kOFrags],
+                                        const FragC (&s)[Tr::kMFrags][Tr::kSFrags], const unsigned char* smem,
+                                        uint32_t s_base, uint32_t sv, int key0, int lane, Fp8Format fmt) {
+  using M = typename Tr::MmaElem;
+#pragma unroll
+  for (int kk = 0; kk < Tr::kSFrags / 2; ++kk) {
+    FragA pa[Tr::kMFrags];
+#pragma unroll
+    for (int mf = 0; mf < Tr::kMFrags; ++mf) pa[mf] = c_pair_to_a<M>(s[mf][2 * kk], s[mf][2 * kk + 1]);
+    if constexpr (Tr::kFp8Cache) {
+      // O's columns permuted within 32-dim groups (fp8_dequant.h); undone in the epilogue.
+      const unsigned char* v_tile = smem + (sv - s_base);
+#pragma unroll
+      for (int group = 0; group < Tr::kHeadDim / 32; ++group) {
+        FragB b[4];
+        v_frags_fp8(v_tile, Tr::kStagePitchBytes, key0 + kk * 16, group, lane, fmt, b);
+#pragma unroll
+        for (int mf = 0; mf < Tr::kMFrags; ++mf)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) mma_16816<M>(o[mf][4 * group + e], pa[mf], b[e]);
+      }
+    } else {
+#pragma unroll
+      for (int dn = 0; dn < Tr::kOFrags; dn += 2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, b_frag_addr_trans(sv, Tr::kPitch, key0 + kk * 16, dn * 8, lane));
+#pragma unroll
+        for (int mf = 0; mf < Tr::kMFrags; ++mf) {
+          mma_16816<M>(o[mf][dn], pa[mf], FragB{{b[0], b[1]}});
+          mma_16816<M>(o[mf][dn + 1], pa[mf], FragB{{b[2], b[3]}});
+        }
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ float scale_of(const float* scale, int64_t stride, int kv_head) {
+  return scale != nullptr ? scale[kv_head * stride] : 1.f;
+}
+
+// Epilogue: the warps' partial (O, max, sum) -> normalised output rows and LSE, or split
+// partials. Runs after the pipeline has drained; reuses all shared memory.
+template <class Tr>
+__device__ __forceinline__ void epilogue(const VarlenKernelParams& p, const WorkItem& w,
+                                         unsigned char* smem, const FragC (&o)[Tr::kMFrags][Tr::kOFrags],
+                                         const RowSoftmax (&softmax)[Tr::kMFrags], float unit,
+                                         bool warp_active, int warp_m, int warp_n, int lane, int tid) {
+  using T = typename Tr::Elem;
+  constexpr int kN = Tr::kWarpsN;
+  float* s_o = reinterpret_cast<float*>(smem);                           // [kN][kBlockM][kOPitch]
+  float2* s_stat = reinterpret_cast<float2*>(smem + Tr::kEpiOBytes);     // [kN][kBlockM]
+  float* s_weight = reinterpret_cast<float*>(smem + Tr::kEpiOBytes + Tr::kEpiStatBytes);
+
+  if (warp_active) {
+#pragma unroll
+    for (int mf = 0; mf < Tr::kMFrags; ++mf) {
+      float max_log2[2], sum[2];
+      softmax[mf].finish(unit, max_log2, sum);
+      const int row = warp_m * Tr::kWarpRows + 16 * mf + (lane >> 2);
+      float* base = s_o + (warp_n * Tr::kBlockM + row) * Tr::kOPitch + 2 * (lane & 3);
+#pragma unroll
+      for (int dn = 0; dn < Tr::kOFrags; ++dn) {
+        if constexpr (Tr::kFp8Cache) {  // undo the column permutation of the fp8 P V
+          float* row_lo = base - 2 * (lane & 3);
+          const int d0 = o_column_dim(dn, 2 * (lane & 3)), d1 = o_column_dim(dn, 2 * (lane & 3) + 1);
+          row_lo[d0] = o[mf][dn].c[0];
+          row_lo[d1] = o[mf][dn].c[1];
+          row_lo[8 * Tr::kOPitch + d0] = o[mf][dn].c[2];
+          row_lo[8 * Tr::kOPitch + d1] = o[mf][dn].c[3];
+        } else {
+          *reinterpret_cast<float2*>(base + dn * 8) = make_float2(o[mf][dn].c[0], o[mf][dn].c[1]);
+          *reinterpret_cast<float2*>(base + 8 * Tr::kOPitch + dn * 8) = make_float2(o[mf][dn].c[2], o[mf][dn].c[3]);
+        }
+      }
+      if ((lane & 3) == 0) {
+        s_stat[warp_n * Tr::kBlockM + row] = make_float2(max_log2[0], sum[0]);
+        s_stat[warp_n * Tr::kBlockM + row + 8] = make_float2(max_log2[1], sum[1]);
+      }
+    }
+  }
+  __syncthreads();
+
+  // Per row: merge the warps' parts, fold in v_scale and the sink, write the LSE.
+  const bool split = p.num_splits > 1;
+  const float v_scale = Tr::kFp8Cache ? scale_of(p.v_scale, p.v_scale_stride, w.kv_head) : 1.f;
+  for (int m = tid; m < w.rows; m += Tr::kThreads) {
+    float mx[kN], sm[kN], wt[kN];
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+      const float2 st = s_stat[n * Tr::kBlockM + m];
+      mx[n] = st.x;
+      sm[n] = st.y;
+    }
+    float lse = combine_row_parts<kN>(mx, sm, wt);
+    const int gm = w.m0 + m;
+    const int64_t token = w.q_start + gm / p.group;
+    const int head = w.kv_head * p.group + gm % p.group;
+    float sink_weight = 1.f;
+    if (!split && p.sinks != nullptr) {  // a part with LSE = sink logit and no value
+      float w_sink;
+      lse = merge_weights(lse, p.sinks[head * p.sinks_stride], &sink_weight, &w_sink);
+    }
+#pragma unroll
+    for (int n = 0; n < kN; ++n) s_weight[m * kN + n] = wt[n] * v_scale * sink_weight;
+    if (split) {
+      p.partials.lse[p.partials.lse_index(w.split, token, head)] = lse;
+    } else if (p.lse != nullptr) {
+      p.lse[head * p.lse_stride_head + token * p.lse_stride_token] = lse;
+    }
+  }
+  __syncthreads();
+
+  // Output rows, 8 values per thread per step (16-byte stores for 16-bit outputs).
+  constexpr int kChunks = Tr::kHeadDim / 8;
+  for (int idx = tid; idx < w.rows * kChunks; idx += Tr::kThreads) {
+    const int m = idx / kChunks, c = (idx % kChunks) * 8;
+    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+      const float wn = s_weight[m * kN + n];
+      if (wn == 0.f) continue;  // a part that saw nothing contributes exactly 0
+      const float4* src = reinterpret_cast<const float4*>(s_o + (n * Tr::kBlockM + m) * Tr::kOPitch + c);
+      const float4 a = src[0], b = src[1];
+      v[0] += wn * a.x; v[1] += wn * a.y; v[2] += wn * a.z; v[3] += wn * a.w;
+      v[4] += wn * b.x; v[5] += wn * b.y; v[6] += wn * b.z; v[7] += wn * b.w;
+    }
+    const int gm = w.m0 + m;
+    const int64_t token = w.q_start + gm / p.group;
+    const int head = w.kv_head * p.group + gm % p.group;
+    if (split) {
+      store8(p.partials.o + p.partials.o_index(w.split, token, head) + c, v);
+    } else {
+      store8(static_cast<T*>(p.out) + token * p.out_stride_token + head * p.out_stride_head + c, v);
+    }
+  }
+}
+
+}  // namespace detail
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_attention_kernel(const VarlenKernelParams p) {
+  using namespace attnkit::cuda;
+  using T = typename Tr::Elem;
+  using Ring = StageRing<Tr::kStages>;
+  using Loader = PagedKVTileLoader<Tr::kBlockN, Tr::kKvRowBytes, Tr::kStagePitchBytes, Tr::kThreads>;
+  extern __shared__ __align__(16) unsigned char smem[];
+
+  WorkItem w;
+  if (!schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w)) return;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int warp_m = warp % Tr::kWarpsM, warp_n = warp / Tr::kWarpsM;
+  const int warp_row0 = warp_m * Tr::kWarpRows, warp_key0 = warp_n * Tr::kWarpKeys;
+  const bool warp_active = warp_row0 < w.rows;  // warps of padding rows only load and sync
+
+  const uint32_t s_q = smem_addr(smem);
+  const uint32_t s_stages = s_q + Tr::kStagesOffset;
+  const Fp8Format fmt = static_cast<Fp8Format>(p.fp8_format);
+
+  Loader loader;
+  loader.k = {static_cast<const char*>(p.k_cache) + w.kv_head * p.k_stride_head, p.k_stride_block, p.k_stride_slot};
+  loader.v = {static_cast<const char*>(p.v_cache) + w.kv_head * p.v_stride_head, p.v_stride_block, p.v_stride_slot};
+  loader.block_row = p.block_table + static_cast<int64_t>(w.req) * p.max_blocks_per_req;
+  loader.block_size = p.block_size;
+  loader.seq_len = w.seq_len;
+  auto stage_k = [&](int tile) { return s_stages + Ring::stage_of(tile) * Tr::kStageBytes; };
+
+  // Prologue: Q in its own group, then kStages - 1 K/V tiles (one group each, maybe empty).
+  const int n_tiles = w.tile_end - w.tile_begin;
+  detail::load_q_tile<Tr>(p, w, s_q, tid);
+  cp_async_commit();
+#pragma unroll
+  for (int s = 0; s < Tr::kStages - 1; ++s) {
+    if (s < n_tiles) loader.load((w.tile_begin + s) * Tr::kBlockN, stage_k(s), stage_k(s) + Tr::kStageTileBytes, tid);
+    cp_async_commit();
+  }
+
+  // Q: wait for its group when it is read before the loop (into registers, or converted).
+  constexpr bool kConvertQ = Tr::kFp8Cache && std::is_same_v<T, __nv_bfloat16>;
+  float q_factor = 1.f;
+  FragA q_regs[Tr::kQInRegs ? Tr::kKSteps : 1];
+  if constexpr (Tr::kQInRegs || kConvertQ) {
+    cp_async_wait<Tr::kStages - 1>();  // the Q group
+    __syncthreads();
+    if constexpr (kConvertQ) q_factor = detail::q_tile_to_f16<Tr>(smem, tid);
+    if constexpr (Tr::kQInRegs) {
+#pragma unroll
+      for (int ks = 0; ks < Tr::kKSteps; ++ks) {
+        if constexpr (Tr::kFp8Cache)
+          q_regs[ks] = a_frag_dim_permuted(reinterpret_cast<const uint16_t*>(smem), Tr::kPitch, warp_row0, ks, lane);
+        else
+          ldmatrix_x4(q_regs[ks].r, a_frag_addr(s_q, Tr::kPitch, warp_row0, ks * 16, lane));
+      }
+    }
+  }
+
+  const float k_scale = Tr::kFp8Cache ? detail::scale_of(p.k_scale, p.k_scale_stride, w.kv_head) : 1.f;
+  const ScoreMod mod{p.scale * k_scale / q_factor, p.softcap, p.alibi_slopes != nullptr};
+  const float unit = mod.unit();
+
+  RowSoftmax softmax[Tr::kMFrags];
+#pragma unroll
+  for (int mf = 0; mf < Tr::kMFrags; ++mf) softmax[mf].init();
+  FragC o[Tr::kMFrags][Tr::kOFrags];
+
+  for (int it = 0; it < n_tiles; ++it) {
+    Ring::wait_oldest();
+    __syncthreads();  // tile `it` visible to all; the stage of tile it-1 is free again
+    const int ahead = it + Tr::kStages - 1;
+    if (ahead < n_tiles) loader.load((w.tile_begin + ahead) * Tr::kBlockN, stage_k(ahead), stage_k(ahead) + Tr::kStageTileBytes, tid);
+    cp_async_commit();
+
+    const uint32_t s_k = stage_k(it), s_v = s_k + Tr::kStageTileBytes;
+    if (!warp_active) continue;
+
+    const int tile_key0 = (w.tile_begin + it) * Tr::kBlockN;
+    FragC s[Tr::kMFrags][Tr::kSFrags];
+    detail::qk_tile<Tr>(s, q_regs, smem, s_q, warp_row0, s_k, warp_key0, lane, fmt);
+    const bool whole_tile_visible = tile_key0 >= w.full_lo && tile_key0 + Tr::kBlockN <= w.full_hi;
+#pragma unroll
+    for (int mf = 0; mf < Tr::kMFrags; ++mf) {
+      if (mod.active() || !whole_tile_visible) {  // boundary tiles and score mods only
+        const RowFacts rows = row_facts(p, w, warp_row0 + 16 * mf, lane);
+        if (mod.active()) mod.apply(s[mf], rows, tile_key0 + warp_key0, lane);
+        if (!whole_tile_visible) apply_mask(s[mf], rows, tile_key0 + warp_key0, lane);
+      }
+      float rescale[2];
+      softmax[mf].step(s[mf], unit, rescale);
+      // Once the running maxima settle, most tiles change none of them: skip the multiply.
+      if (__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) scale_rows(o[mf], rescale);
+    }
+    detail::pv_tile<Tr>(o, s, smem, s_q, s_v, warp_key0, lane, fmt);
+  }
+
+  Ring::drain();
+  __syncthreads();
+  detail::epilogue<Tr>(p, w, smem, o, softmax, unit, warp_active, warp_m, warp_n, lane, tid);
+}
+
+template <class Tr>
+void launch_varlen(const VarlenKernelParams& p, const VarlenLaunchShape& shape, cudaStream_t stream) {
+  const int64_t row_tiles = (static_cast<int64_t>(shape.max_query_len) * p.group + Tr::kBlockM - 1) / Tr::kBlockM;
+  if (row_tiles == 0 || p.num_reqs == 0) return;
+  const char* where = "flash_attn varlen attention";
+  ATTNKIT_REQUIRE(row_tiles <= 0x7fffffff, where, "max_query_len * group", shape.max_query_len,
+                  "must fit one grid");
+  ATTNKIT_REQUIRE(p.num_reqs <= 65535, where, "num_reqs", p.num_reqs, "must be <= 65535 (grid z)");
+  const int64_t y = static_cast<int64_t>(p.num_kv_heads) * p.num_splits;
+  ATTNKIT_REQUIRE(y <= 65535, where, "num_kv_heads * num_splits", y, "must be <= 65535 (grid y)");
+
+  auto kernel = varlen_attention_kernel<Tr>;
+  int device = 0, max_smem = 0;
+  ATTNKIT_CUDA_CHECK(cudaGetDevice(&device));
+  ATTNKIT_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  ATTNKIT_REQUIRE(Tr::kSmemBytes <= max_smem, where, "shared memory per block", Tr::kSmemBytes,
+                  "must fit the device's opt-in limit of " + std::to_string(max_smem) + " bytes");
+  ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+  const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(y), static_cast<unsigned>(p.num_reqs));
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  ATTNKIT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace attnkit::flash_attn
+
+// Explicit instantiation of both tile configurations of one (dtype, head size, cache kind).
+#define ATTNKIT_VARLEN_INSTANTIATE(ELEM, HEAD_DIM, FP8)                                          \
+  template void launch_varlen<PrefillTraits<ELEM, HEAD_DIM, FP8>>(                               \
+      const VarlenKernelParams&, const VarlenLaunchShape&, cudaStream_t);                        \
+  template void launch_varlen<DecodeTraits<ELEM, HEAD_DIM, FP8>>(                                \
+      const VarlenKernelParams&, const VarlenLaunchShape&, cudaStream_t);

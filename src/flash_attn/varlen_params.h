@@ -1,0 +1,67 @@
+// What the varlen attention kernels read: VarlenArgs resolved into plain device-side data
+// (pointers, strides in elements of each tensor's storage type, resolved scale and flags).
+#pragma once
+#include <cstdint>
+
+#include "cuda/fast_divmod.h"
+#include "cuda/split_kv_combine.h"
+
+namespace attnkit::flash_attn {
+
+struct VarlenKernelParams {
+  // q / out: [num_tokens, num_heads, head_size], last dim contiguous.
+  const void* q = nullptr;
+  int64_t q_stride_token = 0, q_stride_head = 0;
+  void* out = nullptr;
+  int64_t out_stride_token = 0, out_stride_head = 0;
+  int64_t num_tokens = 0;
+
+  // Paged cache sides; byte strides (the host checks they fit 32 bits).
+  const void* k_cache = nullptr;
+  const void* v_cache = nullptr;
+  int32_t k_stride_block = 0, k_stride_slot = 0, k_stride_head = 0;
+  int32_t v_stride_block = 0, v_stride_slot = 0, v_stride_head = 0;
+  cuda::FastDivmod block_size;
+  int fp8_format = 0;  // cuda::Fp8Format for fp8 caches
+
+  // Batch: cu_seqlens_q [num_reqs + 1], seqused_k [num_reqs], block_table [num_reqs, max_blocks].
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* seqused_k = nullptr;
+  const int32_t* block_table = nullptr;
+  int max_blocks_per_req = 0;
+  int num_reqs = 0;
+  int num_heads = 0, num_kv_heads = 0, group = 1;  // group = num_heads / num_kv_heads
+
+  // Semantics (DESIGN.md section 4).
+  float scale = 1.f;  // resolved softmax scale
+  bool causal = true;
+  int window_left = -1, window_right = -1;
+  float softcap = 0.f;
+  const float* alibi_slopes = nullptr;  // [num_heads]
+  int64_t alibi_stride = 1;
+  const float* sinks = nullptr;  // [num_heads]
+  int64_t sinks_stride = 1;
+  // fp8 dequant scales: [1] (stride 0 used) or [num_kv_heads]; nullptr = 1.
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+  int64_t k_scale_stride = 0, v_scale_stride = 0;
+
+  // Optional LSE output (natural log), [num_heads, num_tokens].
+  float* lse = nullptr;
+  int64_t lse_stride_head = 0, lse_stride_token = 0;
+
+  // Split-KV: with num_splits > 1 every CTA writes partials instead of out / lse.
+  int num_splits = 1;
+  cuda::SplitPartials partials;
+};
+
+// Host facts that size the grid.
+struct VarlenLaunchShape {
+  int max_query_len = 0;
+};
+
+struct VarlenArgs;
+// Checks the arguments this kernel family relies on and resolves them (varlen_dispatch.cu).
+VarlenKernelParams varlen_kernel_params(const VarlenArgs& args);
+
+}  // namespace attnkit::flash_attn

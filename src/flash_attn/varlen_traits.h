@@ -1,0 +1,95 @@
+// Tile configurations of the varlen attention kernel family (mma.sync generation) and the
+// declaration of its launcher, explicitly instantiated per head size in varlen_hd*.cu.
+//
+// A CTA serves one work item: (request, KV head, tile of kBlockM packed query rows, split).
+// Packed row m of a request is (query token m / group, query head kv_head * group + m % group),
+// so the query heads that share a KV head share every K/V tile the CTA loads (GQA packing).
+// Each warp owns kMFrags m16 row fragments (kWarpsM warps along M) and 1/kWarpsN of each K/V
+// tile's keys; warps along N hold independent softmax states merged in the epilogue.
+//  * Prefill, head size <= 128: 4 warps x 32 rows = 128 rows, 64-key tiles (every K/V
+//    fragment read from shared memory feeds two row fragments), two CTAs per SM.
+//  * Prefill, head size 192 / 256: 8 warps x 16 rows (the fp32 output of 32 rows would not
+//    fit in registers).
+//  * Decode (packed rows <= 16, e.g. one token x its GQA group): 16 rows, 4 warps along N,
+//    so all four warps' tensor cores and load slots work on one KV stream.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+#include "flash_attn/varlen_params.h"
+
+namespace attnkit::flash_attn {
+
+constexpr int ceil_div_c(int a, int b) { return (a + b - 1) / b; }
+constexpr int max_c(int a, int b) { return a > b ? a : b; }
+
+template <class Elem_, int kHeadDim_, bool kFp8Cache_, int kMFrags_, int kWarpsM_, int kWarpsN_,
+          int kBlockN_, int kStages_, int kMinBlocksPerSm_>
+struct VarlenTraits {
+  using Elem = Elem_;  // __nv_bfloat16 or __half: q and out
+  // The MMA operand type: fp8 caches run both GEMMs in f16 (every fp8 value is exact in f16,
+  // P gains precision; a bf16 Q is rescaled by a power of two into f16 range first).
+  using MmaElem = std::conditional_t<kFp8Cache_, __half, Elem_>;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kFp8Cache = kFp8Cache_;
+  static constexpr int kMFrags = kMFrags_;  // m16 row fragments per warp
+  static constexpr int kWarpsM = kWarpsM_, kWarpsN = kWarpsN_;
+  static constexpr int kWarpRows = 16 * kMFrags;
+  static constexpr int kBlockM = kWarpRows * kWarpsM;
+  static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+
+  static constexpr int kWarpKeys = kBlockN / kWarpsN;  // keys per warp per tile
+  static constexpr int kSFrags = kWarpKeys / 8;        // n8 fragments of a warp's S tile
+  static constexpr int kOFrags = kHeadDim / 8;         // n8 fragments of a warp's O tile
+  static constexpr int kKSteps = kHeadDim / 16;        // k16 steps of S = Q K^T
+  // One row fragment of Q stays in registers; more (or larger heads) are re-read from smem.
+  static constexpr bool kQInRegs = kMFrags == 1 && kHeadDim <= 128;
+
+  static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head size must be a multiple of 16, <= 256");
+  static_assert(kWarpKeys % 16 == 0, "each warp needs whole k16 steps of keys");
+  static_assert(!kFp8Cache || (kHeadDim % 32 == 0 && kKSteps % 2 == 0),
+                "fp8 fragments come in 32-dim groups and pairs of k16 steps");
+
+  // Shared memory. 16-bit tiles have a pitch of kHeadDim + 8 elements (16 bytes of padding:
+  // the 8 rows of an ldmatrix phase hit distinct banks); fp8 tiles are padded by 16 bytes.
+  static constexpr int kPitch = kHeadDim + 8;
+  static constexpr int kKvRowBytes = kFp8Cache ? kHeadDim : 2 * kHeadDim;  // in the cache
+  static constexpr int kStagePitchBytes = kFp8Cache ? kHeadDim + 16 : 2 * kPitch;
+  static constexpr int kQBytes = kBlockM * kPitch * 2;
+  static constexpr int kStageTileBytes = kBlockN * kStagePitchBytes;  // K or V of one stage
+  static constexpr int kStageBytes = 2 * kStageTileBytes;
+  static constexpr int kStagesOffset = kQBytes;
+  static constexpr int kMainBytes = kStagesOffset + kStages * kStageBytes;
+  // Epilogue (reuses everything): per-warp-column fp32 O, per-row softmax stats and weights.
+  static constexpr int kOPitch = kHeadDim + 8;
+  static constexpr int kEpiOBytes = kWarpsN * kBlockM * kOPitch * 4;
+  static constexpr int kEpiStatBytes = kWarpsN * kBlockM * 8;
+  static constexpr int kEpiWeightBytes = kBlockM * kWarpsN * 4;
+  static constexpr int kEpiBytes = kEpiOBytes + kEpiStatBytes + kEpiWeightBytes;
+  static constexpr int kSmemBytes = max_c(kMainBytes, kEpiBytes);
+};
+
+template <class Elem, int kHeadDim, bool kFp8Cache>
+using PrefillTraits = std::conditional_t<(kHeadDim <= 128),
+                                         VarlenTraits<Elem, kHeadDim, kFp8Cache, 2, 4, 1, 64, 2, 2>,
+                                         VarlenTraits<Elem, kHeadDim, kFp8Cache, 1, 8, 1, 64, 2, 1>>;
+
+// fp8 tiles are half the bytes: for head sizes <= 128 three CTAs fit per SM and hide more of
+// each tile's latency (H200, batch 64 x 8k keys: 319-331 us against 324-349 us at 2 CTAs/SM;
+// 128-key tiles measured the same within run-to-run noise, 311-342 us).
+template <class Elem, int kHeadDim, bool kFp8Cache>
+using DecodeTraits =
+    VarlenTraits<Elem, kHeadDim, kFp8Cache, 1, 1, 4, 64, 3, ((kFp8Cache && kHeadDim <= 128) ? 3 : 2)>;
+
+// Launches the kernel of configuration Tr (defined in varlen_kernel.cuh, instantiated in
+// varlen_hd*.cu). Throws Error on launch failure or when the device lacks the shared memory.
+template <class Tr>
+void launch_varlen(const VarlenKernelParams& p, const VarlenLaunchShape& shape, cudaStream_t stream);
+
+}  // namespace attnkit::flash_attn

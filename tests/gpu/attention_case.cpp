@@ -1,0 +1,395 @@
+#include "attention_case.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+#include "attnkit/reference.h"
+#include "cuda/cuda_check.h"
+#include "device_fill.h"
+#include "flash_attn/varlen_launch.h"
+#include "test_util.h"
+
+namespace attnkit::test {
+
+// ---- Case ----------------------------------------------------------------------------------
+
+int64_t Case::num_tokens() const {
+  int64_t t = 0;
+  for (int q : q_lens) t += q;
+  return t;
+}
+int Case::max_query_len() const { return q_lens.empty() ? 0 : *std::max_element(q_lens.begin(), q_lens.end()); }
+int Case::max_seq_len() const { return seq_lens.empty() ? 0 : *std::max_element(seq_lens.begin(), seq_lens.end()); }
+
+std::string Case::describe() const {
+  std::ostringstream os;
+  os << "seed " << seed << ": " << dtype_name(dtype) << " q, " << dtype_name(cache_dtype) << " cache "
+     << layout_name(layout) << ", head_size " << head_size << ", kv_heads " << num_kv_heads << " x group "
+     << group << ", block " << block_size << ", " << (causal ? "causal" : "non-causal") << ", window ("
+     << window_left << ", " << window_right << "), softcap " << softcap << (alibi ? ", alibi" : "")
+     << (sinks ? ", sinks" : "") << (per_head_kv_scale ? ", per-head kv scale" : "") << ", scale " << scale
+     << ", q_amp " << q_amp << ", splits " << num_splits << (want_lse ? "" : ", no lse")
+     << "; requests (q_len/seq_len):";
+  for (size_t r = 0; r < q_lens.size(); ++r) {
+    if (r == 12 && q_lens.size() > 14) {
+      os << " ... (" << q_lens.size() << " total)";
+      break;
+    }
+    os << ' ' << q_lens[r] << '/' << seq_lens[r];
+  }
+  return os.str();
+}
+
+// ---- Problem -------------------------------------------------------------------------------
+
+namespace {
+
+void upload(cuda::DeviceBuffer& dst, const void* src, size_t bytes) {
+  dst.resize(std::max<size_t>(bytes, 16));
+  if (bytes) ATTNKIT_CUDA_CHECK(cudaMemcpy(dst.get(), src, bytes, cudaMemcpyHostToDevice));
+}
+
+std::vector<float> download_as_float(const void* src, DType dtype, int64_t n) {
+  std::vector<uint8_t> raw(static_cast<size_t>(n) * dtype_size(dtype));
+  if (n) ATTNKIT_CUDA_CHECK(cudaMemcpy(raw.data(), src, raw.size(), cudaMemcpyDeviceToHost));
+  std::vector<float> out(n);
+  for (int64_t i = 0; i < n; ++i) out[i] = load_as_float(raw.data(), dtype, i);
+  return out;
+}
+
+// Dequantised K/V values stay within ~[-1.5, 1.5]: fp8 codes of [-48, 48) times scales in
+// [1/48, 1/32]; 16-bit caches hold values in [-1, 1).
+constexpr float kFp8CodeAmp = 48.f;
+
+}  // namespace
+
+Problem::Problem(const Case& c) : c_(c) {
+  std::mt19937_64 rng(c.seed * 0x9e3779b97f4a7c15ull + 17);
+  const int n = static_cast<int>(c.q_lens.size());
+  cu_.assign(1, 0);
+  for (int q : c.q_lens) cu_.push_back(cu_.back() + q);
+  seq_ = std::vector<int32_t>(c.seq_lens.begin(), c.seq_lens.end());
+
+  // Block table: every request's blocks drawn from a shuffled pool; entries past a request's
+  // blocks are invalid ids (a kernel that reads them faults).
+  std::vector<int> need(n);
+  int64_t total = 0;
+  for (int r = 0; r < n; ++r) {
+    need[r] = (seq_[r] + c.block_size - 1) / c.block_size;
+    total += need[r];
+  }
+  max_blocks_ = std::max(1, (n ? *std::max_element(need.begin(), need.end()) : 0) + static_cast<int>(rng() % 3));
+  const int64_t num_blocks = total + 1 + static_cast<int64_t>(rng() % 4);
+  std::vector<int32_t> pool(num_blocks);
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  table_.assign(static_cast<size_t>(n) * max_blocks_, 0);
+  int64_t next = 0;
+  for (int r = 0; r < n; ++r)
+    for (int b = 0; b < max_blocks_; ++b)
+      table_[static_cast<size_t>(r) * max_blocks_ + b] = b < need[r] ? pool[next++] : (b % 2 ? -1 : INT32_MAX);
+
+  spec_.num_blocks = num_blocks;
+  spec_.block_size = c.block_size;
+  spec_.num_kv_heads = c.num_kv_heads;
+  spec_.head_size = c.head_size;
+  spec_.cache_dtype = c.cache_dtype;
+  spec_.layout = c.layout;
+  const DType storage = spec_.storage_dtype();
+  const int64_t cache_elems = spec_.total_bytes() / static_cast<int64_t>(dtype_size(storage));
+  d_cache_.resize(spec_.total_bytes());
+  fill_random_device(d_cache_.get(), storage, cache_elems, c.seed ^ 0xcac4e, is_fp8(storage) ? kFp8CodeAmp : 1.f);
+  d_kv_ = spec_.view(TensorView(d_cache_.get(), storage, {cache_elems}, Device::CUDA));
+
+  const int64_t q_elems = c.num_tokens() * c.num_heads() * c.head_size;
+  d_q_.resize(std::max<int64_t>(q_elems * 2, 16));
+  fill_random_device(d_q_.get(), c.dtype, q_elems, c.seed ^ 0x9, c.q_amp);
+
+  const int H = c.num_heads();
+  scale_count_ = c.per_head_kv_scale ? c.num_kv_heads : 1;
+  h_params_.resize(2 * H + 2 * scale_count_);
+  std::uniform_real_distribution<float> slope(0.005f, 0.25f), sink(-1.f, 3.f), kv_scale(1.f / 48, 1.f / 32);
+  for (int h = 0; h < H; ++h) h_params_[h] = slope(rng);
+  for (int h = 0; h < H; ++h) h_params_[H + h] = (rng() % 8 == 0) ? -INFINITY : sink(rng);
+  for (int i = 0; i < 2 * scale_count_; ++i) h_params_[2 * H + i] = kv_scale(rng);
+  upload(d_params_, h_params_.data(), h_params_.size() * 4);
+  upload(d_cu_, cu_.data(), cu_.size() * 4);
+  upload(d_seq_, seq_.data(), seq_.size() * 4);
+  upload(d_table_, table_.data(), table_.size() * 4);
+  ATTNKIT_CUDA_CHECK(cudaDeviceSynchronize());  // fills done before any other stream reads them
+}
+
+AttentionParams Problem::params_on(bool device) const {
+  const int H = c_.num_heads();
+  float* base = device ? d_params_.as<float>() : const_cast<float*>(h_params_.data());
+  const Device dev = device ? Device::CUDA : Device::CPU;
+  AttentionParams p;
+  p.scale = c_.scale;
+  p.causal = c_.causal;
+  p.window_left = c_.window_left;
+  p.window_right = c_.window_right;
+  p.softcap = c_.softcap;
+  if (c_.alibi) p.alibi_slopes = TensorView(base, DType::f32, {H}, dev);
+  if (c_.sinks) p.sinks = TensorView(base + H, DType::f32, {H}, dev);
+  if (is_fp8(c_.cache_dtype)) {
+    p.k_scale = TensorView(base + 2 * H, DType::f32, {scale_count_}, dev);
+    p.v_scale = TensorView(base + 2 * H + scale_count_, DType::f32, {scale_count_}, dev);
+  }
+  return p;
+}
+
+flash_attn::VarlenArgs Problem::make_args(void* out, void* lse, void* workspace, size_t workspace_bytes,
+                                          int num_splits) const {
+  const int64_t T = c_.num_tokens();
+  const int H = c_.num_heads(), D = c_.head_size;
+  flash_attn::VarlenArgs a;
+  a.q = TensorView(d_q_.get(), c_.dtype, {T, H, D}, Device::CUDA);
+  a.cache = d_kv_;
+  a.out = TensorView(out, c_.dtype, {T, H, D}, Device::CUDA);
+  a.cu_seqlens_q = d_cu_.as<int32_t>();
+  a.seqused_k = d_seq_.as<int32_t>();
+  a.block_table = d_table_.as<int32_t>();
+  a.max_blocks_per_req = max_blocks_;
+  a.num_reqs = static_cast<int>(c_.q_lens.size());
+  a.max_query_len = c_.max_query_len();
+  a.max_seq_len = c_.max_seq_len();
+  a.num_heads = H;
+  a.params = params_on(true);
+  if (lse) a.params.lse = TensorView(lse, DType::f32, {H, T}, Device::CUDA);
+  a.num_splits = num_splits;
+  a.workspace = workspace;
+  a.workspace_bytes = workspace_bytes;
+  return a;
+}
+
+Result Problem::run_kernel(int num_splits) const {
+  const int64_t T = c_.num_tokens();
+  const int H = c_.num_heads(), D = c_.head_size;
+  cuda::DeviceBuffer out(std::max<int64_t>(T * H * D * 2, 16)), lse(std::max<int64_t>(T * H * 4, 16));
+  const size_t ws_bytes = flash_attn::varlen_workspace_bytes(T, H, D, num_splits);
+  cuda::DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
+  flash_attn::VarlenArgs a =
+      make_args(out.get(), c_.want_lse ? lse.get() : nullptr, ws_bytes ? ws.get() : nullptr, ws_bytes, num_splits);
+  cudaStream_t stream;
+  ATTNKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  a.stream = stream;
+  try {
+    poison_device(out.get(), T * H * D * 2, stream);
+    poison_device(lse.get(), T * H * 4, stream);
+    poison_device(ws.get(), static_cast<int64_t>(ws_bytes), stream);
+    flash_attn::run_varlen_attention(a);
+    ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  } catch (...) {
+    cudaStreamDestroy(stream);
+    throw;
+  }
+  ATTNKIT_CUDA_CHECK(cudaStreamDestroy(stream));
+  Result r;
+  r.out = download_as_float(out.get(), c_.dtype, T * H * D);
+  if (c_.want_lse) r.lse = download_as_float(lse.get(), DType::f32, T * H);
+  return r;
+}
+
+Result Problem::run_cpu_reference() const {
+  const int64_t T = c_.num_tokens();
+  const int H = c_.num_heads(), D = c_.head_size;
+  if (h_cache_.empty()) {
+    h_cache_.resize(spec_.total_bytes());
+    ATTNKIT_CUDA_CHECK(cudaMemcpy(h_cache_.data(), d_cache_.get(), h_cache_.size(), cudaMemcpyDeviceToHost));
+    h_q_.resize(T * H * D * 2);
+    if (!h_q_.empty()) ATTNKIT_CUDA_CHECK(cudaMemcpy(h_q_.data(), d_q_.get(), h_q_.size(), cudaMemcpyDeviceToHost));
+  }
+  const DType storage = spec_.storage_dtype();
+  const int64_t cache_elems = spec_.total_bytes() / static_cast<int64_t>(dtype_size(storage));
+  const PagedKV kv = spec_.view(TensorView(h_cache_.data(), storage, {cache_elems}));
+  BatchView batch;
+  batch.query_start_loc = cu_;
+  batch.seq_lens = seq_;
+  batch.block_table = table_;
+  batch.max_blocks_per_req = max_blocks_;
+  Result r;
+  r.out.assign(T * H * D, 0.f);
+  r.lse.assign(T * H, 0.f);
+  AttentionParams p = params_on(false);
+  p.lse = TensorView(r.lse.data(), DType::f32, {H, T});
+  reference_attention(TensorView(h_q_.data(), c_.dtype, {T, H, D}), kv, batch, p,
+                      TensorView(r.out.data(), DType::f32, {T, H, D}), true);
+  return r;
+}
+
+void Problem::run_gpu_reference(const std::vector<RefRow>& rows, std::vector<float>& out,
+                                std::vector<float>& lse) const {
+  const int64_t T = c_.num_tokens();
+  GpuBatch b{d_cu_.as<int32_t>(), d_seq_.as<int32_t>(), d_table_.as<int32_t>(), max_blocks_};
+  gpu_reference_rows(TensorView(d_q_.get(), c_.dtype, {T, c_.num_heads(), c_.head_size}, Device::CUDA), d_kv_, b,
+                     params_on(true), rows, std::max(1, c_.max_seq_len()), out, lse);
+}
+
+std::vector<RefRow> Problem::sample_rows(int random_tokens, uint64_t seed) const {
+  std::mt19937_64 rng(seed);
+  std::vector<RefRow> rows;
+  for (int r = 0; r + 1 < static_cast<int>(cu_.size()); ++r) {
+    const int q_len = cu_[r + 1] - cu_[r];
+    if (q_len == 0) continue;
+    std::set<int> tokens{cu_[r], cu_[r + 1] - 1};
+    for (int i = 0; i < random_tokens; ++i) tokens.insert(cu_[r] + static_cast<int>(rng() % q_len));
+    for (int t : tokens)
+      for (int h = 0; h < c_.num_heads(); ++h) rows.push_back({t, h, r});
+  }
+  return rows;
+}
+
+// ---- comparisons ---------------------------------------------------------------------------
+
+::testing::AssertionResult outputs_match(DType dtype, const std::vector<float>& actual,
+                                         const std::vector<float>& expected,
+                                         const std::vector<int64_t>& shape) {
+  // bf16 keeps 8 significant bits: P (rounded to bf16 before P V) and the output each add
+  // ~2^-9 relative error; f16 keeps 11.
+  const double tol = dtype == DType::bf16 ? 1e-2 : 2e-3;
+  return all_close(actual, expected, shape, tol, tol);
+}
+
+::testing::AssertionResult lse_match(const std::vector<float>& actual, const std::vector<float>& expected,
+                                     const std::vector<int64_t>& shape) {
+  return all_close(actual, expected, shape, 1e-4, 2e-3);
+}
+
+// ---- random cases --------------------------------------------------------------------------
+
+namespace {
+
+constexpr int kHeadSizes[] = {64, 96, 128, 192, 256};
+constexpr int kBlockSizes[] = {16, 32, 48, 128, 256};
+
+template <class Rng>
+int uniform_int(Rng& rng, int lo, int hi) {  // inclusive
+  return lo + static_cast<int>(rng() % static_cast<uint64_t>(hi - lo + 1));
+}
+
+template <class Rng>
+void random_features(Case& c, Rng& rng) {
+  c.layout = rng() % 2 ? KVLayout::NHD : KVLayout::HND;
+  c.causal = rng() % 10 < 7;
+  if (rng() % 4 == 0) {
+    c.window_left = uniform_int(rng, 0, 96);
+    c.window_right = rng() % 2 ? -1 : uniform_int(rng, 0, 24);
+  }
+  if (rng() % 5 == 0) c.softcap = rng() % 2 ? 5.f : 30.f;
+  c.alibi = rng() % 5 == 0;
+  c.sinks = rng() % 4 == 0;
+  c.per_head_kv_scale = rng() % 2 == 0;
+  if (rng() % 3 == 0) c.scale = 0.05f + 0.25f * static_cast<float>(rng() % 1000) / 1000.f;
+  c.q_amp = rng() % 2 ? 1.f : 3.f;
+  c.want_lse = rng() % 8 != 0;
+}
+
+}  // namespace
+
+Case random_small_case(uint64_t seed) {
+  std::mt19937_64 rng(seed * 7919 + 3);
+  Case c;
+  c.seed = seed;
+  // The systematic part: every head size x cache kind x dtype x block size.
+  c.head_size = kHeadSizes[seed % 5];
+  const int cache_kind = static_cast<int>((seed / 5) % 3);
+  c.dtype = (seed / 15) % 2 ? DType::f16 : DType::bf16;
+  c.cache_dtype = cache_kind == 0 ? c.dtype : cache_kind == 1 ? DType::fp8_e4m3 : DType::fp8_e5m2;
+  c.block_size = kBlockSizes[(seed / 30) % 5];
+  random_features(c, rng);
+  const int kv_choices[] = {1, 2, 4};
+  const int group_choices[] = {1, 3, 4, 8};
+  c.num_kv_heads = kv_choices[rng() % 3];
+  c.group = group_choices[rng() % 4];
+  const int n = uniform_int(rng, 1, 8);
+  const bool all_decode = rng() % 3 == 0;  // exercises the 16-row decode tiles
+  for (int r = 0; r < n; ++r) {
+    int q, seq;
+    const int kind = static_cast<int>(rng() % 20);
+    if (all_decode) {
+      q = uniform_int(rng, 1, std::max(1, 16 / c.group));
+      seq = q + uniform_int(rng, 0, 700);
+    } else if (kind == 0) {  // empty request (CUDA-graph padding)
+      q = 0;
+      seq = uniform_int(rng, 0, 64);
+    } else if (kind == 1) {  // query longer than its keys
+      q = uniform_int(rng, 2, 40);
+      seq = uniform_int(rng, 0, q - 1);
+    } else if (kind < 9) {  // decode
+      q = 1;
+      seq = uniform_int(rng, 1, 700);
+    } else {  // prefill / chunked prefill
+      q = uniform_int(rng, 2, 90);
+      seq = q + (rng() % 2 ? 0 : uniform_int(rng, 0, 400));
+    }
+    c.q_lens.push_back(q);
+    c.seq_lens.push_back(seq);
+  }
+  c.num_splits = rng() % 2 ? 1 : uniform_int(rng, 2, 9);
+  return c;
+}
+
+Case random_medium_case(uint64_t seed) {
+  std::mt19937_64 rng(seed * 15485863 + 5);
+  Case c;
+  c.seed = seed;
+  c.head_size = kHeadSizes[seed % 5];
+  c.dtype = (seed / 5) % 2 ? DType::f16 : DType::bf16;
+  const int cache_kind = static_cast<int>(rng() % 3);
+  c.cache_dtype = cache_kind == 0 ? c.dtype : cache_kind == 1 ? DType::fp8_e4m3 : DType::fp8_e5m2;
+  c.block_size = kBlockSizes[rng() % 5];
+  random_features(c, rng);
+  c.num_kv_heads = rng() % 2 ? 2 : 1;
+  c.group = rng() % 2 ? 4 : 8;
+  const int n = uniform_int(rng, 1, 32);
+  int token_budget = 1024;  // bounds the CPU reference's work
+  for (int r = 0; r < n; ++r) {
+    const bool prefill = rng() % 4 == 0;
+    const int q = prefill ? uniform_int(rng, 2, std::max(2, std::min(700, token_budget))) : 1;
+    token_budget = std::max(0, token_budget - q);
+    const int seq = q + static_cast<int>(rng() % 3500);
+    c.q_lens.push_back(q);
+    c.seq_lens.push_back(seq);
+  }
+  const int splits[] = {1, 3, 8};
+  c.num_splits = splits[rng() % 3];
+  return c;
+}
+
+Case random_large_case(uint64_t seed) {
+  std::mt19937_64 rng(seed * 104729 + 11);
+  Case c;
+  c.seed = seed;
+  c.head_size = kHeadSizes[rng() % 5];
+  c.dtype = rng() % 2 ? DType::f16 : DType::bf16;
+  const int cache_kind = static_cast<int>(rng() % 3);
+  c.cache_dtype = cache_kind == 0 ? c.dtype : cache_kind == 1 ? DType::fp8_e4m3 : DType::fp8_e5m2;
+  c.block_size = kBlockSizes[rng() % 5];
+  random_features(c, rng);
+  if (c.window_left >= 0) c.window_left = uniform_int(rng, 0, 4096);
+  const int kv_choices[] = {1, 2, 8};
+  c.num_kv_heads = kv_choices[rng() % 3];
+  c.group = c.num_kv_heads == 1 ? 8 : (rng() % 2 ? 4 : 1);
+  const int n = rng() % 3 == 0 ? uniform_int(rng, 1, 4) : uniform_int(rng, 16, 64);
+  int64_t kv_budget = 600000;  // total keys over the batch: bounds memory and reference time
+  for (int r = 0; r < n; ++r) {
+    const bool prefill = rng() % 8 == 0 || n <= 4;
+    const int q = prefill ? uniform_int(rng, 2, 2048) : 1;
+    const int64_t max_ctx = std::min<int64_t>(32768 - q, kv_budget / std::max(1, n - r));
+    const int seq = q + static_cast<int>(rng() % std::max<int64_t>(1, max_ctx));
+    kv_budget -= seq;
+    c.q_lens.push_back(q);
+    c.seq_lens.push_back(seq);
+  }
+  const int splits[] = {1, 1, 4, 16, 48};
+  c.num_splits = splits[rng() % 5];
+  return c;
+}
+
+}  // namespace attnkit::test

@@ -1,0 +1,102 @@
+// One varlen paged attention problem for the GPU tests: its description (Case), random
+// construction, the device problem (q, paged cache with a shuffled block table whose padding
+// entries are invalid block ids, parameters), runs of the kernel under test, of the CPU
+// reference and of the GPU fp32 reference, and the comparisons.
+#pragma once
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "attnkit/kv_cache.h"
+#include "attnkit/params.h"
+#include "cuda/device_buffer.h"
+#include "flash_attn/varlen_launch.h"
+#include "gpu_reference.h"
+
+namespace attnkit::test {
+
+struct Case {
+  DType dtype = DType::bf16;        // q / out
+  DType cache_dtype = DType::bf16;  // == dtype or fp8
+  KVLayout layout = KVLayout::NHD;
+  int head_size = 128, num_kv_heads = 2, group = 4, block_size = 16;
+  std::vector<int> q_lens, seq_lens;
+  bool causal = true;
+  int window_left = -1, window_right = -1;
+  float softcap = 0.f;
+  bool alibi = false, sinks = false;
+  bool per_head_kv_scale = false;
+  float scale = 0.f;  // 0 = default
+  float q_amp = 1.f;  // |q| <= q_amp; K/V values lie in [-1, 1]
+  int num_splits = 1;
+  bool want_lse = true;  // false: the launch gets no LSE tensor
+  uint64_t seed = 1;
+
+  int num_heads() const { return num_kv_heads * group; }
+  int64_t num_tokens() const;
+  int max_query_len() const;
+  int max_seq_len() const;
+  std::string describe() const;
+};
+
+// Output of one run: out [num_tokens, num_heads, head_size] and lse [num_heads, num_tokens].
+struct Result {
+  std::vector<float> out, lse;
+};
+
+class Problem {
+ public:
+  explicit Problem(const Case& c);
+  const Case& spec() const { return c_; }
+
+  // The kernel under test (out, lse and workspace poisoned with NaN first). Throws Error.
+  Result run_kernel(int num_splits) const;
+  // The launch arguments run_kernel uses, over caller buffers (for error-path tests).
+  flash_attn::VarlenArgs make_args(void* out, void* lse, void* workspace, size_t workspace_bytes,
+                                   int num_splits) const;
+  // The CPU reference over the whole batch (allow_query_longer_than_keys = true).
+  Result run_cpu_reference() const;
+  // The GPU fp32 reference on the given rows: out [rows, head_size], lse [rows].
+  void run_gpu_reference(const std::vector<RefRow>& rows, std::vector<float>& out,
+                         std::vector<float>& lse) const;
+  // Rows to check on shapes too large for the CPU: every head of the first, the last and
+  // `random_tokens` random tokens of every request.
+  std::vector<RefRow> sample_rows(int random_tokens, uint64_t seed) const;
+
+  const std::vector<int32_t>& cu_seqlens() const { return cu_; }
+
+ private:
+  AttentionParams params_on(bool device) const;
+
+  Case c_;
+  std::vector<int32_t> cu_, seq_, table_;
+  int max_blocks_ = 0;
+  KVCacheSpec spec_;
+  cuda::DeviceBuffer d_q_, d_cache_, d_cu_, d_seq_, d_table_, d_params_;
+  PagedKV d_kv_;
+  // Host copies for the CPU reference (filled lazily: large caches never come back).
+  mutable std::vector<uint8_t> h_q_, h_cache_;
+  std::vector<float> h_params_;  // alibi [H] | sinks [H] | k_scale [n] | v_scale [n]
+  int scale_count_ = 1;
+};
+
+// Comparisons with a reference (shape: the row-major shape for reporting coordinates).
+// Output: |a - e| <= tol + tol |e| with tol 1e-2 (bf16) or 2e-3 (f16); LSE: 2e-3 + 1e-4 |e|.
+// NaN never passes; a failure reports the worst element with its coordinates (all_close).
+::testing::AssertionResult outputs_match(DType dtype, const std::vector<float>& actual,
+                                         const std::vector<float>& expected,
+                                         const std::vector<int64_t>& shape);
+::testing::AssertionResult lse_match(const std::vector<float>& actual,
+                                     const std::vector<float>& expected,
+                                     const std::vector<int64_t>& shape);
+
+// Random case builders used by the grids (deterministic in the seed).
+Case random_small_case(uint64_t seed);
+// Batches of 1..32 requests, up to ~1k query tokens and 3.5k keys (still CPU-checkable).
+Case random_medium_case(uint64_t seed);
+Case random_large_case(uint64_t seed);
+
+}  // namespace attnkit::test

@@ -1,0 +1,273 @@
+// GPU tests of the FlashAttention-style varlen paged attention kernel against the CPU
+// reference (small shapes, every row) and the GPU fp32 reference (large shapes, sampled rows).
+//
+// Reduced grid for compute-sanitizer: --gtest_filter='*Sanitizer*'.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "attention_case.h"
+#include "attnkit/error.h"
+#include "cuda/cuda_check.h"
+#include "cuda/device_buffer.h"
+#include "test_util.h"
+
+namespace attnkit::test {
+namespace {
+
+// Every row of the batch, output and LSE, for the case's split count and (when it splits)
+// for the unsplit launch too.
+void check_against_cpu(const Case& c) {
+  SCOPED_TRACE(c.describe());
+  Problem p(c);
+  const Result ref = p.run_cpu_reference();
+  const int64_t T = c.num_tokens();
+  const int H = c.num_heads(), D = c.head_size;
+  for (int splits : {1, c.num_splits}) {
+    SCOPED_TRACE("num_splits " + std::to_string(splits));
+    const Result got = p.run_kernel(splits);
+    EXPECT_TRUE(outputs_match(c.dtype, got.out, ref.out, {T, H, D}));
+    if (c.want_lse) EXPECT_TRUE(lse_match(got.lse, ref.lse, {H, T}));
+    if (c.num_splits == 1) break;
+  }
+}
+
+// ---- random grid over every feature, head size, block size, dtype and cache dtype -----------
+
+class VarlenSmallGrid : public ::testing::TestWithParam<int> {};
+
+TEST_P(VarlenSmallGrid, MatchesCpuReference) { check_against_cpu(random_small_case(GetParam())); }
+
+INSTANTIATE_TEST_SUITE_P(Seeds, VarlenSmallGrid, ::testing::Range(0, 450));
+
+// ---- medium batches (up to 32 requests, ~1k query tokens, 3.5k keys), every row ----------------
+
+class VarlenMediumGrid : public ::testing::TestWithParam<int> {};
+
+TEST_P(VarlenMediumGrid, MatchesCpuReference) { check_against_cpu(random_medium_case(GetParam())); }
+
+INSTANTIATE_TEST_SUITE_P(Seeds, VarlenMediumGrid, ::testing::Range(0, 20));
+
+// ---- every combination of the mask / score-mod features -------------------------------------
+
+class VarlenFeatureGrid : public ::testing::TestWithParam<int> {};
+
+TEST_P(VarlenFeatureGrid, MatchesCpuReference) {
+  const int i = GetParam();
+  Case c = random_small_case(1000 + i);
+  c.causal = i & 1;
+  const int window = (i / 2) % 3;
+  c.window_left = window == 0 ? -1 : 7 + i % 50;
+  c.window_right = window == 2 ? i % 9 : -1;
+  c.softcap = (i / 6) % 2 ? 8.f : 0.f;
+  c.alibi = (i / 12) % 2;
+  c.sinks = (i / 24) % 2;
+  check_against_cpu(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(Combinations, VarlenFeatureGrid, ::testing::Range(0, 48));
+
+// ---- edge cases -------------------------------------------------------------------------------
+
+Case edge_base(uint64_t seed) {
+  Case c = random_small_case(seed);
+  c.q_lens.clear();
+  c.seq_lens.clear();
+  return c;
+}
+
+TEST(VarlenEdges, QueryLongerThanKeys) {
+  for (int i = 0; i < 12; ++i) {
+    Case c = edge_base(2000 + i);
+    c.causal = i % 2;
+    c.q_lens = {5, 37, 1, 70};
+    c.seq_lens = {0, 20, 0, 69};
+    c.num_splits = i % 3 == 0 ? 3 : 1;
+    check_against_cpu(c);
+  }
+}
+
+TEST(VarlenEdges, EmptyRequestsAndEmptyBatch) {
+  for (int i = 0; i < 6; ++i) {
+    Case c = edge_base(2100 + i);
+    c.q_lens = {0, 3, 0, 0, 1, 0};
+    c.seq_lens = {0, 40, 17, 300, 1, 0};
+    check_against_cpu(c);
+    c.q_lens = {0, 0};
+    c.seq_lens = {5, 0};
+    check_against_cpu(c);  // no tokens at all: nothing to launch, nothing to write
+  }
+}
+
+TEST(VarlenEdges, RowsWithoutVisibleKeysGiveZeroAndSinkOrMinusInf) {
+  for (int i = 0; i < 8; ++i) {
+    Case c = edge_base(2200 + i);
+    c.causal = true;
+    c.window_left = -1;
+    c.window_right = -1;
+    c.sinks = i % 2;
+    c.q_lens = {9, 2, 33};
+    c.seq_lens = {4, 0, 10};  // the first q_len - seq_len rows see nothing
+    c.num_splits = 1 + i % 4;
+    check_against_cpu(c);
+  }
+}
+
+TEST(VarlenEdges, MoreSplitsThanTiles) {
+  for (int i = 0; i < 6; ++i) {
+    Case c = edge_base(2300 + i);
+    c.q_lens = {1, 1, 17, 1};
+    c.seq_lens = {1, 30, 100, 700};
+    c.num_splits = 64 + i;
+    check_against_cpu(c);
+  }
+}
+
+TEST(VarlenEdges, LargeGroupsAndMqa) {
+  const int groups[] = {16, 32, 5, 12};
+  for (int i = 0; i < 8; ++i) {
+    Case c = edge_base(2400 + i);
+    c.num_kv_heads = i % 2 ? 1 : 2;
+    c.group = groups[i % 4];
+    c.q_lens = {1, 1, 3, 12};
+    c.seq_lens = {100, 513, 40, 200};
+    check_against_cpu(c);
+  }
+}
+
+TEST(VarlenEdges, WindowSmallerThanTileAndOnBlockBoundaries) {
+  for (int i = 0; i < 10; ++i) {
+    Case c = edge_base(2500 + i);
+    c.window_left = i;
+    c.window_right = i % 3 == 0 ? 0 : -1;
+    c.causal = i % 2 == 0;
+    c.q_lens = {64, 1, 128};
+    c.seq_lens = {64, 256, 512};
+    check_against_cpu(c);
+  }
+}
+
+// ---- large shapes: sampled rows against the GPU fp32 reference ----------------------------
+
+class VarlenLargeGrid : public ::testing::TestWithParam<int> {};
+
+TEST_P(VarlenLargeGrid, SampledRowsMatchGpuReference) {
+  const Case c = random_large_case(GetParam());
+  SCOPED_TRACE(c.describe());
+  Problem p(c);
+  const Result got = p.run_kernel(c.num_splits);
+  const std::vector<RefRow> rows = p.sample_rows(2, c.seed);
+  std::vector<float> ref_out, ref_lse;
+  p.run_gpu_reference(rows, ref_out, ref_lse);
+  const int H = c.num_heads(), D = c.head_size;
+  const int64_t T = c.num_tokens();
+  std::vector<float> out(rows.size() * D), lse(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int64_t base = (static_cast<int64_t>(rows[i].token) * H + rows[i].head) * D;
+    std::copy(got.out.begin() + base, got.out.begin() + base + D, out.begin() + i * D);
+    if (c.want_lse) lse[i] = got.lse[static_cast<int64_t>(rows[i].head) * T + rows[i].token];
+  }
+  const int64_t n = static_cast<int64_t>(rows.size());
+  EXPECT_TRUE(outputs_match(c.dtype, out, ref_out, {n, D})) << "(sampled row index, dim)";
+  if (c.want_lse) EXPECT_TRUE(lse_match(lse, ref_lse, {n})) << "(sampled row index)";
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, VarlenLargeGrid, ::testing::Range(0, 32));
+
+// ---- the GPU fp32 reference is itself checked against the CPU reference --------------------
+
+class GpuReferenceGrid : public ::testing::TestWithParam<int> {};
+
+TEST_P(GpuReferenceGrid, MatchesCpuReference) {
+  const Case c = random_small_case(5000 + GetParam());
+  SCOPED_TRACE(c.describe());
+  Problem p(c);
+  const Result ref = p.run_cpu_reference();
+  std::vector<RefRow> rows;
+  const auto& cu = p.cu_seqlens();
+  for (int r = 0; r + 1 < static_cast<int>(cu.size()); ++r)
+    for (int t = cu[r]; t < cu[r + 1]; ++t)
+      for (int h = 0; h < c.num_heads(); ++h) rows.push_back({t, h, r});
+  std::vector<float> out, lse;
+  p.run_gpu_reference(rows, out, lse);
+  const int H = c.num_heads(), D = c.head_size;
+  const int64_t T = c.num_tokens();
+  std::vector<float> ref_out(rows.size() * D), ref_lse(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int64_t base = (static_cast<int64_t>(rows[i].token) * H + rows[i].head) * D;
+    std::copy(ref.out.begin() + base, ref.out.begin() + base + D, ref_out.begin() + i * D);
+    ref_lse[i] = ref.lse[static_cast<int64_t>(rows[i].head) * T + rows[i].token];
+  }
+  const int64_t n = static_cast<int64_t>(rows.size());
+  EXPECT_TRUE(all_close(out, ref_out, {n, D}, 1e-4, 1e-4));
+  EXPECT_TRUE(all_close(lse, ref_lse, {n}, 1e-5, 1e-4));
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, GpuReferenceGrid, ::testing::Range(0, 24));
+
+// ---- reduced grid for compute-sanitizer memcheck ---------------------------------------------
+
+TEST(VarlenSanitizer, SmallGridOfEveryPath) {
+  // Decode and prefill tiles, fp8 and 16-bit caches, splits, windows, partial tiles, block
+  // table padding, queries longer than keys, empty requests.
+  for (int s = 0; s < 300; s += 7) {  // 7 is coprime to the grid cycle: every head size, cache kind, dtype, block size
+    Case c = random_small_case(s);
+    if (c.q_lens.size() > 3) {
+      c.q_lens.resize(3);
+      c.seq_lens.resize(3);
+    }
+    check_against_cpu(c);
+  }
+  Case c = edge_base(2600);
+  c.q_lens = {0, 7, 1};
+  c.seq_lens = {3, 2, 33};
+  c.num_splits = 5;
+  check_against_cpu(c);
+}
+
+// ---- errors ------------------------------------------------------------------------------------
+
+TEST(VarlenErrors, RejectsInputsNoKernelServes) {
+  Case c = edge_base(2700);
+  c.head_size = 128;
+  c.q_lens = {1};
+  c.seq_lens = {10};
+  Problem p(c);
+  const int64_t bytes = 1 * c.num_heads() * 128 * 2;
+  cuda::DeviceBuffer out(bytes), lse(c.num_heads() * 4);
+  {
+    auto a = p.make_args(out.get(), lse.get(), nullptr, 0, 4);  // splits without workspace
+    EXPECT_THROW(flash_attn::run_varlen_attention(a), Error);
+  }
+  {
+    auto a = p.make_args(out.get(), lse.get(), nullptr, 0, 1);
+    a.cache.block_size = 24;
+    EXPECT_THROW(flash_attn::run_varlen_attention(a), Error);
+  }
+  {
+    auto a = p.make_args(out.get(), lse.get(), nullptr, 0, 1);
+    a.cache.dtype = a.q.dtype == DType::bf16 ? DType::f16 : DType::bf16;
+    EXPECT_THROW(flash_attn::run_varlen_attention(a), Error);
+  }
+  {
+    auto a = p.make_args(out.get(), lse.get(), nullptr, 0, 1);
+    a.num_heads = c.num_heads() + 1;  // q.shape disagrees
+    EXPECT_THROW(flash_attn::run_varlen_attention(a), Error);
+  }
+  {
+    auto a = p.make_args(out.get(), lse.get(), nullptr, 0, 1);
+    a.params.softcap = -1.f;
+    EXPECT_THROW(flash_attn::run_varlen_attention(a), Error);
+  }
+  {
+    Case c80 = c;
+    c80.head_size = 80;
+    Problem p80(c80);
+    cuda::DeviceBuffer out80(c.num_heads() * 80 * 2);
+    auto a = p80.make_args(out80.get(), nullptr, nullptr, 0, 1);
+    EXPECT_THROW(flash_attn::run_varlen_attention(a), Error);
+  }
+}
+
+}  // namespace
+}  // namespace attnkit::test
