@@ -192,7 +192,7 @@ class _Wrapper:
         lse_nat = A.empty(q, (q.shape[1], q.shape[0]), "float32") if (return_lse or lse is not None) else None
         qo = plan.qo_indptr
         max_q = int(np.diff(qo).max()) if qo.size > 1 else 0
-        max_k = int(seq_lens.max()) if seq_lens.size else 0
+        max_k = int(plan.seq_lens.max()) if plan.seq_lens.size else 0
         _C.varlen_attention(
             q, k, v, cache_dtype, qo, cu_seqlens_k, seq_lens, block_table, max_q, max_k, scale, causal,
             plan.window_left, 0 if causal else -1, plan.logits_soft_cap, None,
