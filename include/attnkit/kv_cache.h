@@ -21,6 +21,20 @@ KVLayout parse_layout(std::string_view name);  // "NHD" / "HND" (case-insensitiv
 // (units: elements of the storage type; bytes for fp8 and nvfp4). For nvfp4 a row's packed
 // values are head_size/2 bytes at that offset, and its head_size/16 e4m3 scales are at
 // scale_base + b*scale_stride_block + s*scale_stride_slot + h*scale_stride_head.
+//
+// NVFP4 packed cache layout (as vLLM's FlashInfer path stores it). The cache tensor's logical
+// last dim is row_elems = head_size/2 + head_size/16 bytes, but the bytes are NOT stored row by
+// row: each (block, side) region of block_size * num_kv_heads * row_elems bytes is
+//   [ data rows: block_size*num_kv_heads rows of head_size/2 bytes | scale rows: the same
+//     number of rows of head_size/16 e4m3 bytes ]
+// with rows in physical order: row index r = slot*num_kv_heads + head (NHD, slot-major) or
+// head*block_size + slot (HND, head-major). So a block is [K data | K scales | V data | V scales]
+// and, relative to the cache start, row (b, side, s, h) has
+//   data  at b*bytes_per_block + side*side_bytes + r*(head_size/2)
+//   scales at b*bytes_per_block + side*side_bytes + block_size*num_kv_heads*(head_size/2)
+//             + r*(head_size/16),   side_bytes = block_size*num_kv_heads*row_elems.
+// Inside a data row, value 2i is the low nibble of byte i and value 2i+1 the high nibble;
+// scale byte j covers values 16j..16j+15 (DESIGN.md section 2).
 struct PagedKVSide {
   void* base = nullptr;
   void* scale_base = nullptr;  // nvfp4 only
@@ -36,7 +50,13 @@ struct PagedKV {
   int64_t num_blocks = 0;
   int block_size = 0, num_kv_heads = 0, head_size = 0;
   int64_t num_slots() const { return num_blocks * block_size; }
+  // Checks the dtype (a cache dtype), the geometry (as KVCacheSpec::validate) and that the
+  // sides (and nvfp4 scales) point at memory. Throws Error.
+  void validate(std::string_view where) const;
 };
+
+// f32, f16, bf16, fp8_e4m3, fp8_e5m2 or nvfp4.
+bool is_cache_dtype(DType t);
 
 struct KVCacheSpec {
   int64_t num_blocks = 0;
@@ -63,7 +83,8 @@ struct KVCacheSpec {
   int64_t total_bytes() const;
   // Describes a dense cache tensor of this spec as K and V sides. `cache` must be contiguous
   // in the physical order with the storage dtype and num_blocks*bytes_per_block bytes; it is
-  // passed as a 1-D or physically shaped view.
+  // passed as a 1-D view, a contiguous physically shaped view, or the logically shaped view
+  // whose strides are logical_strides() (what vLLM's kv_cache tensor is).
   PagedKV view(const TensorView& cache) const;
 };
 
@@ -80,10 +101,16 @@ struct KVScales {
 };
 
 // The reshape-and-cache op. key/value: [num_tokens, num_kv_heads, head_size] (f32/f16/bf16,
-// last dim contiguous); slot_mapping: int64 [num_tokens] (negative = padding, skipped; slot
-// >= num_blocks*block_size -> Error). Quantizes to fp8/nvfp4 per `scales`. Runs on the
-// device the tensors live on; `stream` is a cudaStream_t for CUDA tensors (never the legacy
-// default stream unless the caller passes it).
+// one dtype for both, last dim contiguous, other dims any stride); slot_mapping: int64
+// [num_tokens] (negative = padding, skipped; slot >= num_blocks*block_size -> Error).
+// Quantizes to fp8/nvfp4 per `scales`: fp8 stores saturate(RNE(x / scale[h])), nvfp4 uses the
+// scale as the global scale of quantize_nvfp4_block. Scales are not used for f32/f16/bf16
+// caches (their dtype, shape and device are still checked). Runs on the device the tensors
+// live on (all on the cache's device); `stream` is a cudaStream_t for CUDA tensors (never the legacy default stream unless the
+// caller passes it). Shapes, dtypes and devices are checked on the host for both devices;
+// the values of slot_mapping and of the scales (finite, > 0) are checked on the host for CPU
+// tensors only: for CUDA tensors they stay on the device and the kernel must not write a slot
+// out of range.
 void write_kv(const TensorView& key, const TensorView& value, const PagedKV& cache,
               const TensorView& slot_mapping, const KVScales& scales = {},
               void* stream = nullptr);

@@ -59,8 +59,8 @@ struct DecodePrefillSplit {
   int num_decode_tokens = 0, num_prefill_tokens = 0;
 };
 
-// Expects decodes (query_len <= decode_threshold) first; throws Error naming the first
-// decode found after a prefill otherwise.
+// Expects decodes (query_len <= decode_threshold, which must be >= 1) first; throws Error
+// naming the first decode found after a prefill otherwise. Empty requests count as decodes.
 DecodePrefillSplit split_decodes_and_prefills(const CommonAttentionMetadata& md,
                                               int decode_threshold = 1);
 // The permutation that puts decodes first, stable within each group: new request i is old
@@ -68,7 +68,8 @@ DecodePrefillSplit split_decodes_and_prefills(const CommonAttentionMetadata& md,
 std::vector<int> decode_first_order(const CommonAttentionMetadata& md, int decode_threshold = 1);
 // Applies a request permutation to the host arrays (query_start_loc, seq_lens, block_table,
 // slot_mapping). token_perm, if given, receives for each new token its old token index, so
-// the caller can permute q/k/v the same way.
+// the caller can permute q/k/v the same way. The result's device copies are undefined (the
+// caller uploads the permuted host arrays); the scalars (num_reqs, max_*, causal) carry over.
 CommonAttentionMetadata permute_requests(const CommonAttentionMetadata& md,
                                          std::span<const int> perm,
                                          std::vector<int>* token_perm = nullptr);

@@ -16,7 +16,10 @@ struct AttentionParams {
   TensorView lse;           // f32 [num_heads, num_tokens] output (natural log), optional
 
   float resolved_scale(int head_size) const;
-  // Validates ranges and tensor shapes (num_heads / num_kv_heads / num_tokens / device).
+  // Validates ranges and tensor shapes (num_heads / num_kv_heads / num_tokens / device):
+  // num_heads % num_kv_heads == 0, scale finite, softcap finite and >= 0, windows >= -1,
+  // every defined tensor f32, contiguous, on `device`, with the shape given above. Tensor
+  // values (e.g. scales > 0) are not read here: they may live on the GPU.
   void validate(std::string_view where, int num_heads, int num_kv_heads, int64_t num_tokens,
                 Device device) const;
 };

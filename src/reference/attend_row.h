@@ -1,0 +1,48 @@
+// The attention math for one query row (one token, one query head) over its request's keys,
+// in double, straight from DESIGN.md section 4: mask -> logits -> score mods -> softmax.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "reference/kv_row_reader.h"
+
+namespace attnkit::reference {
+
+// Keys j in [begin, end) are visible; begin >= end means none.
+struct KeyRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end > begin ? end - begin : 0; }
+};
+
+// Causal (bottom-right: j <= pos) and sliding window (pos - left <= j <= pos + right, -1 =
+// unbounded) intersected with [0, seq_len). pos may be negative (query longer than keys).
+KeyRange visible_keys(int64_t pos, int64_t seq_len, bool causal, int window_left,
+                      int window_right);
+
+struct RowProblem {
+  int64_t pos = 0;      // the query's position among its request's keys
+  int64_t seq_len = 0;  // the request's key count
+  const int32_t* block_row = nullptr;  // the request's block-table row
+  int block_size = 0;
+  int kv_head = 0;
+  int head_size = 0;
+  KeyRange keys;
+  double scale = 1.0;
+  double softcap = 0.0;      // > 0: s = c * tanh(s / c), after scaling
+  double alibi_slope = 0.0;  // s += -slope * |pos - j|, after softcap
+  bool has_sink = false;
+  double sink = 0.0;  // logit joining the denominator with no value
+};
+
+// Per-thread scratch so a row allocates nothing once warm.
+struct RowScratch {
+  std::vector<double> logits;
+  std::vector<float> kv_row;
+};
+
+// Writes o (head_size values) and returns the natural-log LSE. No visible key: o = 0 and
+// LSE = -inf, or the sink logit when there is a sink.
+double attend_row(const RowProblem& p, const double* q, const KVRowReader& k,
+                  const KVRowReader& v, double* o, RowScratch& scratch);
+
+}  // namespace attnkit::reference
