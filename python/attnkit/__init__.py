@@ -9,7 +9,7 @@ PyTorch version.
   BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper, merge_state,
   merge_state_in_place (module attnkit.flashinfer also has merge_states)
 - native API: backends, select, KVCacheSpec, kv_cache_shape, kv_cache_stride_order, write_kv,
-  merge_states (natural-log LSE)
+  merge_states (natural-log LSE), AttentionLayer (selector + builder + impl: the engine path)
 - errors: AttnkitError (a ValueError) carrying the library's message
 """
 
@@ -17,13 +17,13 @@ from ._attnkit import AttnkitError, cuda_built
 from .flash_attn import flash_attn_varlen_func, reshape_and_cache_flash
 from .flashinfer import (BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper,
                          BatchPrefillWithRaggedKVCacheWrapper, merge_state, merge_state_in_place)
-from .native import (KVCacheSpec, Refusal, Selection, backends, kv_cache_shape, kv_cache_stride_order,
-                     merge_states, select, write_kv)
+from .native import (AttentionLayer, KVCacheSpec, LayerMetadata, Refusal, Selection, backends, kv_cache_shape,
+                     kv_cache_stride_order, merge_states, select, write_kv)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AttnkitError", "cuda_built", "flash_attn_varlen_func", "reshape_and_cache_flash",
+    "AttentionLayer", "LayerMetadata", "AttnkitError", "cuda_built", "flash_attn_varlen_func", "reshape_and_cache_flash",
     "BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper", "merge_state", "merge_state_in_place", "KVCacheSpec",
     "Refusal", "Selection", "backends", "kv_cache_shape", "kv_cache_stride_order", "merge_states",

@@ -112,3 +112,111 @@ def merge_states(out_a, lse_a, out_b, lse_b, out=None, lse_out=None, *, return_l
     with A.device_guard(out):
         _C.merge_states(out_a, lse_a, out_b, lse_b, out, lse_out, A.resolve_stream(stream, out))
     return (out, lse_out) if return_lse else out
+
+
+class LayerMetadata:
+    """A batch's metadata as the layer's backend builder made it (keeps the device copies of
+    the small arrays alive for the kernels)."""
+
+    def __init__(self, native, device_arrays):
+        self._native = native
+        self._device_arrays = device_arrays
+
+    num_reqs = property(lambda self: self._native.num_reqs)
+    num_actual_tokens = property(lambda self: self._native.num_actual_tokens)
+    max_query_len = property(lambda self: self._native.max_query_len)
+    max_seq_len = property(lambda self: self._native.max_seq_len)
+    causal = property(lambda self: self._native.causal)
+
+
+class AttentionLayer:
+    """One attention layer through attnkit's own backend abstraction: the selector picks the
+    backend (or `backend=` names it), its builder turns batch metadata into the backend's own,
+    its impl runs forward. This is the C++ engine path, from Python.
+
+    Example (CPU): layer = AttentionLayer(8, 2, 64, "float32"); md = layer.build_metadata(
+    query_start_loc, seq_lens, block_table, slot_mapping); out = layer.forward(q, k, v, kv_cache, md)
+    with kv_cache of shape layer.kv_cache_physical_shape(num_blocks).
+    """
+
+    def __init__(self, num_heads, num_kv_heads, head_size, dtype="bfloat16", kv_cache_dtype="auto", block_size=16,
+                 layout="NHD", *, sinks=False, alibi=False, softcap=False, sliding_window=False, non_causal=False,
+                 lse=False, device="cpu", num_sms=0, backend=None):
+        self._device = device
+        self._native = _C.Layer(int(num_heads), int(num_kv_heads), int(head_size), str(dtype), str(kv_cache_dtype),
+                                int(block_size), str(layout), bool(sinks), bool(alibi), bool(softcap),
+                                bool(sliding_window), bool(non_causal), bool(lse), _device_cc(device),
+                                int(num_sms), backend)
+
+    backend = property(lambda self: self._native.backend, doc="the chosen backend's name")
+    variant = property(lambda self: self._native.variant, doc="the kernel generation / path, with why")
+    reorder_batch_threshold = property(lambda self: self._native.reorder_batch_threshold)
+
+    def kv_cache_shape(self, num_blocks):
+        """The backend's logical cache shape (num_blocks, 2, block_size, num_kv_heads, row)."""
+        return tuple(self._native.kv_cache_shape(int(num_blocks)))
+
+    def kv_cache_physical_shape(self, num_blocks):
+        """The shape to allocate: the logical shape in the layout's stride order."""
+        shape = self.kv_cache_shape(num_blocks)
+        return tuple(shape[d] for d in self._native.kv_cache_stride_order())
+
+    def build_metadata(self, query_start_loc, seq_lens, block_table, slot_mapping, causal=True):
+        """query_start_loc int32 [num_reqs+1], seq_lens int32 [num_reqs], block_table int32
+        [num_reqs, max_blocks], slot_mapping int64 [num_tokens]: host arrays, or CUDA tensors
+        (then the host copies are made here). On a CUDA layer host arrays are copied to the
+        device with PyTorch."""
+        where = "AttentionLayer.build_metadata"
+        given = (query_start_loc, seq_lens, block_table, slot_mapping)
+        host = [A.host_int32(x, where, n) for x, n in zip(given[:3], ("query_start_loc", "seq_lens", "block_table"))]
+        host.append(_host_int64(slot_mapping, where))
+        dev = [None] * 4
+        on_gpu = [x for x in given if A.is_cuda(x)]
+        if on_gpu or _device_cc(self._device) != 0:
+            import torch
+
+            target = on_gpu[0].device if on_gpu and A.is_torch(on_gpu[0]) else \
+                (self._device if str(self._device).startswith("cuda") else "cuda")
+            dev = [_device_int(x, h, target) for x, h in zip(given, host)]
+        native = self._native.build(*host, bool(causal), *dev)
+        return LayerMetadata(native, dev)
+
+    def forward(self, q, k, v, kv_cache, metadata, out=None, *, scale=None, window_size=(-1, -1), softcap=0.0,
+                alibi_slopes=None, sinks=None, k_scale=None, v_scale=None, return_lse=False, stream=None):
+        """Attention of the batch's new tokens: q [num_tokens, num_heads, head_size], k / v the
+        new tokens' K/V (may be None: they are already in the cache), kv_cache the physically
+        shaped cache. Returns out, or (out, lse) with lse [num_heads, num_tokens] natural log."""
+        where = "AttentionLayer.forward"
+        A.check_array(q, where, "q")
+        kv_cache, _ = A.split_fp8(kv_cache)
+        if out is None:
+            out = A.empty(q, q.shape)
+        lse = A.empty(q, (q.shape[1], q.shape[0]), "float32") if return_lse else None
+        left, right = (int(w) for w in window_size)
+        with A.device_guard(q):
+            self._native.forward(q, k, v, kv_cache, metadata._native, out, 0.0 if scale is None else float(scale),
+                                 left, right, float(softcap or 0.0), A.as_float32(alibi_slopes, where, "alibi_slopes"),
+                                 A.as_float32(sinks, where, "sinks"), A.scale_like(k_scale, kv_cache, where, "k_scale"),
+                                 A.scale_like(v_scale, kv_cache, where, "v_scale"), lse, A.resolve_stream(stream, q))
+        return (out, lse) if return_lse else out
+
+
+def _host_int64(x, where):
+    import numpy as np
+
+    if A.is_torch(x):
+        x = x.detach().cpu().numpy()
+    a = np.asarray(x)
+    if a.dtype.kind not in "iu":
+        A.fail(where, f"slot_mapping.dtype = {a.dtype}", "must be an integer array")
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def _device_int(x, host, target):
+    """The device copy the kernels read: x itself when it is a CUDA array of the right dtype,
+    else the host copy moved to `target` with PyTorch."""
+    if A.is_cuda(x) and A.dtype_name(x) == host.dtype.name:
+        return A.contiguous(x)
+    import torch
+
+    return torch.from_numpy(host).to(target)

@@ -11,6 +11,7 @@ namespace attnkit::py {
 void register_varlen(nb::module_& m);
 void register_kv_ops(nb::module_& m);
 void register_native(nb::module_& m);
+void register_layer(nb::module_& m);
 void register_cli(nb::module_& m);
 }  // namespace attnkit::py
 
@@ -26,5 +27,6 @@ NB_MODULE(_attnkit, m) {
   attnkit::py::register_varlen(m);
   attnkit::py::register_kv_ops(m);
   attnkit::py::register_native(m);
+  attnkit::py::register_layer(m);
   attnkit::py::register_cli(m);
 }

@@ -291,6 +291,24 @@ def test_cuda_mixed_devices_are_refused():
                                        block_table=b.block_table)
 
 
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_cuda_attention_layer_engine_path(dtype):
+    # selector -> builder -> impl on the GPU, with the cache written by the native write_kv.
+    H, Hkv, D, bs = 16, 4, 128, 16
+    layer = attnkit.AttentionLayer(H, Hkv, D, str(dtype).split(".")[-1], block_size=bs, device="cuda", lse=True)
+    assert layer.backend != "reference"
+    b = TorchBatch(Q_LENS, KV_LENS, H, Hkv, D, bs, dtype, "cuda", seed=21)
+    cache = b.kv_cache.contiguous()
+    assert tuple(cache.shape) == layer.kv_cache_physical_shape(cache.shape[0])
+    slots = []
+    for r, (ql, kl) in enumerate(zip(Q_LENS, KV_LENS)):
+        slots += [int(b.block_table[r, p // bs]) * bs + p % bs for p in range(kl - ql, kl)]
+    md = layer.build_metadata(b.cu_seqlens_q, b.seqused_k, b.block_table, torch.tensor(slots, device="cuda"))
+    out, lse = layer.forward(b.q, None, None, cache, md, return_lse=True)
+    check(b, (out, lse), b.reference(causal=True), "layer")
+
+
 # ---- reshape_and_cache_flash on CUDA --------------------------------------------------------------
 
 def torch_write(key, value, k_cache, v_cache, slots, fmt, k_scale, v_scale):
