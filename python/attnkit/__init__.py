@@ -18,7 +18,8 @@ from .flash_attn import flash_attn_varlen_func, reshape_and_cache_flash
 from .flashinfer import (BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper,
                          BatchPrefillWithRaggedKVCacheWrapper, merge_state, merge_state_in_place)
 from .native import (AttentionLayer, KVCacheSpec, LayerMetadata, Refusal, Selection, backends, kv_cache_shape,
-                     kv_cache_stride_order, merge_states, select, write_kv)
+                     kv_cache_stride_order, merge_states, select, write_kv, split_decodes_and_prefills,
+                     decode_first_order)
 
 __version__ = "0.1.0"
 
@@ -27,5 +28,5 @@ __all__ = [
     "BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper", "merge_state", "merge_state_in_place", "KVCacheSpec",
     "Refusal", "Selection", "backends", "kv_cache_shape", "kv_cache_stride_order", "merge_states",
-    "select", "write_kv",
+    "select", "write_kv", "split_decodes_and_prefills", "decode_first_order",
 ]

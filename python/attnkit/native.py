@@ -70,6 +70,24 @@ def select(num_heads, num_kv_heads, head_size, dtype="bfloat16", kv_cache_dtype=
     return Selection(d["backend"], d["variant"], [Refusal(r["backend"], list(r["reasons"])) for r in d["refused"]])
 
 
+def split_decodes_and_prefills(query_start_loc, seq_lens, decode_threshold=1):
+    """(num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens) of a batch ordered
+    decodes first (a decode has query_len <= decode_threshold); AttnkitError names the first
+    decode found after a prefill."""
+    where = "split_decodes_and_prefills"
+    d = _C.split_decodes_and_prefills(A.host_int32(query_start_loc, where, "query_start_loc"),
+                                      A.host_int32(seq_lens, where, "seq_lens"), int(decode_threshold))
+    return d["num_decodes"], d["num_prefills"], d["num_decode_tokens"], d["num_prefill_tokens"]
+
+
+def decode_first_order(query_start_loc, seq_lens, decode_threshold=1):
+    """The permutation (list) that puts decodes first, stable within each group: new request i
+    is old request perm[i]."""
+    where = "decode_first_order"
+    return list(_C.decode_first_order(A.host_int32(query_start_loc, where, "query_start_loc"),
+                                      A.host_int32(seq_lens, where, "seq_lens"), int(decode_threshold)))
+
+
 def kv_cache_shape(backend, num_blocks, block_size, num_kv_heads, head_size, cache_dtype="bfloat16"):
     """The backend's logical KV cache shape (num_blocks, 2, block_size, num_kv_heads, row)."""
     return tuple(_C.kv_cache_shape(backend, int(num_blocks), int(block_size), int(num_kv_heads),

@@ -10,6 +10,7 @@
 #include "attnkit/backend.h"
 #include "attnkit/error.h"
 #include "attnkit/kv_cache.h"
+#include "attnkit/metadata.h"
 #include "attnkit/selector.h"
 #include "convert.h"
 
@@ -155,6 +156,32 @@ void native_write_kv(const InArray& key, const InArray& value, const InArray& kv
            to_view(slot_mapping, where, "slot_mapping"), scales, stream_ptr(stream));
 }
 
+// The batch shape of host arrays query_start_loc [num_reqs + 1] / seq_lens [num_reqs], for the
+// decode/prefill helpers (which read nothing else).
+CommonAttentionMetadata batch_shape(const InArray& query_start_loc, const InArray& seq_lens,
+                                    std::string_view where) {
+  CommonAttentionMetadata md;
+  md.query_start_loc = host_int32(to_view(query_start_loc, where, "query_start_loc"), where, "query_start_loc");
+  md.seq_lens = host_int32(to_view(seq_lens, where, "seq_lens"), where, "seq_lens");
+  md.finalize();
+  return md;
+}
+
+nb::dict split(const InArray& query_start_loc, const InArray& seq_lens, int decode_threshold) {
+  const auto s = split_decodes_and_prefills(
+      batch_shape(query_start_loc, seq_lens, "split_decodes_and_prefills"), decode_threshold);
+  nb::dict d;
+  d["num_decodes"] = s.num_decodes;
+  d["num_prefills"] = s.num_prefills;
+  d["num_decode_tokens"] = s.num_decode_tokens;
+  d["num_prefill_tokens"] = s.num_prefill_tokens;
+  return d;
+}
+
+std::vector<int> decode_first(const InArray& query_start_loc, const InArray& seq_lens, int decode_threshold) {
+  return decode_first_order(batch_shape(query_start_loc, seq_lens, "decode_first_order"), decode_threshold);
+}
+
 }  // namespace
 
 void register_native(nb::module_& m) {
@@ -171,6 +198,13 @@ void register_native(nb::module_& m) {
   m.def("write_kv", &native_write_kv, nb::arg("key"), nb::arg("value"), nb::arg("kv_cache"),
         nb::arg("slot_mapping"), nb::arg("layout"), nb::arg("kv_cache_dtype"),
         nb::arg("k_scale").none(), nb::arg("v_scale").none(), nb::arg("stream"));
+
+  m.def("split_decodes_and_prefills", &split, nb::arg("query_start_loc"), nb::arg("seq_lens"),
+        nb::arg("decode_threshold") = 1,
+        "Counts of a decodes-first batch: num_decodes, num_prefills and their tokens.");
+  m.def("decode_first_order", &decode_first, nb::arg("query_start_loc"), nb::arg("seq_lens"),
+        nb::arg("decode_threshold") = 1,
+        "The request permutation that puts decodes first (stable): new i is old perm[i].");
 
   nb::class_<KVCacheSpec>(m, "KVCacheSpec",
                           "Paged KV cache spec: logical shape (num_blocks, 2, block_size, "

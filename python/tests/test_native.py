@@ -92,3 +92,17 @@ def test_native_merge_states_natural_log():
     assert_close(out, exp_o, 1e-6, 1e-5, "merge out")
     assert_close(lse, exp_l, 1e-6, 1e-5, "merge lse")
     assert math.isclose(float(lse[1, 2]), float(lse_a[1, 2]), rel_tol=1e-6)
+
+
+def test_decode_prefill_helpers():
+    # query lens 1, 4, 1, 0, 3: the empty request counts as a decode (0 <= threshold 1).
+    qsl = np.array([0, 1, 5, 6, 6, 9], np.int32)
+    seq = np.array([10, 4, 7, 3, 9], np.int32)
+    perm = attnkit.decode_first_order(qsl, seq)
+    assert perm == [0, 2, 3, 1, 4]
+    ordered_q = [[1, 4, 1, 0, 3][i] for i in perm]
+    qsl2 = np.concatenate([[0], np.cumsum(ordered_q)]).astype(np.int32)
+    assert attnkit.split_decodes_and_prefills(qsl2, seq[perm]) == (3, 2, 2, 7)
+    with pytest.raises(attnkit.AttnkitError, match="decode"):
+        attnkit.split_decodes_and_prefills(qsl, seq)  # a decode after a prefill
+    assert attnkit.decode_first_order(qsl, seq, decode_threshold=3) == [0, 2, 3, 4, 1]
