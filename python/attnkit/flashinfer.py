@@ -26,7 +26,11 @@ def _dtype_str(dt) -> str | None:
     """FlashInfer's data type arguments (strings or framework dtypes) as one name."""
     if dt is None:
         return None
-    name = str(dt).split(".")[-1]
+    if isinstance(dt, str):
+        return _DTYPE_ALIASES.get(dt, dt)
+    if isinstance(dt, type) or isinstance(dt, np.dtype):  # NumPy scalar types and dtypes
+        return np.dtype(dt).name
+    name = str(dt).split(".")[-1]  # torch.float16 -> "float16"
     return _DTYPE_ALIASES.get(name, name)
 
 

@@ -429,3 +429,18 @@ def test_cpu_torch_fp8_cache_and_write():
     torch_write(key, key, exp[:, 0], exp[:, 1], slots, "e4m3", ks, ks)
     attnkit.reshape_and_cache_flash(key, key, cache[:, 0], cache[:, 1], slots, "auto", ks, ks)
     assert torch.equal(cache.view(torch.uint8), exp.view(torch.uint8))
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_cpu_torch_flashinfer_decode(layout):
+    b = TorchBatch([1] * 4, [3, 16, 40, 77], 8, 2, 64, 16, torch.bfloat16, "cpu", layout=layout, seed=14)
+    pages = [-(-n // 16) for n in b.seqused_k.tolist()]
+    indptr = torch.tensor([0] + list(np.cumsum(pages)), dtype=torch.int32)
+    indices = torch.cat([b.block_table[r, :p] for r, p in enumerate(pages)])
+    last = torch.tensor([n - (p - 1) * 16 for n, p in zip(b.seqused_k.tolist(), pages)], dtype=torch.int32)
+    w = attnkit.BatchDecodeWithPagedKVCacheWrapper(torch.empty(0, dtype=torch.uint8), kv_layout=layout)
+    w.plan(indptr, indices, last, 8, 2, 64, 16, q_data_type=torch.bfloat16, logits_soft_cap=8.0)
+    out, lse = w.run(b.q, b.kv_cache, return_lse=True)
+    exp_out, exp_lse = b.reference(causal=True, softcap=8.0)
+    assert_close_t(out, exp_out, *tol(torch.bfloat16), "flashinfer cpu torch out")
+    assert_close_t(lse, (exp_lse / math.log(2)).T, 2e-3, 2e-3, "flashinfer cpu torch lse (base 2)")
