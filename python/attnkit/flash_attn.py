@@ -44,19 +44,18 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
     the FlashAttention-style kernel, on `stream` (default: PyTorch's / CuPy's current stream).
 
     Differences from vllm_flash_attn: fp8 caches may also be uint8 tensors with
-    kv_cache_dtype='fp8' / 'fp8_e4m3' / 'fp8_e5m2' (NumPy has no fp8 dtype); q_descale (fp8
-    queries) and dropout are refused; scheduler_metadata and fa_version are accepted and
-    ignored; num_splits 0 means 1 on the GPU (no split-KV unless asked for); on the CPU,
+    kv_cache_dtype='fp8' / 'fp8_e4m3' / 'fp8_e5m2' (NumPy has no fp8 dtype); fp8 queries and
+    dropout are refused; q_descale, scheduler_metadata and fa_version are accepted and ignored; num_splits 0 means 1 on the GPU (no split-KV unless asked for); on the CPU,
     max_seqlen_q / max_seqlen_k must bound the true lengths (the GPU trusts them).
     """
     where = "flash_attn_varlen_func"
     for name, x in (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q)):
         A.check_array(x, where, name)
-    if q_descale is not None:
-        A.fail(where, "q_descale = given", "fp8 queries are not supported (q must be float32/float16/bfloat16)")
     if dropout_p:
         A.fail(where, f"dropout_p = {dropout_p}", "must be 0 (attnkit is for inference)")
-    del scheduler_metadata, fa_version  # accepted for call compatibility; attnkit plans itself
+    # Accepted for call compatibility: attnkit plans its own schedule, and q is never fp8 (its
+    # dtype check refuses it), so q_descale has nothing to scale, as in FlashAttention.
+    del scheduler_metadata, fa_version, q_descale
     left, right = _window(window_size, where)
     k, k_fmt = A.split_fp8(k)
     v, v_fmt = A.split_fp8(v)

@@ -100,10 +100,13 @@ def test_fp8_cache(fmt, per_head, layout):
     check(b, got, b.expected(causal=True), np.float32, f"fp8 {fmt} {layout}")
 
 
-def test_fp8_descale_ignored_for_16bit_cache():
+def test_descales_ignored_for_16bit_cache_and_16bit_q():
+    # vLLM passes q/k/v descales on every call; FlashAttention uses them only for fp8 data.
     rng = np.random.default_rng(8)
     b = PagedBatch(rng, Q_LENS, KV_LENS, 4, 2, 32, 16)
-    got = run_paged(b, causal=True, k_descale=np.full((4, 2), 3.0, np.float32))
+    three = np.full((4, 2), 3.0, np.float32)
+    got = run_paged(b, causal=True, q_descale=three, k_descale=three, v_descale=three,
+                    scheduler_metadata=np.zeros(8, np.int32), fa_version=3)
     check(b, got, b.expected(causal=True), np.float32, "descale on f32 cache")
 
 
