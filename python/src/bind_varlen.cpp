@@ -116,8 +116,12 @@ PagedKV identity_cache(const TensorView& k, const TensorView& v) {
   kv.block_size = kIdentityBlock;
   kv.num_kv_heads = static_cast<int>(k.shape[1]);
   kv.head_size = static_cast<int>(k.shape[2]);
-  kv.k = {k.data, nullptr, k.strides[0], k.strides[0], k.strides[1], 0, 0, 0};
-  kv.v = {v.data, nullptr, v.strides[0], v.strides[0], v.strides[1], 0, 0, 0};
+  for (auto [side, t] : {std::pair{&kv.k, &k}, {&kv.v, &v}}) {
+    side->base = t->data;
+    side->stride_block = t->strides[0];  // block b starts at row b ...
+    side->stride_slot = t->strides[0];   // ... and its slots are the rows after it
+    side->stride_head = t->strides[1];
+  }
   return kv;
 }
 
