@@ -47,6 +47,8 @@ def check_array(x, where: str, name: str):
     """Rejects objects that are not arrays with a clear message (before nanobind would)."""
     if not hasattr(x, "__dlpack__") and not isinstance(x, np.ndarray):
         fail(where, f"{name} = {type(x).__name__}", "must be an array (NumPy, PyTorch, CuPy, JAX: any DLPack producer)")
+    if getattr(x, "requires_grad", False):  # PyTorch refuses to export these through DLPack
+        fail(where, f"{name}.requires_grad = True", "attnkit has no backward: pass tensor.detach() (or run under torch.inference_mode())")
 
 
 def resolve_stream(stream, *arrays) -> int:

@@ -417,6 +417,13 @@ def test_cpu_torch_tensors(dtype):
     check(b, b.run(causal=True, softcap=10.0), b.reference(causal=True, softcap=10.0), "cpu torch")
 
 
+def test_cpu_torch_requires_grad_is_refused_clearly():
+    b = TorchBatch([1], [16], 2, 2, 16, 16, torch.float32, "cpu")
+    with pytest.raises(attnkit.AttnkitError, match="requires_grad"):
+        attnkit.flash_attn_varlen_func(b.q.clone().requires_grad_(), *b.views(), 1, b.cu_seqlens_q, 16,
+                                       seqused_k=b.seqused_k, block_table=b.block_table)
+
+
 def test_cpu_torch_fp8_cache_and_write():
     b = TorchBatch([2, 1], [20, 33], 4, 2, 32, 16, torch.float32, "cpu", fp8="e4m3", seed=13)
     ks = torch.tensor([0.5])
