@@ -83,6 +83,17 @@ def _refuse(where, **features):
             A.fail(where, f"{name} = {value!r}", f"is not supported by attnkit (leave it at {default!r})")
 
 
+# plan() options that cannot change the result here (split-KV knobs: the CPU path is
+# deterministic and unsplit); any other extra option must be left at None / False.
+_HARMLESS = {"non_blocking", "fixed_split_size", "disable_split_kv", "enable_pdl"}
+
+
+def _refuse_extras(where, extras):
+    for name, value in extras.items():
+        if name not in _HARMLESS and value is not None and value is not False:
+            A.fail(where, f"{name} = {value!r}", "is not supported by attnkit (leave it unset)")
+
+
 def _assign(dst, src):
     if A.is_torch(dst):
         dst.copy_(src)
@@ -231,8 +242,9 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
              pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, q_data_type="float16",
              kv_data_type=None, data_type=None, sm_scale=None, rope_scale=None, rope_theta=None,
-             non_blocking=True, *, o_data_type=None, q_len_per_req=1, **unused):
+             non_blocking=True, *, o_data_type=None, q_len_per_req=1, **extras):
         where = f"{self._name}.plan"
+        _refuse_extras(where, extras)
         _refuse(where, pos_encoding_mode=(pos_encoding_mode, "NONE"), rope_scale=(rope_scale, None),
                 rope_theta=(rope_theta, None), q_len_per_req=(q_len_per_req, 1))
         if o_data_type is not None and _dtype_str(o_data_type) != _dtype_str(data_type or q_data_type):
@@ -274,8 +286,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
              num_kv_heads, head_dim_qk, page_size, head_dim_vo=None, custom_mask=None,
              packed_custom_mask=None, causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False,
              sm_scale=None, window_left=-1, logits_soft_cap=None, rope_scale=None, rope_theta=None,
-             q_data_type="float16", kv_data_type=None, o_data_type=None, non_blocking=True, **unused):
+             q_data_type="float16", kv_data_type=None, o_data_type=None, non_blocking=True, **extras):
         where = f"{self._name}.plan"
+        _refuse_extras(where, extras)
         _refuse(where, custom_mask=(custom_mask, None), packed_custom_mask=(packed_custom_mask, None),
                 pos_encoding_mode=(pos_encoding_mode, "NONE"), use_fp16_qk_reduction=(use_fp16_qk_reduction, False),
                 rope_scale=(rope_scale, None), rope_theta=(rope_theta, None))
@@ -322,8 +335,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
              custom_mask=None, packed_custom_mask=None, causal=False, pos_encoding_mode="NONE",
              use_fp16_qk_reduction=False, window_left=-1, logits_soft_cap=None, sm_scale=None,
              rope_scale=None, rope_theta=None, q_data_type="float16", kv_data_type=None,
-             o_data_type=None, non_blocking=True, **unused):
+             o_data_type=None, non_blocking=True, **extras):
         where = f"{self._name}.plan"
+        _refuse_extras(where, extras)
         _refuse(where, custom_mask=(custom_mask, None), packed_custom_mask=(packed_custom_mask, None),
                 pos_encoding_mode=(pos_encoding_mode, "NONE"), use_fp16_qk_reduction=(use_fp16_qk_reduction, False),
                 rope_scale=(rope_scale, None), rope_theta=(rope_theta, None))

@@ -143,6 +143,7 @@ PLAN_CASES = {
     "indices short": (dict(indices=np.array([0, 1], np.int32)), r"indices"),
     "rope": (dict(pos_encoding_mode="ROPE_LLAMA"), r"pos_encoding_mode"),
     "float indptr": (dict(indptr=np.array([0.0, 1.0, 3.0])), r"indptr\.dtype"),
+    "unknown option": (dict(block_tables=np.zeros((2, 2), np.int32)), r"block_tables"),
 }
 
 
