@@ -94,6 +94,11 @@ def _refuse_extras(where, extras):
             A.fail(where, f"{name} = {value!r}", "is not supported by attnkit (leave it unset)")
 
 
+def _no_positional_extras(where, args):
+    if args:
+        A.fail(where, f"{len(args)} extra positional argument(s)", "pass run()'s options by keyword")
+
+
 def _assign(dst, src):
     if A.is_torch(dst):
         dst.copy_(src)
@@ -260,6 +265,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         """q [batch_size, num_qo_heads, head_dim] -> out [batch_size, num_qo_heads, head_dim]
         (and lse [batch_size, num_qo_heads], base 2, with return_lse)."""
         where = f"{self._name}.run"
+        _no_positional_extras(where, args)
         plan = self._need_plan(where)
         A.check_array(q, where, "q")
         _cuda_refused(where, q)
@@ -310,6 +316,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         """q [qo_indptr[-1], num_qo_heads, head_dim] -> out of the same shape (and lse
         [qo_indptr[-1], num_qo_heads], base 2, with return_lse)."""
         where = f"{self._name}.run"
+        _no_positional_extras(where, args)
         plan = self._need_plan(where)
         A.check_array(q, where, "q")
         _cuda_refused(where, q)
@@ -358,6 +365,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
         """q [qo_indptr[-1], num_qo_heads, head_dim], k / v [kv_indptr[-1], num_kv_heads,
         head_dim] -> out like q (and lse [qo_indptr[-1], num_qo_heads], base 2)."""
         where = f"{self._name}.run"
+        _no_positional_extras(where, args)
         plan = self._need_plan(where)
         for name, x in (("q", q), ("k", k), ("v", v)):
             A.check_array(x, where, name)
