@@ -48,6 +48,9 @@ struct DeviceSpec {
   static DeviceSpec Cuda(int major, int minor, int sms = 0) { return {false, major, minor, sms}; }
   int cc() const { return cc_major * 10 + cc_minor; }
   std::string describe() const;  // "cpu" / "sm90"
+  // num_sms, or when unknown the SM count of the usual data-center part of this compute
+  // capability (sm80 A100 108, sm89 L40S 142, sm90 H100/H200 132, sm100 B200 148; else 108).
+  int sms_or_default() const;
 };
 
 // A model layer's attention configuration on a device: the selector's and the backends' input.
@@ -59,18 +62,35 @@ struct AttentionConfig {
   KVLayout layout = KVLayout::NHD;
   Features features;
   DeviceSpec device;
+
+  // Throws Error unless the counts are positive, num_heads % num_kv_heads == 0 and dtype is
+  // one attention computes in (a malformed configuration, as opposed to one a backend refuses).
+  void validate(std::string_view where) const;
+  // One line: "32 heads / 8 KV heads, head size 128, bf16, cache bf16, block 16, NHD, sm90".
+  std::string describe() const;
 };
+
+// The features that are on, in words ("ALiBi, sinks"); "none" when none is.
+std::string describe_features(const Features& f);
 
 struct Capabilities {
   std::vector<DType> dtypes;
   std::vector<DType> cache_dtypes;
-  std::vector<int> head_sizes;
+  std::vector<int> head_sizes;    // the sizes served; empty = any multiple of head_size_multiple_of
+  int head_size_multiple_of = 8;  // used only when head_sizes is empty
   BlockSizeRule block_sizes;
   std::vector<KVLayout> layouts;
   Features features;  // true = supported
   bool runs_on_cpu = false;
   int min_cc = 0;  // minimum compute capability (major*10+minor) on CUDA; 0 = no CUDA
 };
+
+// The capability rules `cfg` breaks, one sentence each with the value and the allowed set
+// (dtype, cache dtype, head size, block size, layout, each feature). Device rules excluded.
+std::vector<std::string> capability_refusals(const Capabilities& caps, const AttentionConfig& cfg);
+// The device rule: CPU-only backends refuse GPUs, GPU backends refuse the CPU and devices
+// below min_cc. Empty when the device is fine.
+std::vector<std::string> device_refusals(const Capabilities& caps, const DeviceSpec& device);
 
 // A backend's own metadata (each backend derives its type).
 struct BackendMetadata {
@@ -104,13 +124,19 @@ class AttentionBackend {
   virtual std::string_view name() const = 0;
   virtual Capabilities capabilities() const = 0;
   // Every rule `cfg` breaks, in words; empty means this backend can serve `cfg`. The default
-  // checks capabilities(); backends add their own rules (kernel generations, devices).
+  // is capability_refusals + device_refusals; backends add their own rules (kernel
+  // generations, devices). `cfg` must be valid (AttentionConfig::validate).
   virtual std::vector<std::string> check(const AttentionConfig& cfg) const;
   // Which kernel generation / path serves `cfg` and why, for the selector's report.
   virtual std::string variant(const AttentionConfig& /*cfg*/) const { return {}; }
+  // Default: KVCacheSpec's logical shape (num_blocks, 2, block_size, num_kv_heads, row) where
+  // row is head_size (head_size/2 + head_size/16 bytes for nvfp4); Error when the block size,
+  // cache dtype or head size is one this backend refuses.
   virtual std::vector<int64_t> get_kv_cache_shape(int64_t num_blocks, int block_size,
                                                   int num_kv_heads, int head_size,
                                                   DType cache_dtype) const;
+  // Permutation from logical to physical dims: NHD (0,1,2,3,4), HND (0,1,3,2,4); Error for a
+  // layout the backend does not serve.
   virtual std::array<int, 5> get_kv_cache_stride_order(KVLayout layout) const;
   virtual CudagraphSupport cudagraph_support(const AttentionConfig& cfg) const = 0;
   bool forward_includes_kv_cache_update() const { return false; }

@@ -23,7 +23,12 @@ struct Selection {
 // Picks the first backend of the registry that can serve cfg. With `preferred`, picks it or
 // throws Error listing every reason it cannot serve cfg. With no backend able, throws Error
 // listing every backend's reasons.
+// Throws Error for a malformed cfg (AttentionConfig::validate) or an unknown preferred name.
 Selection select_backend(const AttentionConfig& cfg,
                          std::optional<std::string_view> preferred = std::nullopt);
+
+// Every registered backend that cannot serve cfg, with its reasons, in registry order (never
+// throws for a refusal; for reports such as the CLI's when no backend can serve).
+std::vector<Refusal> refusals(const AttentionConfig& cfg);
 
 }  // namespace attnkit

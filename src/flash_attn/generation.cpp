@@ -1,0 +1,112 @@
+#include "flash_attn/generation.h"
+
+#include <algorithm>
+
+namespace attnkit::flash_attn {
+
+namespace {
+
+constexpr int kMmaSyncMinCC = 80;  // mma.sync m16n8k16 bf16 and cp.async arrive with Ampere
+constexpr int kHopperCC = 90;      // wgmma and TMA exist on sm90 only (sm100 has tcgen05)
+constexpr int kMmaSyncHeadSizes[] = {64, 96, 128, 192, 256};
+constexpr int kHopperHeadSizes[] = {64, 128, 256};  // the hot shapes
+
+template <size_t N>
+bool in(const int (&set)[N], int x) {
+  return std::find(std::begin(set), std::end(set), x) != std::end(set);
+}
+
+template <size_t N>
+std::string list(const int (&set)[N]) {
+  std::string s;
+  for (int x : set) s += (s.empty() ? "" : ", ") + std::to_string(x);
+  return s;
+}
+
+void common_rules(const AttentionConfig& cfg, std::vector<std::string>& why) {
+  if (cfg.dtype != DType::f16 && cfg.dtype != DType::bf16)
+    why.push_back("computes in f16 or bf16 only (dtype is " + std::string(dtype_name(cfg.dtype)) + ")");
+  if (cfg.device.cpu) why.push_back("is a CUDA kernel (the device is the CPU)");
+}
+
+std::vector<std::string> mma_sync_rules(const AttentionConfig& cfg) {
+  std::vector<std::string> why;
+  common_rules(cfg, why);
+  if (!cfg.device.cpu && cfg.device.cc() < kMmaSyncMinCC)
+    why.push_back("needs sm80 or newer for mma.sync bf16 tensor cores (the device is " +
+                  cfg.device.describe() + ")");
+  if (!in(kMmaSyncHeadSizes, cfg.head_size))
+    why.push_back("has kernels for head sizes " + list(kMmaSyncHeadSizes) + " only (head size is " +
+                  std::to_string(cfg.head_size) + ")");
+  const DType c = cfg.cache_dtype;
+  if (c != DType::f16 && c != DType::bf16 && !is_fp8(c))
+    why.push_back("reads f16, bf16 or FP8 caches only (cache dtype is " + std::string(dtype_name(c)) + ")");
+  return why;
+}
+
+std::vector<std::string> hopper_rules(const AttentionConfig& cfg, bool built) {
+  std::vector<std::string> why;
+  common_rules(cfg, why);
+  if (!cfg.device.cpu && cfg.device.cc() != kHopperCC)
+    why.push_back("needs sm90 (wgmma and TMA are Hopper instructions; the device is " +
+                  cfg.device.describe() + ")");
+  if (!in(kHopperHeadSizes, cfg.head_size))
+    why.push_back("has kernels for the hot head sizes " + list(kHopperHeadSizes) +
+                  " only (head size is " + std::to_string(cfg.head_size) + ")");
+  if (cfg.features.alibi) why.push_back("has no ALiBi (only the mma_sync generation adds the ALiBi bias)");
+  if (cfg.cache_dtype != DType::f16 && cfg.cache_dtype != DType::bf16)
+    why.push_back("reads 16-bit caches only (a " + std::string(dtype_name(cfg.cache_dtype)) +
+                  " cache needs the mma_sync generation's in-kernel dequantization)");
+  if (!built) why.push_back("its kernels are not built in this release (only mma_sync kernels ship)");
+  return why;
+}
+
+}  // namespace
+
+std::string_view generation_name(Generation g) {
+  return g == Generation::hopper ? "hopper" : "mma_sync";
+}
+
+std::vector<std::string> generation_refusals(Generation g, const AttentionConfig& cfg,
+                                             bool hopper_kernels_built) {
+  return g == Generation::hopper ? hopper_rules(cfg, hopper_kernels_built) : mma_sync_rules(cfg);
+}
+
+GenerationChoice choose_generation(const AttentionConfig& cfg, bool hopper_kernels_built) {
+  GenerationChoice choice;
+  for (Generation g : kGenerationPreference) {
+    auto why = generation_refusals(g, cfg, hopper_kernels_built);
+    if (why.empty() && !choice.chosen) {
+      choice.chosen = g;
+    } else if (!why.empty()) {
+      choice.refused.push_back({g, std::move(why)});
+    }
+  }
+  if (!choice.chosen) {
+    choice.why = "no kernel generation serves this configuration";
+    return choice;
+  }
+  if (*choice.chosen == Generation::hopper) {
+    choice.why = "sm90 hot shape: wgmma/TMA warp-specialized kernels";
+    return choice;
+  }
+  // mma_sync chosen: say whether hopper lost only because its kernels are not built.
+  const auto hopper_would = generation_refusals(Generation::hopper, cfg, /*built=*/true);
+  if (hopper_would.empty())
+    choice.why = "the preferred hopper generation would serve this configuration but its kernels "
+                 "are not built yet, so mma_sync (sm80+) serves it";
+  else
+    choice.why = "mma.sync kernels for sm80+ with the widest feature set";
+  return choice;
+}
+
+std::string GenerationChoice::describe() const {
+  std::string s = chosen ? std::string(generation_name(*chosen)) + " generation: " + why : why;
+  for (const auto& r : refused) {
+    s += ". " + std::string(generation_name(r.generation)) + " generation refused: ";
+    for (size_t i = 0; i < r.reasons.size(); ++i) s += (i ? "; " : "") + r.reasons[i];
+  }
+  return s;
+}
+
+}  // namespace attnkit::flash_attn

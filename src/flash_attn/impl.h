@@ -1,0 +1,41 @@
+// The FlashAttention-style impl: validates a forward call and launches the varlen kernel.
+#pragma once
+#include <cstddef>
+#include <memory>
+
+#include "attnkit/backend.h"
+#include "flash_attn/generation.h"
+
+namespace attnkit::flash_attn {
+
+class FlashAttnImpl final : public AttentionImpl {
+ public:
+  explicit FlashAttnImpl(const AttentionConfig& cfg);
+  ~FlashAttnImpl() override;
+  // Device memory for split-KV partials, owned by the caller (an engine allocates it once,
+  // sized by max_workspace_bytes for its largest batch, so CUDA-graph replays reuse it). A
+  // launch whose metadata asks for more bytes than given throws. Without it, a CUDA build
+  // allocates (and keeps, growing) its own on the first split launch that needs it, which
+  // must then not be inside a CUDA-graph capture; a CPU build throws.
+  void set_workspace(void* device_ptr, size_t bytes);
+  // The workspace any batch of up to max_tokens tokens can need (kMaxSplits splits).
+  size_t max_workspace_bytes(int64_t max_tokens) const;
+  Generation generation() const { return generation_; }
+
+  void forward(const TensorView& q, const TensorView& k, const TensorView& v,
+               const TensorView& kv_cache, const BackendMetadata& metadata,
+               const AttentionParams& params, const TensorView& out,
+               void* stream = nullptr) override;
+
+ private:
+  AttentionConfig cfg_;
+  Generation generation_;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  struct OwnedWorkspace;  // a device buffer, CUDA builds only
+  std::unique_ptr<OwnedWorkspace> owned_;
+  // The workspace for a launch needing `bytes`: the caller's, else the owned one.
+  void* workspace_for(size_t bytes, int num_splits);
+};
+
+}  // namespace attnkit::flash_attn

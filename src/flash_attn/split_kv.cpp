@@ -1,0 +1,78 @@
+#include "flash_attn/split_kv.h"
+
+#include <algorithm>
+
+#include "attnkit/error.h"
+
+namespace attnkit::flash_attn {
+
+namespace {
+
+constexpr std::string_view kWhere = "flash_attn split-KV decision";
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+void validate(const SplitKVInput& in) {
+  ATTNKIT_REQUIRE(in.num_kv_heads > 0 && in.num_heads % in.num_kv_heads == 0, kWhere, "num_heads",
+                  in.num_heads, "must be a positive multiple of num_kv_heads = " + std::to_string(in.num_kv_heads));
+  ATTNKIT_REQUIRE(in.query_start_loc.size() == in.seq_lens.size() + 1, kWhere,
+                  "query_start_loc.size()", in.query_start_loc.size(),
+                  "must be num_reqs + 1 = " + std::to_string(in.seq_lens.size() + 1));
+  ATTNKIT_REQUIRE(in.num_sms > 0, kWhere, "num_sms", in.num_sms, "must be > 0");
+  ATTNKIT_REQUIRE(in.max_splits >= 1, kWhere, "max_splits", in.max_splits, "must be >= 1");
+  ATTNKIT_REQUIRE(in.decode_threshold >= 1, kWhere, "decode_threshold", in.decode_threshold, "must be >= 1");
+}
+
+}  // namespace
+
+int64_t split_kv_work_items(const SplitKVInput& in) {
+  validate(in);
+  const int group = in.num_heads / in.num_kv_heads;
+  int64_t items = 0;
+  for (size_t r = 0; r + 1 < in.query_start_loc.size(); ++r) {
+    const int64_t q = in.query_start_loc[r + 1] - in.query_start_loc[r];
+    ATTNKIT_REQUIRE(q >= 0, kWhere, "query_len[" + std::to_string(r) + "]", q, "must be >= 0");
+    if (q == 0) continue;
+    const int64_t tiles = q <= in.decode_threshold ? ceil_div(q * group, kQTileRows)
+                                                   : group * ceil_div(q, kQTileRows);
+    items += in.num_kv_heads * tiles;
+  }
+  return items;
+}
+
+SplitKVDecision decide_num_splits(const SplitKVInput& in) {
+  SplitKVDecision d;
+  d.work_items = split_kv_work_items(in);
+  d.cta_slots = static_cast<int64_t>(in.num_sms) * kCtasPerSm;
+  if (d.work_items == 0) {
+    d.reason = "no query tokens: nothing to split";
+    return d;
+  }
+  if (d.work_items >= kFillFraction * d.cta_slots) {
+    d.reason = std::to_string(d.work_items) + " work items fill >= 80% of " +
+               std::to_string(d.cta_slots) + " CTA slots";
+    return d;
+  }
+  int32_t max_kv = 0;  // longest KV among requests that have queries
+  for (size_t r = 0; r < in.seq_lens.size(); ++r)
+    if (in.query_start_loc[r + 1] > in.query_start_loc[r]) max_kv = std::max(max_kv, in.seq_lens[r]);
+  const int64_t by_fill = ceil_div(d.cta_slots, d.work_items);
+  const int64_t by_kv = max_kv / kMinKVPerSplit;
+  int64_t s = std::min({by_fill, static_cast<int64_t>(kMaxSplits), static_cast<int64_t>(in.max_splits), by_kv});
+  if (s <= 1) {
+    d.reason = in.max_splits == 1 ? "splitting disabled by the caller (max_splits = 1)"
+                                  : "KV of " + std::to_string(max_kv) + " tokens is too short to split (each split needs >= " +
+                                        std::to_string(kMinKVPerSplit) + ")";
+    return d;
+  }
+  // Drop splits that do not shorten the longest split (in KV tiles).
+  const int64_t tiles = ceil_div(max_kv, kKVTileTokens);
+  while (s > 1 && ceil_div(tiles, s - 1) == ceil_div(tiles, s)) --s;
+  d.num_splits = static_cast<int>(s);
+  d.reason = std::to_string(d.work_items) + " work items for " + std::to_string(d.cta_slots) +
+             " CTA slots: " + std::to_string(s) + " splits of <= " +
+             std::to_string(ceil_div(tiles, s) * kKVTileTokens) + " KV tokens";
+  return d;
+}
+
+}  // namespace attnkit::flash_attn

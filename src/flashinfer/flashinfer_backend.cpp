@@ -1,0 +1,128 @@
+#include "flashinfer/flashinfer_backend.h"
+
+#include <algorithm>
+#include <string>
+
+#include "attnkit/error.h"
+#include "flashinfer/flashinfer_impl.h"
+#include "flashinfer/metadata_builder.h"
+
+namespace attnkit {
+namespace flashinfer {
+
+int group_size(const AttentionConfig& cfg) {
+  if (cfg.num_heads <= 0 || cfg.num_kv_heads <= 0 || cfg.num_heads % cfg.num_kv_heads != 0) return 0;
+  return cfg.num_heads / cfg.num_kv_heads;
+}
+
+std::vector<int> block_sizes_for(const AttentionConfig& cfg) {
+  std::vector<int> sizes(std::begin(kSmallPageSizes), std::end(kSmallPageSizes));
+  if (group_size(cfg) > 1 && !cfg.device.cpu && cfg.device.cc() >= kLargePageMinCC)
+    sizes.insert(sizes.end(), std::begin(kLargePageSizes), std::end(kLargePageSizes));
+  return sizes;
+}
+
+bool decode_uses_tensor_cores(int group) { return group > 1; }
+
+namespace {
+
+bool is_large_page(int block_size) {
+  return std::find(std::begin(kLargePageSizes), std::end(kLargePageSizes), block_size) !=
+         std::end(kLargePageSizes);
+}
+
+class FlashInferBackend final : public AttentionBackend {
+  // Builders and impls are made only for configurations check() accepts.
+  void require_serves(const AttentionConfig& cfg, std::string_view where) const {
+    const auto why = check(cfg);
+    if (why.empty()) return;
+    std::string all;
+    for (const auto& w : why) all += (all.empty() ? "" : "; ") + w;
+    throw Error(std::string(where), "configuration", "the flashinfer backend must serve it: " + all);
+  }
+
+ public:
+  std::string_view name() const override { return "flashinfer"; }
+
+  // The block-size list is the union over configurations (what the kernels take at all);
+  // check() narrows it per configuration: large pages need GQA on sm90+.
+  Capabilities capabilities() const override {
+    Capabilities c;
+    c.dtypes = {DType::f16, DType::bf16};
+    c.cache_dtypes = {DType::f16, DType::bf16, DType::fp8_e4m3, DType::fp8_e5m2, DType::nvfp4};
+    c.head_sizes = {64, 128, 256};
+    std::vector<int> sizes(std::begin(kSmallPageSizes), std::end(kSmallPageSizes));
+    sizes.insert(sizes.end(), std::begin(kLargePageSizes), std::end(kLargePageSizes));
+    c.block_sizes = BlockSizeRule::List(std::move(sizes));
+    c.layouts = {KVLayout::NHD, KVLayout::HND};
+    c.features.sinks = true;
+    c.features.alibi = false;
+    c.features.softcap = true;
+    c.features.sliding_window = true;
+    c.features.non_causal = true;  // served by the prefill path
+    c.features.lse = true;
+    c.runs_on_cpu = false;
+    c.min_cc = 80;
+    return c;
+  }
+
+  std::vector<std::string> check(const AttentionConfig& cfg) const override {
+    auto why = AttentionBackend::check(cfg);
+    if (!is_large_page(cfg.block_size)) return why;
+    const int g = group_size(cfg);
+    if (g == 1)
+      why.push_back("block size " + std::to_string(cfg.block_size) +
+                    " needs a GQA/MQA model (num_heads / num_kv_heads > 1, here " +
+                    std::to_string(cfg.num_heads) + " / " + std::to_string(cfg.num_kv_heads) +
+                    "): pages of 128..1024 tokens are read only by the kernels that pack a "
+                    "query-head group into one tile; MHA takes 16, 32 or 64");
+    if (!cfg.device.cpu && cfg.device.cc() < kLargePageMinCC)
+      why.push_back("block size " + std::to_string(cfg.block_size) +
+                    " needs sm90 or newer (the device is " + cfg.device.describe() +
+                    "): pages of 128..1024 tokens are served by the Hopper kernels only");
+    return why;
+  }
+
+  std::string variant(const AttentionConfig& cfg) const override {
+    const int g = group_size(cfg);
+    std::string v = decode_uses_tensor_cores(g)
+                        ? "decode on tensor cores (GQA group of " + std::to_string(g) +
+                              " packed into the query tile)"
+                        : "decode on CUDA cores (MHA: one query row per head)";
+    v += "; prefill: ragged kernel over new tokens + paged kernel over the cached prefix";
+    if (cfg.features.non_causal) v += "; non-causal batches run wholly on the prefill path";
+    return v;
+  }
+
+  // ALWAYS for GQA/MQA: both parts run the tensor-core tile kernels over persistent slot
+  // lists (grid = num_slots x num_kv_heads, fixed), from plans in fixed-capacity buffers with
+  // the tile fixed at creation in graph mode (BuilderLimits::cuda_graph), so one captured
+  // launch replays for any batch mix that fits the limits. MHA decodes run the CUDA-core
+  // kernel, a separate design (one query row per item); until it is shown to replay across
+  // batch mixes it is offered for uniform batches only, as vLLM offers FA2 (UNIFORM_BATCH).
+  CudagraphSupport cudagraph_support(const AttentionConfig& cfg) const override {
+    return group_size(cfg) > 1 ? CudagraphSupport::ALWAYS : CudagraphSupport::UNIFORM_BATCH;
+  }
+
+  // Default limits (metadata_builder.h); engines that know theirs construct
+  // FlashInferMetadataBuilder directly.
+  std::unique_ptr<MetadataBuilder> make_builder(const AttentionConfig& cfg) const override {
+    require_serves(cfg, "flashinfer make_builder");
+    return std::make_unique<FlashInferMetadataBuilder>(cfg, BuilderLimits{});
+  }
+
+  std::unique_ptr<AttentionImpl> make_impl(const AttentionConfig& cfg) const override {
+    require_serves(cfg, "flashinfer make_impl");
+    return make_flashinfer_impl(cfg);
+  }
+};
+
+}  // namespace
+}  // namespace flashinfer
+
+const AttentionBackend& flashinfer_backend() {
+  static const flashinfer::FlashInferBackend b;
+  return b;
+}
+
+}  // namespace attnkit

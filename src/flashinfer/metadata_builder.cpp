@@ -1,0 +1,141 @@
+#include "flashinfer/metadata_builder.h"
+
+#include <algorithm>
+#include <string>
+
+#include "attnkit/error.h"
+#include "flashinfer/flashinfer_backend.h"
+
+namespace attnkit::flashinfer {
+
+namespace {
+
+constexpr std::string_view kWhere = "flashinfer builder";
+// The builder does not know the cache's block count; any int32 block id is accepted here and
+// the impl checks the ids against the cache it is given.
+constexpr int64_t kAnyInt32BlockId = int64_t{1} << 31;
+
+PlanConfig part_config(const AttentionConfig& cfg, int num_sms, bool decode, bool cuda_graph) {
+  PlanConfig p;
+  p.num_kv_heads = cfg.num_kv_heads;
+  p.group_size = group_size(cfg);
+  p.head_size = cfg.head_size;
+  p.page_size = cfg.block_size;
+  p.num_slots = num_slots_for(num_sms, cfg.num_kv_heads);
+  p.kernel = decode && !decode_uses_tensor_cores(p.group_size) ? PlanKernel::CudaCoreDecode
+                                                                : PlanKernel::TensorCore;
+  // CUDA-graph mode: one tile per part whatever the batch. Decodes pack one token's group,
+  // which is what every decode batch picks anyway; prefills take the largest tile (a long
+  // prompt must fit, as FlashInfer sizes its graph tile for the worst single request).
+  if (cuda_graph && p.kernel == PlanKernel::TensorCore)
+    p.fixed_tile_q = decode ? cta_tile_q(p.group_size, p.head_size) : p.max_tile_q();
+  return p;
+}
+
+}  // namespace
+
+int default_num_sms(const DeviceSpec& device) {
+  if (!device.cpu && device.num_sms > 0) return device.num_sms;
+  if (device.cpu) return 132;
+  switch (device.cc()) {
+    case 80: return 108;   // A100
+    case 89: return 142;   // L40S
+    case 90: return 132;   // H100 SXM / H200
+    case 100: return 148;  // B200
+    default: return 132;
+  }
+}
+
+FlashInferMetadataBuilder::FlashInferMetadataBuilder(const AttentionConfig& cfg,
+                                                     const BuilderLimits& limits)
+    : cfg_(cfg), limits_(limits), state_(std::make_shared<PlanState>()) {
+  ATTNKIT_REQUIRE(group_size(cfg) > 0, kWhere, "num_heads / num_kv_heads",
+                  std::to_string(cfg.num_heads) + " / " + std::to_string(cfg.num_kv_heads),
+                  "both must be > 0 and num_heads a multiple of num_kv_heads");
+  const auto sizes = block_sizes_for(cfg);
+  if (std::find(sizes.begin(), sizes.end(), cfg.block_size) == sizes.end()) {
+    std::string list;
+    for (int s : sizes) list += (list.empty() ? "" : ", ") + std::to_string(s);
+    fail(kWhere, "block_size", cfg.block_size,
+         "must be one of " + list + " for this configuration (see flashinfer check())");
+  }
+  ATTNKIT_REQUIRE(limits.max_reqs > 0, kWhere, "limits.max_reqs", limits.max_reqs, "must be > 0");
+  ATTNKIT_REQUIRE(limits.max_tokens > 0, kWhere, "limits.max_tokens", limits.max_tokens, "must be > 0");
+  ATTNKIT_REQUIRE(limits.max_seq_len > 0, kWhere, "limits.max_seq_len", limits.max_seq_len, "must be > 0");
+  ATTNKIT_REQUIRE(limits.num_sms >= 0, kWhere, "limits.num_sms", limits.num_sms, "must be >= 0 (0 = the device's)");
+  ATTNKIT_REQUIRE(limits.window_left >= -1, kWhere, "limits.window_left", limits.window_left, "must be >= -1");
+  ATTNKIT_REQUIRE(limits.window_right >= -1, kWhere, "limits.window_right", limits.window_right, "must be >= -1");
+  const int sms = limits.num_sms > 0 ? limits.num_sms : default_num_sms(cfg.device);
+  const int64_t pages = int64_t{limits.max_reqs} *
+                        ((int64_t{limits.max_seq_len} + cfg.block_size - 1) / cfg.block_size);
+  // Decodes have at most one query token each.
+  const int max_decode_tokens = std::min(limits.max_reqs, limits.max_tokens);
+  PlanState& s = *state_;
+  s.decode_pages = PageTable(limits.max_reqs, pages);
+  s.prefill_pages = PageTable(limits.max_reqs, pages);
+  const PlanConfig dc = part_config(cfg, sms, /*decode=*/true, limits.cuda_graph);
+  const PlanConfig pc = part_config(cfg, sms, /*decode=*/false, limits.cuda_graph);
+  s.decode_plan = PlanBuffers(dc, PlanCapacity::for_limits(dc, limits.max_reqs, max_decode_tokens));
+  s.prefill_plan = PlanBuffers(pc, PlanCapacity::for_limits(pc, limits.max_reqs, limits.max_tokens));
+  s.prefill_qo_indptr.assign(static_cast<size_t>(limits.max_reqs) + 1, 0);
+}
+
+std::unique_ptr<BackendMetadata> FlashInferMetadataBuilder::build(const CommonAttentionMetadata& common) {
+  common.validate(kAnyInt32BlockId, cfg_.block_size);
+  ATTNKIT_REQUIRE(common.num_reqs <= limits_.max_reqs, kWhere, "num_reqs", common.num_reqs,
+                  "must be <= the builder's max_reqs = " + std::to_string(limits_.max_reqs));
+  ATTNKIT_REQUIRE(common.num_actual_tokens <= limits_.max_tokens, kWhere, "num_actual_tokens",
+                  common.num_actual_tokens,
+                  "must be <= the builder's max_tokens = " + std::to_string(limits_.max_tokens));
+  ATTNKIT_REQUIRE(common.max_seq_len <= limits_.max_seq_len, kWhere, "max_seq_len",
+                  common.max_seq_len,
+                  "must be <= the builder's max_seq_len = " + std::to_string(limits_.max_seq_len) +
+                      " (its page tables are sized for it)");
+  DecodePrefillSplit split;
+  if (common.causal) {
+    split = split_decodes_and_prefills(common, reorder_batch_threshold());
+  } else {
+    split.num_prefills = common.num_reqs;
+    split.num_prefill_tokens = common.num_actual_tokens;
+  }
+  const int nd = split.num_decodes, n = common.num_reqs;
+  const BatchView batch = common.batch();
+  PlanState& s = *state_;
+  // Nothing is kept from a build that throws half way: the generation still moves on, so
+  // metadata of the previous build cannot be used with partly rewritten buffers.
+  ++s.generation;
+  s.decode_pages.fill(batch, 0, nd, cfg_.block_size);
+  s.prefill_pages.fill(batch, nd, n, cfg_.block_size);
+
+  PlanBatch decode;
+  decode.qo_indptr = std::span<const int32_t>(common.query_start_loc.data(), nd + 1);
+  decode.kv_lens = std::span<const int32_t>(common.seq_lens.data(), nd);
+  decode.causal = true;
+  decode.window_left = limits_.window_left;
+  decode.window_right = limits_.window_right;
+  plan_batch(decode, s.decode_plan);
+
+  const int32_t base = common.query_start_loc[nd];
+  for (int r = nd; r <= n; ++r) s.prefill_qo_indptr[r - nd] = common.query_start_loc[r] - base;
+  PlanBatch prefill = decode;
+  prefill.qo_indptr = std::span<const int32_t>(s.prefill_qo_indptr.data(), n - nd + 1);
+  prefill.kv_lens = std::span<const int32_t>(common.seq_lens.data() + nd, n - nd);
+  prefill.causal = common.causal;
+  plan_batch(prefill, s.prefill_plan);
+
+  auto md = std::make_unique<FlashInferMetadata>();
+  md->num_reqs = n;
+  md->num_actual_tokens = common.num_actual_tokens;
+  md->num_decodes = nd;
+  md->num_prefills = split.num_prefills;
+  md->num_decode_tokens = split.num_decode_tokens;
+  md->num_prefill_tokens = split.num_prefill_tokens;
+  md->causal = common.causal;
+  md->window_left = limits_.window_left;
+  md->window_right = limits_.window_right;
+  md->state = state_;
+  md->generation = s.generation;
+  return md;
+}
+
+}  // namespace attnkit::flashinfer

@@ -1,0 +1,70 @@
+// The FlashInfer-style metadata builder (DESIGN.md section 6): checks the batch is ordered
+// decodes first, splits it into a decode part and a prefill part, converts each part's block
+// table rows to the page-table form, and plans each part (plan.h). All buffers are the
+// builder's and are sized once, at creation, from its limits; build() re-fills them.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "attnkit/backend.h"
+#include "flashinfer/page_table.h"
+#include "flashinfer/plan.h"
+
+namespace attnkit::flashinfer {
+
+// The largest batch a builder serves; its buffers are sized from these.
+struct BuilderLimits {
+  int max_reqs = 256;          // vLLM's default max_num_seqs
+  int max_tokens = 8192;       // query tokens per batch (vLLM's default max_num_batched_tokens)
+  int max_seq_len = 131072;    // longest request (KV tokens): page capacity max_reqs * pages
+  int num_sms = 0;             // 0: cfg.device's SM count, else the usual count for its cc
+  bool cuda_graph = false;     // fix the query tile per part (largest) so launches never change
+  int window_left = -1;        // the layer's sliding window, planned in (-1 = unbounded); the
+  int window_right = -1;       // impl refuses a call whose window reaches further
+};
+
+// The usual SM count for a compute capability when the device does not say (A100 108,
+// L40S 142, H100 SXM 132, B200 148; unknown / CPU: the design target H100, 132).
+int default_num_sms(const DeviceSpec& device);
+
+// Everything build() writes; one per builder, shared with the metadata it hands out.
+struct PlanState {
+  PageTable decode_pages, prefill_pages;
+  PlanBuffers decode_plan, prefill_plan;
+  std::vector<int32_t> prefill_qo_indptr;  // the prefill part's query offsets, from 0
+  uint64_t generation = 0;                 // bumped by every build()
+};
+
+struct FlashInferMetadata final : BackendMetadata {
+  int num_reqs = 0, num_actual_tokens = 0;
+  int num_decodes = 0, num_prefills = 0;
+  int num_decode_tokens = 0, num_prefill_tokens = 0;  // decodes are tokens [0, num_decode_tokens)
+  bool causal = true;
+  int window_left = -1, window_right = -1;  // what the plans assumed
+  std::shared_ptr<const PlanState> state;
+  uint64_t generation = 0;  // state->generation when built; differs once the builder re-plans
+  bool stale() const { return !state || state->generation != generation; }
+};
+
+class FlashInferMetadataBuilder final : public MetadataBuilder {
+ public:
+  FlashInferMetadataBuilder(const AttentionConfig& cfg, const BuilderLimits& limits);
+  // Decodes (query_len <= 1) must come first: engines apply decode_first_order (metadata.h).
+  int reorder_batch_threshold() const override { return 1; }
+  // Validates `common`, splits, converts and plans. Error naming the offending request when a
+  // decode follows a prefill, and on any capacity overflow. Non-causal batches go wholly to the
+  // prefill path (the decode kernels do not express bidirectional attention). The metadata
+  // stays valid until the next build().
+  std::unique_ptr<BackendMetadata> build(const CommonAttentionMetadata& common) override;
+
+  const BuilderLimits& limits() const { return limits_; }
+  const PlanState& state() const { return *state_; }
+
+ private:
+  AttentionConfig cfg_;
+  BuilderLimits limits_;
+  std::shared_ptr<PlanState> state_;
+};
+
+}  // namespace attnkit::flashinfer

@@ -1,0 +1,76 @@
+#include "flashinfer/page_table.h"
+
+#include <string>
+
+#include "attnkit/error.h"
+
+namespace attnkit::flashinfer {
+
+namespace {
+constexpr std::string_view kWhere = "flashinfer page table";
+}
+
+PageTable::PageTable(int max_reqs, int64_t max_pages) {
+  ATTNKIT_REQUIRE(max_reqs >= 0, kWhere, "max_reqs", max_reqs, "must be >= 0");
+  ATTNKIT_REQUIRE(max_pages >= 0 && max_pages <= INT32_MAX, kWhere, "max_pages", max_pages,
+                  "must be in [0, 2^31) (page indices are int32)");
+  indptr.assign(static_cast<size_t>(max_reqs) + 1, 0);
+  indices.assign(static_cast<size_t>(max_pages), 0);
+  last_page_len.assign(static_cast<size_t>(max_reqs), 0);
+}
+
+void PageTable::fill(const BatchView& batch, int begin, int end, int page) {
+  ATTNKIT_REQUIRE(page > 0, kWhere, "page_size", page, "must be > 0");
+  ATTNKIT_REQUIRE(0 <= begin && begin <= end && end <= batch.num_reqs(), kWhere, "request range",
+                  "[" + std::to_string(begin) + ", " + std::to_string(end) + ")",
+                  "must lie within [0, num_reqs = " + std::to_string(batch.num_reqs()) + ")");
+  ATTNKIT_REQUIRE(end - begin <= max_reqs(), kWhere, "requests", end - begin,
+                  "must be <= the table's capacity max_reqs = " + std::to_string(max_reqs()));
+  ATTNKIT_REQUIRE(batch.max_blocks_per_req >= 0 &&
+                      static_cast<int64_t>(batch.block_table.size()) >=
+                          static_cast<int64_t>(batch.num_reqs()) * batch.max_blocks_per_req,
+                  kWhere, "block_table.size()", batch.block_table.size(),
+                  "must be >= num_reqs * max_blocks_per_req");
+  // First pass: every check, so a rejected batch leaves the table as it was.
+  int64_t total = 0;
+  for (int r = begin; r < end; ++r) {
+    const int64_t seq = batch.seq_lens[r];
+    ATTNKIT_REQUIRE(seq >= 0, kWhere, "seq_lens[" + std::to_string(r) + "]", seq, "must be >= 0");
+    const int64_t pages = (seq + page - 1) / page;
+    ATTNKIT_REQUIRE(pages <= batch.max_blocks_per_req, kWhere,
+                    "seq_lens[" + std::to_string(r) + "]", seq,
+                    "needs " + std::to_string(pages) + " pages of " + std::to_string(page) +
+                        " tokens but the block table row has max_blocks_per_req = " +
+                        std::to_string(batch.max_blocks_per_req));
+    const int32_t* row = batch.block_row(r);
+    for (int64_t b = 0; b < pages; ++b)
+      ATTNKIT_REQUIRE(row[b] >= 0, kWhere,
+                      "block_table[" + std::to_string(r) + "][" + std::to_string(b) + "]", row[b],
+                      "must be >= 0 for every block a request reads");
+    total += pages;
+  }
+  ATTNKIT_REQUIRE(total <= max_pages(), kWhere, "pages in the batch part", total,
+                  "must be <= the table's capacity max_pages = " + std::to_string(max_pages()));
+  page_size = page;
+  num_reqs = end - begin;
+  num_pages = total;
+  int64_t cursor = 0;
+  indptr[0] = 0;
+  for (int r = begin; r < end; ++r) {
+    const int i = r - begin;
+    const int64_t seq = batch.seq_lens[r];
+    const int64_t pages = (seq + page - 1) / page;
+    const int32_t* row = batch.block_row(r);
+    for (int64_t b = 0; b < pages; ++b) indices[cursor++] = row[b];
+    indptr[i + 1] = static_cast<int32_t>(cursor);
+    // A full last page holds page_size tokens, not 0; a request with no pages has length 0.
+    last_page_len[i] = seq == 0 ? 0 : static_cast<int32_t>(seq - (pages - 1) * page);
+  }
+}
+
+int64_t PageTable::kv_len(int r) const {
+  const int64_t pages = indptr[r + 1] - indptr[r];
+  return pages == 0 ? 0 : (pages - 1) * page_size + last_page_len[r];
+}
+
+}  // namespace attnkit::flashinfer

@@ -1,0 +1,37 @@
+// The page-table form the FlashInfer-style kernels read (a CSR matrix over pages, study 1.1):
+// request r owns pages indices[indptr[r] .. indptr[r+1]) in sequence order, and its last page
+// holds last_page_len[r] valid tokens, so kv_len = (pages - 1) * page_size + last_page_len.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "attnkit/metadata.h"
+
+namespace attnkit::flashinfer {
+
+struct PageTable {
+  // Fixed-capacity buffers, sized once at creation (CUDA-graph replays reuse them); only the
+  // first num_reqs + 1 / num_pages / num_reqs entries are meaningful after fill().
+  std::vector<int32_t> indptr;         // capacity max_reqs + 1
+  std::vector<int32_t> indices;        // capacity max_pages
+  std::vector<int32_t> last_page_len;  // capacity max_reqs; 0 for an empty request
+  int num_reqs = 0;
+  int64_t num_pages = 0;
+  int page_size = 0;
+
+  PageTable() = default;
+  PageTable(int max_reqs, int64_t max_pages);
+  int max_reqs() const { return static_cast<int>(last_page_len.size()); }
+  int64_t max_pages() const { return static_cast<int64_t>(indices.size()); }
+
+  // Rewrites the table for requests [begin, end) of `batch` (part-local request i is batch
+  // request begin + i) with pages of `page_size` tokens. Never reallocates: more requests or
+  // pages than the capacity is an Error, as are a bad range, a negative seq_len, a row too short
+  // for ceil(seq_len / page_size) blocks or a negative block id.
+  void fill(const BatchView& batch, int begin, int end, int page_size);
+
+  // Tokens of part-local request r: (pages - 1) * page_size + last_page_len, 0 with no pages.
+  int64_t kv_len(int r) const;
+};
+
+}  // namespace attnkit::flashinfer

@@ -1,0 +1,236 @@
+// The selector: a table of configurations with the backend chosen (or the error), the
+// variant it reports and the reasons every other backend gives; then properties over a grid.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attnkit/error.h"
+#include "attnkit/selector.h"
+
+namespace attnkit {
+namespace {
+
+AttentionConfig base(DeviceSpec device) {
+  AttentionConfig c;
+  c.num_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_size = 128;
+  c.dtype = DType::bf16;
+  c.cache_dtype = DType::bf16;
+  c.block_size = 16;
+  c.device = device;
+  return c;
+}
+const DeviceSpec kSm80 = DeviceSpec::Cuda(8, 0), kSm90 = DeviceSpec::Cuda(9, 0),
+                 kSm100 = DeviceSpec::Cuda(10, 0), kCpu = DeviceSpec::Cpu();
+
+struct Row {
+  const char* name;
+  DeviceSpec device;
+  std::function<void(AttentionConfig&)> mutate;
+  std::optional<std::string> preferred;
+  std::string chosen;  // empty: select_backend throws
+  std::vector<std::string> variant_mentions;  // substrings of Selection::variant
+  // backend -> substrings that its refusal reasons must contain (one backend listed with no
+  // substrings must still be refused); backends not listed must not be refused.
+  std::map<std::string, std::vector<std::string>> refused;
+  std::vector<std::string> error_mentions;  // substrings of the Error, when chosen is empty
+};
+
+void none(AttentionConfig&) {}
+
+std::vector<Row> table() {
+  const std::string oracle = "runs on the CPU only; it is the test oracle";
+  const std::string gpu_only = "runs on CUDA GPUs only";
+  return {
+      {"bf16 GQA on sm90", kSm90, none, {}, "flash_attn", {"mma_sync generation", "hopper", "not built"},
+       {{"reference", {oracle}}}, {}},
+      {"FP8 cache on sm80: hopper generation refused", kSm80,
+       [](AttentionConfig& c) { c.cache_dtype = DType::fp8_e4m3; }, {}, "flash_attn",
+       {"mma_sync generation", "hopper generation refused", "needs sm90", "16-bit caches"},
+       {{"reference", {oracle}}}, {}},
+      {"FP8 e5m2 cache on sm90", kSm90, [](AttentionConfig& c) { c.cache_dtype = DType::fp8_e5m2; }, {},
+       "flash_attn", {"mma_sync", "fp8_e5m2"}, {{"reference", {oracle}}}, {}},
+      {"head size 512 on sm90: nobody", kSm90, [](AttentionConfig& c) { c.head_size = 512; }, {}, "", {},
+       {{"flash_attn", {"head size 512", "64, 96, 128, 192, 256"}}, {"flashinfer", {"head size 512"}},
+        {"reference", {oracle}}},
+       {"no backend can serve", "head size 512"}},
+      {"head size 512 on the CPU", kCpu, [](AttentionConfig& c) { c.head_size = 512; }, {}, "reference",
+       {"CPU"}, {{"flash_attn", {gpu_only, "head size 512"}}, {"flashinfer", {gpu_only, "head size 512"}}}, {}},
+      {"head size 96: flash_attn only", kSm90, [](AttentionConfig& c) { c.head_size = 96; }, {}, "flash_attn",
+       {"mma_sync", "head sizes 64, 128, 256"}, {{"flashinfer", {"head size 96"}}, {"reference", {oracle}}}, {}},
+      {"block size 24: nobody", kSm90, [](AttentionConfig& c) { c.block_size = 24; }, {}, "", {},
+       {{"flash_attn", {"block size 24", "multiple of 16"}}, {"flashinfer", {"block size 24"}},
+        {"reference", {"block size 24", oracle}}},
+       {"block size 24"}},
+      {"block size 48: flash_attn", kSm90, [](AttentionConfig& c) { c.block_size = 48; }, {}, "flash_attn", {},
+       {{"flashinfer", {"block size 48"}}, {"reference", {oracle}}}, {}},
+      {"block size 256 GQA on sm90", kSm90, [](AttentionConfig& c) { c.block_size = 256; }, {}, "flash_attn", {},
+       {{"reference", {oracle}}}, {}},
+      {"block size 256 with the FlashInfer-style backend", kSm90, [](AttentionConfig& c) { c.block_size = 256; },
+       "flashinfer", "flashinfer", {"tensor cores"}, {{"reference", {oracle}}}, {}},
+      {"block size 256 MHA, flashinfer preferred", kSm90,
+       [](AttentionConfig& c) {
+         c.block_size = 256;
+         c.num_kv_heads = 32;
+       },
+       "flashinfer", "", {}, {}, {"flashinfer", "block size 256", "GQA"}},
+      {"block size 256 on sm80, flashinfer preferred", kSm80, [](AttentionConfig& c) { c.block_size = 256; },
+       "flashinfer", "", {}, {}, {"flashinfer", "sm90"}},
+      {"ALiBi", kSm90, [](AttentionConfig& c) { c.features.alibi = true; }, {}, "flash_attn",
+       {"mma_sync generation", "hopper generation refused", "ALiBi"},
+       {{"flashinfer", {"ALiBi"}}, {"reference", {oracle}}}, {}},
+      {"ALiBi, flashinfer preferred", kSm90, [](AttentionConfig& c) { c.features.alibi = true; }, "flashinfer", "",
+       {}, {}, {"preferred backend = flashinfer", "ALiBi"}},
+      {"sinks", kSm90, [](AttentionConfig& c) { c.features.sinks = true; }, {}, "flash_attn", {"mma_sync", "not built"},
+       {{"reference", {oracle}}}, {}},
+      {"non-causal", kSm90, [](AttentionConfig& c) { c.features.non_causal = true; }, {}, "flash_attn", {"mma_sync"},
+       {{"reference", {oracle}}}, {}},
+      {"non-causal, flashinfer preferred", kSm90, [](AttentionConfig& c) { c.features.non_causal = true; },
+       "flashinfer", "flashinfer", {"prefill path"}, {{"reference", {oracle}}}, {}},
+      {"softcap + window + LSE", kSm90,
+       [](AttentionConfig& c) { c.features.softcap = c.features.sliding_window = c.features.lse = true; }, {},
+       "flash_attn", {"mma_sync"}, {{"reference", {oracle}}}, {}},
+      {"CPU-only machine", kCpu, none, {}, "reference", {"CPU reference"},
+       {{"flash_attn", {gpu_only}}, {"flashinfer", {gpu_only}}}, {}},
+      {"CPU, flash_attn preferred", kCpu, none, "flash_attn", "", {}, {}, {"flash_attn", gpu_only}},
+      {"GPU, reference preferred", kSm90, none, "reference", "", {}, {}, {"reference", oracle}},
+      {"fp32 on the CPU", kCpu, [](AttentionConfig& c) { c.dtype = c.cache_dtype = DType::f32; }, {}, "reference",
+       {}, {{"flash_attn", {"dtype f32"}}, {"flashinfer", {"dtype f32"}}}, {}},
+      {"fp32 on sm90: nobody", kSm90, [](AttentionConfig& c) { c.dtype = c.cache_dtype = DType::f32; }, {}, "", {},
+       {{"flash_attn", {"dtype f32 is not supported"}}, {"flashinfer", {"dtype f32"}}, {"reference", {oracle}}},
+       {"dtype f32"}},
+      {"NVFP4 cache on sm90: flashinfer", kSm90, [](AttentionConfig& c) { c.cache_dtype = DType::nvfp4; }, {},
+       "flashinfer", {}, {{"flash_attn", {"nvfp4"}}, {"reference", {oracle}}}, {}},
+      {"f16 cache for a bf16 model", kSm90, [](AttentionConfig& c) { c.cache_dtype = DType::f16; }, {}, "flashinfer",
+       {}, {{"flash_attn", {"model dtype"}}, {"reference", {oracle}}}, {}},
+      {"HND layout", kSm90, [](AttentionConfig& c) { c.layout = KVLayout::HND; }, {}, "flash_attn", {},
+       {{"reference", {oracle}}}, {}},
+      {"sm100", kSm100, none, {}, "flash_attn", {"mma_sync", "the device is sm100"}, {{"reference", {oracle}}}, {}},
+      {"sm75: nobody", DeviceSpec::Cuda(7, 5), none, {}, "", {},
+       {{"flash_attn", {"8.0 or newer"}}, {"flashinfer", {"8.0 or newer"}}, {"reference", {oracle}}}, {"sm75"}},
+      {"preferred flash_attn honoured", kSm90, none, "flash_attn", "flash_attn", {}, {{"reference", {oracle}}}, {}},
+  };
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += "[" + x + "] ";
+  return s;
+}
+
+TEST(Selector, Table) {
+  for (const Row& row : table()) {
+    SCOPED_TRACE(row.name);
+    AttentionConfig cfg = base(row.device);
+    row.mutate(cfg);
+    // refusals() reports the same reasons whichever way select_backend goes.
+    const std::vector<Refusal> all = refusals(cfg);
+    std::map<std::string, std::vector<std::string>> by_name;
+    for (const auto& r : all) by_name[r.backend] = r.reasons;
+    if (row.chosen.empty()) {
+      try {
+        const Selection s = select_backend(cfg, row.preferred);
+        ADD_FAILURE() << "chose " << s.backend;
+      } catch (const Error& e) {
+        for (const auto& m : row.error_mentions)
+          EXPECT_NE(std::string(e.what()).find(m), std::string::npos) << m << " not in " << e.what();
+      }
+    } else {
+      const Selection s = select_backend(cfg, row.preferred);
+      EXPECT_EQ(s.backend, row.chosen);
+      EXPECT_FALSE(s.variant.empty());
+      for (const auto& m : row.variant_mentions)
+        EXPECT_NE(s.variant.find(m), std::string::npos) << m << " not in " << s.variant;
+      std::map<std::string, std::vector<std::string>> sel_refused;
+      for (const auto& r : s.refused) sel_refused[r.backend] = r.reasons;
+      EXPECT_EQ(sel_refused, by_name) << "Selection::refused and refusals() disagree";
+      EXPECT_EQ(by_name.count(s.backend), 0u);
+    }
+    if (!row.preferred || !row.chosen.empty()) {
+      // Exactly the listed backends are refused, each with the listed reasons.
+      for (const auto& [name, reasons] : by_name)
+        EXPECT_TRUE(row.refused.count(name)) << name << " refused unexpectedly: " << joined(reasons);
+      for (const auto& [name, mentions] : row.refused) {
+        auto it = by_name.find(name);
+        ASSERT_NE(it, by_name.end()) << name << " was not refused";
+        for (const auto& m : mentions)
+          EXPECT_TRUE(std::any_of(it->second.begin(), it->second.end(),
+                                  [&](const std::string& r) { return r.find(m) != std::string::npos; }))
+              << name << ": " << m << " not in " << joined(it->second);
+      }
+    }
+  }
+}
+
+TEST(Selector, MalformedConfigurationsAndUnknownNamesAreErrors) {
+  AttentionConfig cfg = base(kSm90);
+  cfg.num_kv_heads = 6;
+  EXPECT_THROW(select_backend(cfg), Error);
+  EXPECT_THROW(refusals(cfg), Error);
+  cfg = base(kSm90);
+  cfg.head_size = 0;
+  EXPECT_THROW(select_backend(cfg), Error);
+  try {
+    select_backend(base(kSm90), "flashattention");
+    ADD_FAILURE() << "unknown backend accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("flash_attn, flashinfer, reference"), std::string::npos) << e.what();
+  }
+}
+
+// Over a grid of configurations: the choice is the first backend in registry order whose
+// check passes; every backend before it is refused with reasons; a preference is honoured
+// exactly when its check passes.
+TEST(Selector, FirstServableBackendInPreferenceOrder) {
+  int chosen_count = 0, none_count = 0;
+  for (DeviceSpec dev : {kCpu, DeviceSpec::Cuda(7, 5), kSm80, DeviceSpec::Cuda(8, 9), kSm90, kSm100})
+    for (int hs : {64, 80, 96, 128, 256, 512})
+      for (DType cache : {DType::bf16, DType::f16, DType::fp8_e4m3, DType::nvfp4})
+        for (int bs : {16, 24, 64, 256, 1024})
+          for (int kv : {8, 32})
+            for (int feature = 0; feature < 4; ++feature) {
+              AttentionConfig cfg = base(dev);
+              cfg.head_size = hs;
+              cfg.cache_dtype = cache;
+              cfg.block_size = bs;
+              cfg.num_kv_heads = kv;
+              cfg.features.alibi = feature == 1;
+              cfg.features.sinks = feature == 2;
+              cfg.features.non_causal = feature == 3;
+              const AttentionBackend* first = nullptr;
+              for (const AttentionBackend* b : backends())
+                if (!first && b->check(cfg).empty()) first = b;
+              if (!first) {
+                ++none_count;
+                EXPECT_THROW(select_backend(cfg), Error) << cfg.describe();
+                EXPECT_EQ(refusals(cfg).size(), backends().size());
+                continue;
+              }
+              ++chosen_count;
+              const Selection s = select_backend(cfg);
+              ASSERT_EQ(s.backend, first->name()) << cfg.describe();
+              for (const auto& r : s.refused) EXPECT_FALSE(r.reasons.empty()) << r.backend;
+              for (const AttentionBackend* b : backends()) {
+                const bool ok = b->check(cfg).empty();
+                if (ok) {
+                  EXPECT_EQ(select_backend(cfg, b->name()).backend, b->name());
+                } else {
+                  EXPECT_THROW(select_backend(cfg, b->name()), Error) << b->name() << " " << cfg.describe();
+                }
+                if (b == first) break;
+                EXPECT_FALSE(ok) << b->name() << " precedes " << first->name() << " and could serve";
+              }
+            }
+  // The grid covers both outcomes richly.
+  EXPECT_GT(chosen_count, 500);
+  EXPECT_GT(none_count, 500);
+}
+
+}  // namespace
+}  // namespace attnkit
