@@ -156,7 +156,7 @@ TEST(SplitKV, DocumentedConstants) {
   EXPECT_EQ(kMinKVPerSplit, 256);
   EXPECT_EQ(kMinKVPerSplit % kKVTileTokens, 0);
   EXPECT_EQ(kMaxSplits, 32);
-  EXPECT_EQ(kCtasPerSm, 2);
+  EXPECT_EQ(kCtasPerSm, 1);
   EXPECT_DOUBLE_EQ(kFillFraction, 0.8);
 }
 
@@ -201,22 +201,25 @@ TEST(SplitKV, WorkItemsPackDecodeGroupsAndTilePrefills) {
 TEST(SplitKV, WorkedExamples) {
   struct Case { int reqs, q, seq, heads, kv_heads, sms, max_splits, expect; const char* why; };
   const Case cases[] = {
-      // One long decode on an H100: W = 8 items for 264 slots -> 33, capped at 32.
-      {1, 1, 32768, 32, 8, 132, 32, 32, "capped at kMaxSplits"},
+      // One long decode on an H100/H200: W = 8 items for 132 slots -> 17 splits of 31 tiles.
+      {1, 1, 32768, 32, 8, 132, 32, 17, "one work item per SM"},
+      // Few SMs leave room for more splits than kMaxSplits: capped.
+      {1, 1, 32768, 8, 1, 132, 32, 32, "capped at kMaxSplits"},
       {1, 1, 32768, 32, 8, 132, 8, 8, "caller cap"},
       {1, 1, 32768, 32, 8, 132, 1, 1, "splitting disabled"},
       // Short KV: floor(1000/256) = 3 splits of ceil(16 tiles / 3) = 6 tiles.
       {1, 1, 1000, 32, 8, 132, 32, 3, "min KV per split"},
       {1, 1, 511, 32, 8, 132, 32, 1, "too short to split twice"},
       {1, 1, 512, 32, 8, 132, 32, 2, "exactly two minimal splits"},
-      // W = 64 * 8 = 512 >= 0.8 * 264: the items fill the GPU.
+      // W = 64 * 8 = 512 >= 0.8 * 132: the items fill the GPU.
       {64, 1, 32768, 32, 8, 132, 32, 1, "enough work"},
-      // W = 16 * 8 = 128 < 211: ceil(264 / 128) = 3 splits.
-      {16, 1, 32768, 32, 8, 132, 32, 3, "fill the remainder"},
+      // W = 16 * 8 = 128 >= 105.6: no split; W = 8 * 8 = 64 < 105.6: ceil(132 / 64) = 3.
+      {16, 1, 32768, 32, 8, 132, 32, 1, "128 items nearly fill 132 SMs"},
+      {8, 1, 32768, 32, 8, 132, 32, 3, "fill the remainder"},
       // 40 tiles: 32 splits would give ceil(40/32) = 2 tiles each, as 20 splits do.
       {1, 1, 40 * 64, 8, 1, 132, 32, 10, "by_kv = 10"},
-      // W 8 -> 33 -> 32 splits; 141 tiles are 5 per split from 29 splits on.
-      {1, 1, 9000, 8, 8, 132, 32, 29, "141 tiles"},
+      // W 8 -> 17 splits; 141 tiles are 9 per split from 16 splits on.
+      {1, 1, 9000, 8, 8, 132, 32, 16, "141 tiles"},
   };
   for (const Case& c : cases) {
     Batch b;

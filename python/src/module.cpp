@@ -1,0 +1,32 @@
+// attnkit._attnkit: the compiled half of the attnkit Python package. Tensors arrive as DLPack
+// (nanobind ndarrays from any framework), CUDA streams as integer handles; nothing here links
+// or imports an array framework, so one build serves every PyTorch version.
+#include <nanobind/nanobind.h>
+
+#include "attnkit/error.h"
+
+namespace nb = nanobind;
+
+namespace attnkit::py {
+void register_varlen(nb::module_& m);
+void register_kv_ops(nb::module_& m);
+void register_native(nb::module_& m);
+void register_layer(nb::module_& m);
+void register_cli(nb::module_& m);
+}  // namespace attnkit::py
+
+NB_MODULE(_attnkit, m) {
+  m.doc() = "attnkit native extension (use the attnkit package)";
+  // attnkit::Error -> attnkit.AttnkitError(ValueError) carrying the C++ message.
+  nb::exception<attnkit::Error>(m, "AttnkitError", PyExc_ValueError);
+#if defined(ATTNKIT_WITH_CUDA)
+  m.attr("cuda_built") = true;
+#else
+  m.attr("cuda_built") = false;
+#endif
+  attnkit::py::register_varlen(m);
+  attnkit::py::register_kv_ops(m);
+  attnkit::py::register_native(m);
+  attnkit::py::register_layer(m);
+  attnkit::py::register_cli(m);
+}

@@ -1,0 +1,453 @@
+"""The mirrored calls on CUDA PyTorch tensors against a PyTorch float64 reference, over grids of
+dtypes, GQA ratios, head sizes, block sizes, soft cap, window, ALiBi, sinks and fp8 caches; the
+KV write, merges, streams and framework interop. Skipped without a CUDA PyTorch (and a CUDA
+build of attnkit); the GPU script (tools/gpu-check.sh) runs them on the H200.
+
+Also here: CPU PyTorch tensors (bfloat16 included), which run on the reference backend."""
+
+import math
+
+import numpy as np
+import pytest
+
+import attnkit
+
+torch = pytest.importorskip("torch")
+
+needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and attnkit.cuda_built),
+                                reason="needs a CUDA GPU, CUDA PyTorch and attnkit built with CUDA")
+
+FP8 = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
+FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
+
+
+# ---- the PyTorch reference ---------------------------------------------------------------------
+
+def torch_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, *, causal=True,
+                    window=(-1, -1), softcap=0.0, alibi=None, sinks=None, scale=None, k_scale=None,
+                    v_scale=None):
+    """float64 attention per request over paged caches [num_blocks, block_size, Hkv, D] (fp8
+    caches dequantized with k_scale / v_scale per tensor or per KV head). Returns (out, lse)
+    with out float64 [T, H, D] and lse float64 [H, T] natural log."""
+    dev = q.device
+    T, H, D = q.shape
+    Hkv = k_cache.shape[2]
+    bs = k_cache.shape[1]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    out = torch.zeros(T, H, D, dtype=torch.float64, device=dev)
+    lse = torch.full((H, T), -math.inf, dtype=torch.float64, device=dev)
+    cu = cu_seqlens_q.tolist()
+    lens = seq_lens.tolist()
+
+    def deq(cache, s):
+        x = cache.to(torch.float64)
+        if s is not None:
+            x = x * s.to(torch.float64).to(dev).view(1, 1, -1, 1) if s.numel() > 1 else x * float(s.reshape(-1)[0])
+        return x
+
+    kd, vd = deq(k_cache, k_scale), deq(v_cache, v_scale)
+    left, right = window
+    for r in range(len(lens)):
+        q0, q1, L = cu[r], cu[r + 1], lens[r]
+        ql = q1 - q0
+        if ql == 0:
+            continue
+        pos = torch.arange(L, device=dev)
+        blk = block_table[r, (pos // bs)].long()
+        K = kd[blk, pos % bs]  # [L, Hkv, D]
+        V = vd[blk, pos % bs]
+        K = K.repeat_interleave(H // Hkv, dim=1).transpose(0, 1)  # [H, L, D]
+        V = V.repeat_interleave(H // Hkv, dim=1).transpose(0, 1)
+        Q = q[q0:q1].to(torch.float64).transpose(0, 1)  # [H, ql, D]
+        s = scale * Q @ K.transpose(1, 2)  # [H, ql, L]
+        if softcap > 0:
+            s = softcap * torch.tanh(s / softcap)
+        p = (L - ql + torch.arange(ql, device=dev)).view(-1, 1)  # query positions
+        j = pos.view(1, -1)
+        if alibi is not None:
+            s = s - alibi.to(torch.float64).view(-1, 1, 1) * (p - j).abs().view(1, ql, L)
+        vis = torch.ones(ql, L, dtype=torch.bool, device=dev)
+        if causal:
+            vis &= j <= p
+        if left >= 0:
+            vis &= j >= p - left
+        if right >= 0:
+            vis &= j <= p + right
+        s = s.masked_fill(~vis.view(1, ql, L), -math.inf)
+        if sinks is not None:
+            sink = sinks.to(torch.float64).view(-1, 1, 1).expand(H, ql, 1)
+            s_all = torch.cat([s, sink], dim=2)
+        else:
+            s_all = s
+        m = s_all.amax(dim=2, keepdim=True)
+        m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+        e = torch.exp(s_all - m_safe)
+        denom = e.sum(dim=2, keepdim=True)
+        row_lse = (m_safe + torch.log(denom)).squeeze(2)  # -inf when nothing (and no sink) is visible
+        w = e[:, :, :L] / torch.where(denom > 0, denom, torch.ones_like(denom))
+        out[q0:q1] = (w @ V).transpose(0, 1)
+        lse[:, q0:q1] = row_lse
+    return out, lse
+
+
+def assert_close_t(actual, expected, atol, rtol, what):
+    a = actual.detach().to(torch.float64).cpu()
+    e = expected.detach().to(torch.float64).cpu()
+    assert a.shape == e.shape, f"{what}: shape {tuple(a.shape)} != {tuple(e.shape)}"
+    a_inf, e_inf = torch.isneginf(a), torch.isneginf(e)
+    if not torch.equal(a_inf, e_inf):
+        idx = tuple(int(i) for i in torch.nonzero(a_inf != e_inf)[0])
+        raise AssertionError(f"{what}: -inf mismatch at {idx}: got {a[idx].item()}, expected {e[idx].item()}")
+    a_f = torch.where(e_inf, torch.zeros_like(a), a)
+    e_f = torch.where(e_inf, torch.zeros_like(e), e)
+    err = (a_f - e_f).abs()
+    err = torch.where(torch.isnan(err), torch.full_like(err, math.inf), err)
+    excess = err - (atol + rtol * e_f.abs())
+    flat = int(torch.argmax(excess))
+    idx = tuple(int(i) for i in np.unravel_index(flat, tuple(excess.shape)))
+    if excess[idx] > 0:
+        raise AssertionError(f"{what}: worst element at {idx}: got {a[idx].item()!r}, expected "
+                             f"{e[idx].item()!r} (|diff| {err[idx].item():.3g} > atol {atol} + rtol {rtol} * |expected|)")
+
+
+def tol(dtype):
+    return {torch.float16: (3e-3, 3e-3), torch.bfloat16: (2e-2, 2e-2), torch.float32: (1e-4, 1e-4)}[dtype]
+
+
+class TorchBatch:
+    """A paged batch of torch tensors: kv_cache [num_blocks, 2, block_size, Hkv, D] (NHD) or
+    [num_blocks, 2, Hkv, block_size, D] (HND); the paged views are kv_cache[:, 0] / [:, 1]."""
+
+    def __init__(self, q_lens, kv_lens, H, Hkv, D, bs, dtype, device, fp8=None, layout="NHD", seed=0):
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        blocks = [-(-n // bs) for n in kv_lens]
+        nb = sum(blocks) + 5
+        ids = torch.randperm(nb, generator=g).to(torch.int32)
+        width = max(max(blocks, default=0), 1)
+        self.block_table = torch.zeros(len(q_lens), width, dtype=torch.int32)
+        at = 0
+        for r, n in enumerate(blocks):
+            self.block_table[r, :n] = ids[at:at + n]
+            at += n
+        self.cu_seqlens_q = torch.tensor([0] + list(np.cumsum(q_lens)), dtype=torch.int32)
+        self.seqused_k = torch.tensor(kv_lens, dtype=torch.int32)
+        self.max_seqlen_q, self.max_seqlen_k = max(q_lens), max(kv_lens)
+        T = int(sum(q_lens))
+        self.q = torch.randn(T, H, D, generator=g).to(dtype)
+        phys = (nb, 2, bs, Hkv, D) if layout == "NHD" else (nb, 2, Hkv, bs, D)
+        cache = torch.randn(phys, generator=g)
+        if fp8:
+            cache = cache.clamp(-FP8_MAX[fp8], FP8_MAX[fp8]).to(getattr(torch, FP8[fp8]))
+        else:
+            cache = cache.to(dtype)
+        self.kv_cache = cache
+        self.layout = layout
+        self.to(device)
+
+    def to(self, device):
+        for name in ("block_table", "cu_seqlens_q", "seqused_k", "q", "kv_cache"):
+            setattr(self, name, getattr(self, name).to(device))
+        return self
+
+    def views(self):
+        k, v = self.kv_cache[:, 0], self.kv_cache[:, 1]
+        return (k, v) if self.layout == "NHD" else (k.transpose(1, 2), v.transpose(1, 2))
+
+    def run(self, **kw):
+        k, v = self.views()
+        return attnkit.flash_attn_varlen_func(self.q, k, v, self.max_seqlen_q, self.cu_seqlens_q, self.max_seqlen_k,
+                                              seqused_k=self.seqused_k, block_table=self.block_table,
+                                              return_softmax_lse=True, **kw)
+
+    def reference(self, **kw):
+        k, v = self.views()
+        return torch_attention(self.q, k, v, self.cu_seqlens_q, self.seqused_k, self.block_table, **kw)
+
+
+Q_LENS = [1, 1, 1, 1, 1, 1, 37, 128, 5, 64]
+KV_LENS = [1, 17, 100, 257, 600, 33, 37, 300, 500, 64]
+
+
+def check(b, got, exp, what):
+    out, lse = got
+    atol, rtol = tol(b.q.dtype)
+    assert out.dtype == b.q.dtype and out.device == b.q.device
+    assert_close_t(out, exp[0], atol, rtol, f"{what} out")
+    assert_close_t(lse, exp[1].to(torch.float32), 2e-3, 2e-3, f"{what} lse")
+
+
+# ---- flash_attn_varlen_func on CUDA ---------------------------------------------------------------
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("heads", [(8, 8), (8, 2), (16, 1)], ids=["mha", "gqa4", "mqa16"])
+@pytest.mark.parametrize("head_size", [64, 128])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_cuda_varlen_grid(dtype, heads, head_size, block_size):
+    b = TorchBatch(Q_LENS, KV_LENS, heads[0], heads[1], head_size, block_size, dtype, "cuda",
+                   seed=head_size + block_size)
+    check(b, b.run(causal=True), b.reference(causal=True), f"{dtype} {heads} d={head_size} bs={block_size}")
+
+
+CUDA_FEATURES = {
+    "non_causal": (dict(causal=False), dict(causal=False)),
+    "window": (dict(causal=True, window_size=(63, 0)), dict(causal=True, window=(63, 0))),
+    "softcap": (dict(causal=True, softcap=5.0, softmax_scale=0.3), dict(causal=True, softcap=5.0, scale=0.3)),
+    "alibi": ("alibi", None),
+    "sinks": ("sinks", None),
+}
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", sorted(CUDA_FEATURES))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_cuda_varlen_features(name, dtype):
+    b = TorchBatch(Q_LENS, KV_LENS, 8, 2, 128, 16, dtype, "cuda", seed=len(name))
+    kw, ref_kw = CUDA_FEATURES[name]
+    if kw == "alibi":
+        slopes = torch.tensor([2 ** (-(i + 1)) for i in range(8)], dtype=torch.float32, device="cuda")
+        kw, ref_kw = dict(causal=True, alibi_slopes=slopes), dict(causal=True, alibi=slopes)
+    elif kw == "sinks":
+        sinks = torch.linspace(-2, 2, 8, device="cuda")
+        kw, ref_kw = dict(causal=True, s_aux=sinks.to(torch.bfloat16)), dict(causal=True, sinks=sinks.to(torch.bfloat16))
+    check(b, b.run(**kw), b.reference(**ref_kw), name)
+
+
+@needs_cuda
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("per_head", [False, True], ids=["per_tensor", "per_head"])
+def test_cuda_varlen_fp8_cache(fmt, per_head):
+    b = TorchBatch(Q_LENS, KV_LENS, 8, 2, 128, 16, torch.bfloat16, "cuda", fp8=fmt, seed=3)
+    ks = torch.tensor([0.5, 2.0] if per_head else [0.75], device="cuda")
+    vs = torch.tensor([1.5, 0.25] if per_head else [1.25], device="cuda")
+    shape = (len(Q_LENS), 2)
+    got = b.run(causal=True, k_descale=ks.expand(shape) if per_head else ks.view(1, 1).expand(shape),
+                v_descale=vs.expand(shape) if per_head else vs.view(1, 1).expand(shape))
+    check(b, got, b.reference(causal=True, k_scale=ks, v_scale=vs), f"fp8 {fmt}")
+
+
+@needs_cuda
+def test_cuda_varlen_hnd_views_and_uint8_cache():
+    b = TorchBatch(Q_LENS, KV_LENS, 8, 2, 64, 16, torch.float16, "cuda", layout="HND", seed=4)
+    check(b, b.run(causal=True), b.reference(causal=True), "HND views")
+    f = TorchBatch(Q_LENS, KV_LENS, 8, 2, 64, 16, torch.float16, "cuda", fp8="e4m3", seed=5)
+    k, v = f.views()
+    got = attnkit.flash_attn_varlen_func(f.q, k.view(torch.uint8), v.view(torch.uint8), f.max_seqlen_q,
+                                         f.cu_seqlens_q, f.max_seqlen_k, seqused_k=f.seqused_k,
+                                         block_table=f.block_table, causal=True, return_softmax_lse=True,
+                                         kv_cache_dtype="fp8")
+    check(f, got, f.reference(causal=True), "uint8 fp8 cache")
+
+
+@needs_cuda
+@pytest.mark.parametrize("causal", [True, False])
+def test_cuda_query_longer_than_keys(causal):
+    b = TorchBatch([20, 3, 1], [5, 40, 9], 8, 2, 64, 16, torch.bfloat16, "cuda", seed=6)
+    got = b.run(causal=causal)
+    check(b, got, b.reference(causal=causal), "q longer than k")
+    if causal:
+        assert torch.all(got[0][:15] == 0)
+
+
+@needs_cuda
+@pytest.mark.parametrize("num_splits", [2, 4])
+def test_cuda_split_kv(num_splits):
+    b = TorchBatch([1] * 4, [1000, 1500, 700, 2000], 8, 1, 128, 16, torch.bfloat16, "cuda", seed=7)
+    check(b, b.run(causal=True, num_splits=num_splits), b.reference(causal=True), f"splits={num_splits}")
+
+
+@needs_cuda
+def test_cuda_stream_defaults_to_current_and_explicit_stream():
+    b = TorchBatch(Q_LENS, KV_LENS, 8, 2, 128, 16, torch.bfloat16, "cuda", seed=8)
+    exp = b.reference(causal=True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        got = b.run(causal=True)
+    s.synchronize()
+    check(b, got, exp, "side stream")
+    s2 = torch.cuda.Stream()
+    s2.wait_stream(torch.cuda.current_stream())
+    got = b.run(causal=True, stream=s2.cuda_stream)
+    s2.synchronize()
+    check(b, got, exp, "explicit stream")
+
+
+@needs_cuda
+def test_cuda_contiguous_kv_is_refused_with_a_clear_error():
+    q = torch.zeros(4, 2, 64, device="cuda", dtype=torch.float16)
+    k = torch.zeros(8, 2, 64, device="cuda", dtype=torch.float16)
+    cu = torch.tensor([0, 4], dtype=torch.int32, device="cuda")
+    with pytest.raises(attnkit.AttnkitError, match="CPU only"):
+        attnkit.flash_attn_varlen_func(q, k, k, 4, cu, 8, cu_seqlens_k=torch.tensor([0, 8], dtype=torch.int32, device="cuda"))
+
+
+@needs_cuda
+def test_cuda_mixed_devices_are_refused():
+    b = TorchBatch([1], [16], 2, 2, 64, 16, torch.float16, "cuda")
+    k, v = b.views()
+    with pytest.raises(attnkit.AttnkitError, match="device"):
+        attnkit.flash_attn_varlen_func(b.q, k, v, 1, b.cu_seqlens_q.cpu(), 16, seqused_k=b.seqused_k,
+                                       block_table=b.block_table)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_cuda_attention_layer_engine_path(dtype):
+    # selector -> builder -> impl on the GPU, with the cache written by the native write_kv.
+    H, Hkv, D, bs = 16, 4, 128, 16
+    layer = attnkit.AttentionLayer(H, Hkv, D, str(dtype).split(".")[-1], block_size=bs, device="cuda", lse=True)
+    assert layer.backend != "reference"
+    b = TorchBatch(Q_LENS, KV_LENS, H, Hkv, D, bs, dtype, "cuda", seed=21)
+    cache = b.kv_cache.contiguous()
+    assert tuple(cache.shape) == layer.kv_cache_physical_shape(cache.shape[0])
+    slots = []
+    for r, (ql, kl) in enumerate(zip(Q_LENS, KV_LENS)):
+        slots += [int(b.block_table[r, p // bs]) * bs + p % bs for p in range(kl - ql, kl)]
+    md = layer.build_metadata(b.cu_seqlens_q, b.seqused_k, b.block_table, torch.tensor(slots, device="cuda"))
+    out, lse = layer.forward(b.q, None, None, cache, md, return_lse=True)
+    check(b, (out, lse), b.reference(causal=True), "layer")
+
+
+# ---- reshape_and_cache_flash on CUDA --------------------------------------------------------------
+
+def torch_write(key, value, k_cache, v_cache, slots, fmt, k_scale, v_scale):
+    bs = k_cache.shape[1]
+    n = slots.shape[0]
+    for t in range(n):
+        s = int(slots[t])
+        if s < 0:
+            continue
+        for cache, x, sc in ((k_cache, key[t], k_scale), (v_cache, value[t], v_scale)):
+            if fmt is None:
+                cache[s // bs, s % bs] = x
+            else:
+                y = x.float() / sc.view(-1, 1).float()
+                cache[s // bs, s % bs] = y.clamp(-FP8_MAX[fmt], FP8_MAX[fmt]).to(getattr(torch, FP8[fmt]))
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("fmt", [None, "e4m3", "e5m2"])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("per_head", [False, True], ids=["per_tensor", "per_head"])
+def test_cuda_reshape_and_cache(dtype, fmt, layout, per_head):
+    if fmt is None and per_head:
+        pytest.skip("scales only apply to fp8 caches")
+    g = torch.Generator(device="cpu").manual_seed(9)
+    H, D, bs, nb = 4, 128, 16, 12
+    key = (torch.randn(40, H, D, generator=g) * 3).to(dtype).cuda()
+    value = (torch.randn(40, H, D, generator=g) * 3).to(dtype).cuda()
+    slots = torch.randperm(nb * bs, generator=g)[:36].to(torch.int64)
+    slots[::7] = -1
+    slots = slots.cuda()
+    cdt = dtype if fmt is None else getattr(torch, FP8[fmt])
+    phys = (nb, 2, bs, H, D) if layout == "NHD" else (nb, 2, H, bs, D)
+    cache = torch.zeros(phys, dtype=cdt, device="cuda")
+    ks = torch.tensor([0.5, 1.0, 2.0, 4.0] if per_head else [0.5], device="cuda")
+    vs = torch.tensor([3.0, 0.25, 1.0, 2.0] if per_head else [2.0], device="cuda")
+    exp = cache.clone()
+
+    def views(c):
+        k, v = c[:, 0], c[:, 1]
+        return (k, v) if layout == "NHD" else (k.transpose(1, 2), v.transpose(1, 2))
+
+    torch_write(key, value, *views(exp), slots, fmt, ks, vs)
+    attnkit.reshape_and_cache_flash(key, value, *views(cache), slots, "auto" if fmt is None else "fp8_" + fmt, ks, vs)
+    torch.cuda.synchronize()
+    got_b, exp_b = cache.view(torch.uint8), exp.view(torch.uint8)
+    if not torch.equal(got_b, exp_b):
+        idx = tuple(int(i) for i in torch.nonzero(got_b != exp_b)[0])
+        raise AssertionError(f"cache differs at {idx}: got {got_b[idx].item()}, expected {exp_b[idx].item()}")
+
+
+# ---- merges on CUDA ---------------------------------------------------------------------------
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["f16", "bf16", "f32"])
+def test_cuda_merge_state_base2(dtype):
+    g = torch.Generator(device="cpu").manual_seed(10)
+    N, H, D = 33, 8, 128
+    v_a, v_b = (torch.randn(N, H, D, generator=g).to(dtype).cuda() for _ in range(2))
+    s_a, s_b = ((torch.randn(N, H, generator=g) * 4).cuda() for _ in range(2))
+    s_a[0, 0] = -math.inf
+    s_a[1, 1] = s_b[1, 1] = -math.inf
+    v, s = attnkit.merge_state(v_a, s_a, v_b, s_b)
+    torch.cuda.synchronize()
+    m = torch.maximum(s_a, s_b)
+    m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    wa, wb = torch.exp2(s_a.double() - m_safe), torch.exp2(s_b.double() - m_safe)
+    tot = wa + wb
+    exp_v = (v_a.double() * (wa / torch.where(tot > 0, tot, 1)).unsqueeze(-1) +
+             v_b.double() * (wb / torch.where(tot > 0, tot, 1)).unsqueeze(-1))
+    exp_s = m_safe + torch.log2(tot)
+    atol, rtol = tol(dtype)
+    assert_close_t(v, exp_v, atol, rtol, "merge v")
+    assert_close_t(s, exp_s, 1e-4, 1e-5, "merge s")
+
+
+@needs_cuda
+def test_cuda_flashinfer_wrappers_raise_clear_error():
+    w = attnkit.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1024, dtype=torch.uint8, device="cuda"))
+    w.plan(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0], dtype=torch.int32),
+           torch.tensor([1], dtype=torch.int32), 4, 4, 64, 16, q_data_type=torch.float16)
+    with pytest.raises(attnkit.AttnkitError, match="FlashInfer-style GPU kernels"):
+        w.run(torch.zeros(1, 4, 64, dtype=torch.float16, device="cuda"),
+              torch.zeros(1, 2, 16, 4, 64, dtype=torch.float16, device="cuda"))
+
+
+@needs_cuda
+def test_cupy_interop():
+    cupy = pytest.importorskip("cupy")
+    b = TorchBatch([1, 3], [20, 40], 4, 2, 64, 16, torch.float16, "cuda", seed=11)
+    exp = b.reference(causal=True)
+    k, v = b.views()
+    c = [cupy.from_dlpack(t) for t in (b.q, k, v, b.cu_seqlens_q, b.seqused_k, b.block_table)]
+    out = attnkit.flash_attn_varlen_func(c[0], c[1], c[2], b.max_seqlen_q, c[3], b.max_seqlen_k,
+                                         seqused_k=c[4], block_table=c[5], causal=True)
+    cupy.cuda.get_current_stream().synchronize()
+    assert_close_t(torch.from_dlpack(out), exp[0], *tol(torch.float16), "cupy out")
+
+
+# ---- CPU PyTorch tensors (the reference backend) ------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_cpu_torch_tensors(dtype):
+    b = TorchBatch([1, 4, 9], [30, 12, 50], 4, 2, 64, 16, dtype, "cpu", seed=12)
+    check(b, b.run(causal=True, softcap=10.0), b.reference(causal=True, softcap=10.0), "cpu torch")
+
+
+def test_cpu_torch_requires_grad_is_refused_clearly():
+    b = TorchBatch([1], [16], 2, 2, 16, 16, torch.float32, "cpu")
+    with pytest.raises(attnkit.AttnkitError, match="requires_grad"):
+        attnkit.flash_attn_varlen_func(b.q.clone().requires_grad_(), *b.views(), 1, b.cu_seqlens_q, 16,
+                                       seqused_k=b.seqused_k, block_table=b.block_table)
+
+
+def test_cpu_torch_fp8_cache_and_write():
+    b = TorchBatch([2, 1], [20, 33], 4, 2, 32, 16, torch.float32, "cpu", fp8="e4m3", seed=13)
+    ks = torch.tensor([0.5])
+    got = b.run(causal=True, k_descale=ks, v_descale=ks)
+    check(b, got, b.reference(causal=True, k_scale=ks, v_scale=ks), "cpu torch fp8")
+    key = torch.randn(3, 2, 32)
+    cache = torch.zeros(2, 2, 16, 2, 32, dtype=torch.float8_e4m3fn)
+    exp = cache.clone()
+    slots = torch.tensor([0, 17, -1])
+    torch_write(key, key, exp[:, 0], exp[:, 1], slots, "e4m3", ks, ks)
+    attnkit.reshape_and_cache_flash(key, key, cache[:, 0], cache[:, 1], slots, "auto", ks, ks)
+    assert torch.equal(cache.view(torch.uint8), exp.view(torch.uint8))
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_cpu_torch_flashinfer_decode(layout):
+    b = TorchBatch([1] * 4, [3, 16, 40, 77], 8, 2, 64, 16, torch.bfloat16, "cpu", layout=layout, seed=14)
+    pages = [-(-n // 16) for n in b.seqused_k.tolist()]
+    indptr = torch.tensor([0] + list(np.cumsum(pages)), dtype=torch.int32)
+    indices = torch.cat([b.block_table[r, :p] for r, p in enumerate(pages)])
+    last = torch.tensor([n - (p - 1) * 16 for n, p in zip(b.seqused_k.tolist(), pages)], dtype=torch.int32)
+    w = attnkit.BatchDecodeWithPagedKVCacheWrapper(torch.empty(0, dtype=torch.uint8), kv_layout=layout)
+    w.plan(indptr, indices, last, 8, 2, 64, 16, q_data_type=torch.bfloat16, logits_soft_cap=8.0)
+    out, lse = w.run(b.q, b.kv_cache, return_lse=True)
+    exp_out, exp_lse = b.reference(causal=True, softcap=8.0)
+    assert_close_t(out, exp_out, *tol(torch.bfloat16), "flashinfer cpu torch out")
+    assert_close_t(lse, (exp_lse / math.log(2)).T, 2e-3, 2e-3, "flashinfer cpu torch lse (base 2)")
