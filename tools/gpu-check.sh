@@ -12,7 +12,8 @@
 #   STEPS              comma list of build,cpu,gpu,sanitizer,python,bench (default: all)
 #   BENCH_ARGS         extra arguments of attnkit_bench (e.g. --quick)
 #   PEERS              1 (default) runs bench/peers.py; 0 skips it
-#   PY_CUDA            ON/OFF: build the Python extension with CUDA (default ON)
+#   PY_CUDA            ON/OFF: CUDA in the Python extension when it has to be built by pip
+#                      (default ON; normally the extension is built with the CMake build above)
 #   ATTNKIT_COMMIT     the commit measured (default: git rev-parse HEAD, if a repository)
 #   JOBS               build jobs (default: nproc)
 #   T_BUILD T_TESTS T_SANITIZER T_PYTHON T_BENCH T_PEERS   per-step time limits in seconds
@@ -80,7 +81,17 @@ if want build; then
       break
     done
   fi
-  step configure "${T_BUILD:-420}" "$LOG/build.log" cmake "${cmake_args[@]}" || BUILD_OK=0
+  # The Python extension joins this build (it reuses the library instead of compiling it again
+  # the way `pip install .` would); if its configuration fails, the rest is built without it.
+  if want python && [ -f pyproject.toml ] && [ -d python/attnkit ]; then
+    if ! step configure+python "${T_BUILD:-420}" "$LOG/build.log" cmake "${cmake_args[@]}" -DATTNKIT_PYTHON=ON \
+         -DPython_EXECUTABLE="$(command -v python3)"; then
+      FAILED=1
+      step configure "${T_BUILD:-420}" "$LOG/build.log" cmake "${cmake_args[@]}" -DATTNKIT_PYTHON=OFF || BUILD_OK=0
+    fi
+  else
+    step configure "${T_BUILD:-420}" "$LOG/build.log" cmake "${cmake_args[@]}" || BUILD_OK=0
+  fi
   if [ $BUILD_OK = 1 ]; then
     step build "${T_BUILD:-420}" "$LOG/build.log" cmake --build "$BUILD" -j "$JOBS" || BUILD_OK=0
   fi
@@ -121,11 +132,20 @@ if want sanitizer; then
   fi
 fi
 if want python; then
-  if [ -f pyproject.toml ] && [ -d python/tests ]; then
+  ext=$(ls "$BUILD"/python/_attnkit*.so 2>/dev/null | head -1)
+  if [ -f pyproject.toml ] && [ -d python/tests ] && [ -n "$ext" ]; then
+    # The package as installed: python/attnkit/*.py next to the extension built above.
+    rm -rf /tmp/attnkit-py && mkdir -p /tmp/attnkit-py && cp -r python/attnkit /tmp/attnkit-py/ &&
+      cp "$ext" /tmp/attnkit-py/attnkit/
+    export PYTHONPATH=/tmp/attnkit-py${PYTHONPATH:+:$PYTHONPATH}
+    step pytest "${T_PYTHON:-300}" "$LOG/tests.log" \
+      python3 -m pytest -q -p no:cacheprovider python/tests || FAILED=1
+    SUMMARY+=("  pytest: $(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed)' "$LOG/tests.log" | tail -1)")
+  elif [ -f pyproject.toml ] && [ -d python/tests ]; then
     step python-build "${T_PYTHON:-420}" "$LOG/tests.log" python3 -m pip install -q --disable-pip-version-check \
       --no-build-isolation --no-deps -C cmake.define.ATTNKIT_CUDA="${PY_CUDA:-ON}" \
       -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a . || FAILED=1
-    step pytest "${T_PYTHON:-420}" "$LOG/tests.log" python3 -m pytest -q python/tests || FAILED=1
+    step pytest "${T_PYTHON:-420}" "$LOG/tests.log" python3 -m pytest -q -p no:cacheprovider python/tests || FAILED=1
   else
     SUMMARY+=("python                 SKIPPED (no pyproject.toml + python/tests in this tree)")
   fi
