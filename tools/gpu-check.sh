@@ -51,6 +51,14 @@ step() {
   echo "=== $name: $status in ${secs}s" | tee -a "$logfile"
   return $rc
 }
+# The last pytest summary line of a log, or where the interpreter crashed.
+pytest_result() {
+  if grep -q "Fatal Python error" "$1"; then
+    echo "CRASHED ($(grep -m1 "Fatal Python error" "$1" | cut -c1-60)) in $(grep -m1 -E '^  File .*/tests/' "$1" | sed 's/^ *//' | cut -c1-120)"
+  else
+    grep -E '[0-9]+ (passed|failed|errors?|skipped)' "$1" | tail -1
+  fi
+}
 # Counts lines like gtest's "[  FAILED  ] Suite.Test" into the summary line of a step.
 gtest_counts() {
   local logfile=$1
@@ -151,13 +159,13 @@ if want python; then
     for f in $torch_tests; do ignore+=(--ignore="$f"); done
     : >"$LOG/py.tmp"
     step pytest "${T_PYTHON:-300}" "$LOG/py.tmp" python3 -m pytest -q -p no:cacheprovider python/tests "${ignore[@]}" || FAILED=1
-    SUMMARY+=("  pytest: $(grep -E '(passed|failed|error)' "$LOG/py.tmp" | tail -1)")
+    SUMMARY+=("  pytest: $(pytest_result "$LOG/py.tmp")")
     cat "$LOG/py.tmp" >>"$LOG/tests.log"
     if [ -n "$torch_tests" ]; then
       : >"$LOG/py.tmp"
       # shellcheck disable=SC2086
       step pytest-torch "${T_PYTHON:-300}" "$LOG/py.tmp" python3 -m pytest -q -p no:cacheprovider $torch_tests || FAILED=1
-      SUMMARY+=("  pytest-torch: $(grep -E '(passed|failed|error)' "$LOG/py.tmp" | tail -1)")
+      SUMMARY+=("  pytest-torch: $(pytest_result "$LOG/py.tmp")")
       cat "$LOG/py.tmp" >>"$LOG/tests.log"
     fi
     rm -f "$LOG/py.tmp"
