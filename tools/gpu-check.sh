@@ -9,7 +9,7 @@
 # Environment:
 #   SANITIZER_FILTER   gtest filter for memcheck (default '*Sanitizer*:*KvWrite*')
 #   GPU_TEST_FILTER    gtest filter for the GPU tests (default '*')
-#   STEPS              comma list of build,cpu,gpu,sanitizer,python,bench (default: all)
+#   STEPS              comma list of build,cpu,gpu,sanitizer,demo,python,bench (default: all)
 #   BENCH_ARGS         extra arguments of attnkit_bench (e.g. --quick)
 #   PEERS              1 (default) runs bench/peers.py; 0 skips it
 #   PY_CUDA            ON/OFF: CUDA in the Python extension when it has to be built by pip
@@ -25,7 +25,7 @@ LOG=${OUT:-$ROOT/build/gpu-check}
 mkdir -p "$LOG"
 BUILD=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
-STEPS=${STEPS:-build,cpu,gpu,sanitizer,python,bench}
+STEPS=${STEPS:-build,cpu,gpu,sanitizer,demo,python,bench}
 SANITIZER_FILTER=${SANITIZER_FILTER:-'*Sanitizer*:*KvWrite*'}
 GPU_TEST_FILTER=${GPU_TEST_FILTER:-'*'}
 COMMIT=${ATTNKIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
@@ -177,6 +177,12 @@ if want python; then
   else
     SUMMARY+=("python                 SKIPPED (no pyproject.toml + python/tests in this tree)")
   fi
+fi
+
+# ---- the main job on the GPU: the demo through the selector and the chosen GPU backend ---------
+if want demo && [ -x "$BUILD/attnkit" ]; then
+  step demo "${T_DEMO:-120}" "$LOG/demo.log" "$BUILD/attnkit" demo --steps 12 || FAILED=1
+  SUMMARY+=("  demo: $(grep -m1 '^backend:' "$LOG/demo.log" | cut -c1-90) | $(grep '^done:' "$LOG/demo.log" | tail -1)")
 fi
 
 # ---- benchmark (always, even after failures) ---------------------------------------------------
