@@ -278,6 +278,20 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
     forward = run
 
 
+def _check_prefill_plan_options(where, extras, custom_mask, packed_custom_mask, pos_encoding_mode,
+                                use_fp16_qk_reduction, rope_scale, rope_theta, head_dim_qk, head_dim_vo,
+                                q_data_type, o_data_type):
+    """The options both prefill wrappers' plan() refuse rather than ignore."""
+    _refuse_extras(where, extras)
+    _refuse(where, custom_mask=(custom_mask, None), packed_custom_mask=(packed_custom_mask, None),
+            pos_encoding_mode=(pos_encoding_mode, "NONE"), use_fp16_qk_reduction=(use_fp16_qk_reduction, False),
+            rope_scale=(rope_scale, None), rope_theta=(rope_theta, None))
+    if head_dim_vo is not None and int(head_dim_vo) != int(head_dim_qk):
+        A.fail(where, f"head_dim_vo = {head_dim_vo}", f"must equal head_dim_qk = {head_dim_qk}")
+    if o_data_type is not None and _dtype_str(o_data_type) != _dtype_str(q_data_type):
+        A.fail(where, f"o_data_type = {o_data_type}", "must equal q_data_type (attnkit writes q's dtype)")
+
+
 class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
     """FlashInfer's paged prefill wrapper: qo_indptr ragged queries over a paged cache."""
 
@@ -294,14 +308,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
              sm_scale=None, window_left=-1, logits_soft_cap=None, rope_scale=None, rope_theta=None,
              q_data_type="float16", kv_data_type=None, o_data_type=None, non_blocking=True, **extras):
         where = f"{self._name}.plan"
-        _refuse_extras(where, extras)
-        _refuse(where, custom_mask=(custom_mask, None), packed_custom_mask=(packed_custom_mask, None),
-                pos_encoding_mode=(pos_encoding_mode, "NONE"), use_fp16_qk_reduction=(use_fp16_qk_reduction, False),
-                rope_scale=(rope_scale, None), rope_theta=(rope_theta, None))
-        if head_dim_vo is not None and int(head_dim_vo) != int(head_dim_qk):
-            A.fail(where, f"head_dim_vo = {head_dim_vo}", f"must equal head_dim_qk = {head_dim_qk}")
-        if o_data_type is not None and _dtype_str(o_data_type) != _dtype_str(q_data_type):
-            A.fail(where, f"o_data_type = {o_data_type}", "must equal q_data_type (attnkit writes q's dtype)")
+        _check_prefill_plan_options(where, extras, custom_mask, packed_custom_mask, pos_encoding_mode,
+                                    use_fp16_qk_reduction, rope_scale, rope_theta, head_dim_qk,
+                                    head_dim_vo, q_data_type, o_data_type)
         qo = _indptr(qo_indptr, where, "qo_indptr")
         seq_lens, table = _page_table(paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
                                       int(page_size), where)
@@ -344,14 +353,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
              rope_scale=None, rope_theta=None, q_data_type="float16", kv_data_type=None,
              o_data_type=None, non_blocking=True, **extras):
         where = f"{self._name}.plan"
-        _refuse_extras(where, extras)
-        _refuse(where, custom_mask=(custom_mask, None), packed_custom_mask=(packed_custom_mask, None),
-                pos_encoding_mode=(pos_encoding_mode, "NONE"), use_fp16_qk_reduction=(use_fp16_qk_reduction, False),
-                rope_scale=(rope_scale, None), rope_theta=(rope_theta, None))
-        if head_dim_vo is not None and int(head_dim_vo) != int(head_dim_qk):
-            A.fail(where, f"head_dim_vo = {head_dim_vo}", f"must equal head_dim_qk = {head_dim_qk}")
-        if o_data_type is not None and _dtype_str(o_data_type) != _dtype_str(q_data_type):
-            A.fail(where, f"o_data_type = {o_data_type}", "must equal q_data_type (attnkit writes q's dtype)")
+        _check_prefill_plan_options(where, extras, custom_mask, packed_custom_mask, pos_encoding_mode,
+                                    use_fp16_qk_reduction, rope_scale, rope_theta, head_dim_qk,
+                                    head_dim_vo, q_data_type, o_data_type)
         qo = _indptr(qo_indptr, where, "qo_indptr")
         kv = _indptr(kv_indptr, where, "kv_indptr")
         if kv.size != qo.size:
