@@ -79,7 +79,7 @@ TEST(FlashInferBackend, BlockSizeRuleDependsOnGroupAndDevice) {
         const bool small = block == 16 || block == 32 || block == 64;
         const bool large = block >= 128 && block <= 1024 && (block & (block - 1)) == 0;
         const bool want = small || (large && heads > kv && cc >= 90);
-        const auto why = b.check(c);
+        const auto why = configuration_refusals(c);
         EXPECT_EQ(why.empty(), want) << "block " << block << " heads " << heads << "/" << kv
                                      << " sm" << cc << ": " << joined(why);
         const auto sizes = block_sizes_for(c);
@@ -128,7 +128,7 @@ TEST(FlashInferBackend, CheckTable) {
       {"sm75", config(32, 8, 16, DeviceSpec::Cuda(7, 5)), "8.0"},
   };
   for (const Row& r : rows) {
-    const auto why = flashinfer_backend().check(r.cfg);
+    const auto why = configuration_refusals(r.cfg);
     if (!r.reason) {
       EXPECT_TRUE(why.empty()) << r.what << ": " << joined(why);
     } else {
@@ -136,6 +136,22 @@ TEST(FlashInferBackend, CheckTable) {
           << r.what << ": expected a reason with '" << r.reason << "', got: " << joined(why);
     }
   }
+}
+
+// Until the kernels ship, the selector must never hand an engine this backend on a GPU: check()
+// adds that rule to every GPU configuration (and only there), while builders and impls (the
+// host side) accept what the configuration rules accept.
+TEST(FlashInferBackend, CheckRefusesGpusUntilTheKernelsShip) {
+  ASSERT_FALSE(kFlashInferKernelsBuilt);
+  for (const AttentionConfig& c : {config(32, 8, 16), config(32, 8, 256), config(16, 1, 1024, DeviceSpec::Cuda(10, 0))}) {
+    EXPECT_TRUE(configuration_refusals(c).empty()) << joined(configuration_refusals(c));
+    const auto why = flashinfer_backend().check(c);
+    ASSERT_EQ(why.size(), 1u) << joined(why);
+    EXPECT_NE(why[0].find("GPU kernels are not in this build"), std::string::npos) << why[0];
+    EXPECT_NO_THROW(flashinfer_backend().make_builder(c));
+  }
+  const auto cpu = flashinfer_backend().check(config(32, 8, 16, DeviceSpec::Cpu()));
+  EXPECT_EQ(joined(cpu).find("GPU kernels are not in this build"), std::string::npos) << joined(cpu);
 }
 
 TEST(FlashInferBackend, CudagraphSupportAndVariant) {

@@ -72,8 +72,10 @@ std::vector<Row> table() {
        {{"flashinfer", {"block size 48"}}, {"reference", {oracle}}}, {}},
       {"block size 256 GQA on sm90", kSm90, [](AttentionConfig& c) { c.block_size = 256; }, {}, "flash_attn", {},
        {{"reference", {oracle}}}, {}},
+      // The FlashInfer-style backend accepts block 256 for GQA on sm90 (its configuration rules,
+      // tested in flashinfer_backend_test) but its GPU kernels are not in this build yet.
       {"block size 256 with the FlashInfer-style backend", kSm90, [](AttentionConfig& c) { c.block_size = 256; },
-       "flashinfer", "flashinfer", {"tensor cores"}, {{"reference", {oracle}}}, {}},
+       "flashinfer", "", {}, {}, {"preferred backend = flashinfer", "not in this build"}},
       {"block size 256 MHA, flashinfer preferred", kSm90,
        [](AttentionConfig& c) {
          c.block_size = 256;
@@ -92,7 +94,7 @@ std::vector<Row> table() {
       {"non-causal", kSm90, [](AttentionConfig& c) { c.features.non_causal = true; }, {}, "flash_attn", {"mma_sync"},
        {{"reference", {oracle}}}, {}},
       {"non-causal, flashinfer preferred", kSm90, [](AttentionConfig& c) { c.features.non_causal = true; },
-       "flashinfer", "flashinfer", {"prefill path"}, {{"reference", {oracle}}}, {}},
+       "flashinfer", "", {}, {}, {"preferred backend = flashinfer", "not in this build"}},
       {"softcap + window + LSE", kSm90,
        [](AttentionConfig& c) { c.features.softcap = c.features.sliding_window = c.features.lse = true; }, {},
        "flash_attn", {"mma_sync"}, {{"reference", {oracle}}}, {}},
@@ -105,10 +107,11 @@ std::vector<Row> table() {
       {"fp32 on sm90: nobody", kSm90, [](AttentionConfig& c) { c.dtype = c.cache_dtype = DType::f32; }, {}, "", {},
        {{"flash_attn", {"dtype f32 is not supported"}}, {"flashinfer", {"dtype f32"}}, {"reference", {oracle}}},
        {"dtype f32"}},
-      {"NVFP4 cache on sm90: flashinfer", kSm90, [](AttentionConfig& c) { c.cache_dtype = DType::nvfp4; }, {},
-       "flashinfer", {}, {{"flash_attn", {"nvfp4"}}, {"reference", {oracle}}}, {}},
-      {"f16 cache for a bf16 model", kSm90, [](AttentionConfig& c) { c.cache_dtype = DType::f16; }, {}, "flashinfer",
-       {}, {{"flash_attn", {"model dtype"}}, {"reference", {oracle}}}, {}},
+      {"NVFP4 cache on sm90: nobody in this build", kSm90, [](AttentionConfig& c) { c.cache_dtype = DType::nvfp4; },
+       {}, "", {}, {{"flash_attn", {"nvfp4"}}, {"reference", {oracle}}}, {"nvfp4", "not in this build"}},
+      {"f16 cache for a bf16 model: nobody in this build", kSm90,
+       [](AttentionConfig& c) { c.cache_dtype = DType::f16; }, {}, "", {},
+       {{"flash_attn", {"model dtype"}}, {"reference", {oracle}}}, {"model dtype"}},
       {"HND layout", kSm90, [](AttentionConfig& c) { c.layout = KVLayout::HND; }, {}, "flash_attn", {},
        {{"reference", {oracle}}}, {}},
       {"sm100", kSm100, none, {}, "flash_attn", {"mma_sync", "the device is sm100"}, {{"reference", {oracle}}}, {}},
@@ -153,10 +156,13 @@ TEST(Selector, Table) {
       EXPECT_EQ(by_name.count(s.backend), 0u);
     }
     if (!row.preferred || !row.chosen.empty()) {
-      // Exactly the listed backends are refused, each with the listed reasons.
+      // Exactly the listed backends are refused, each with the listed reasons; on a GPU the
+      // FlashInfer-style backend is always refused too, until its kernels ship.
+      auto expected = row.refused;
+      if (!row.device.cpu) expected["flashinfer"].push_back("GPU kernels are not in this build");
       for (const auto& [name, reasons] : by_name)
-        EXPECT_TRUE(row.refused.count(name)) << name << " refused unexpectedly: " << joined(reasons);
-      for (const auto& [name, mentions] : row.refused) {
+        EXPECT_TRUE(expected.count(name)) << name << " refused unexpectedly: " << joined(reasons);
+      for (const auto& [name, mentions] : expected) {
         auto it = by_name.find(name);
         ASSERT_NE(it, by_name.end()) << name << " was not refused";
         for (const auto& m : mentions)

@@ -33,8 +33,10 @@ bool is_large_page(int block_size) {
 
 class FlashInferBackend final : public AttentionBackend {
   // Builders and impls are made only for configurations check() accepts.
+  // Builders and impls need only the configuration rules (not kernels in this build), so the
+  // host side (page tables, plans) stays usable and testable before the kernels exist.
   void require_serves(const AttentionConfig& cfg, std::string_view where) const {
-    const auto why = check(cfg);
+    const auto why = configuration_refusals(cfg);
     if (why.empty()) return;
     std::string all;
     for (const auto& w : why) all += (all.empty() ? "" : "; ") + w;
@@ -67,22 +69,17 @@ class FlashInferBackend final : public AttentionBackend {
     return c;
   }
 
+  // What the selector sees: the configuration rules, and on a GPU the rule that the kernels
+  // must be in this build (like the FlashAttention-style hopper generation), so no engine is
+  // handed a backend whose forward cannot run.
   std::vector<std::string> check(const AttentionConfig& cfg) const override {
-    auto why = AttentionBackend::check(cfg);
-    if (!is_large_page(cfg.block_size)) return why;
-    const int g = group_size(cfg);
-    if (g == 1)
-      why.push_back("block size " + std::to_string(cfg.block_size) +
-                    " needs a GQA/MQA model (num_heads / num_kv_heads > 1, here " +
-                    std::to_string(cfg.num_heads) + " / " + std::to_string(cfg.num_kv_heads) +
-                    "): pages of 128..1024 tokens are read only by the kernels that pack a "
-                    "query-head group into one tile; MHA takes 16, 32 or 64");
-    if (!cfg.device.cpu && cfg.device.cc() < kLargePageMinCC)
-      why.push_back("block size " + std::to_string(cfg.block_size) +
-                    " needs sm90 or newer (the device is " + cfg.device.describe() +
-                    "): pages of 128..1024 tokens are served by the Hopper kernels only");
+    auto why = configuration_refusals(cfg);
+    if (!kFlashInferKernelsBuilt && !cfg.device.cpu)
+      why.push_back("its GPU kernels are not in this build yet (this release ships the "
+                    "FlashInfer-style host side: page tables and plans)");
     return why;
   }
+
 
   std::string variant(const AttentionConfig& cfg) const override {
     const int g = group_size(cfg);
@@ -119,6 +116,24 @@ class FlashInferBackend final : public AttentionBackend {
 };
 
 }  // namespace
+
+std::vector<std::string> configuration_refusals(const AttentionConfig& cfg) {
+  auto why = flashinfer_backend().AttentionBackend::check(cfg);
+  if (!is_large_page(cfg.block_size)) return why;
+  const int g = group_size(cfg);
+  if (g == 1)
+    why.push_back("block size " + std::to_string(cfg.block_size) +
+                  " needs a GQA/MQA model (num_heads / num_kv_heads > 1, here " +
+                  std::to_string(cfg.num_heads) + " / " + std::to_string(cfg.num_kv_heads) +
+                  "): pages of 128..1024 tokens are read only by the kernels that pack a "
+                  "query-head group into one tile; MHA takes 16, 32 or 64");
+  if (!cfg.device.cpu && cfg.device.cc() < kLargePageMinCC)
+    why.push_back("block size " + std::to_string(cfg.block_size) +
+                  " needs sm90 or newer (the device is " + cfg.device.describe() +
+                  "): pages of 128..1024 tokens are served by the Hopper kernels only");
+  return why;
+}
+
 }  // namespace flashinfer
 
 const AttentionBackend& flashinfer_backend() {
