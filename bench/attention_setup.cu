@@ -3,7 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <cstdio>
 #include <random>
+#include <stdexcept>
+
+#include "bench_util.h"
 
 #include "cuda/cuda_check.h"
 
@@ -57,6 +61,42 @@ flash_attn::VarlenArgs varlen_args(const UniformBatch& b, const PagedKV& cache, 
   a.params.causal = causal;
   a.stream = stream;
   return a;
+}
+
+GraphTiming time_rotating(const std::vector<flash_attn::VarlenArgs>& args, int calls, cudaStream_t stream) {
+  GraphTiming t;
+  auto enqueue = [&] {
+    for (int i = 0; i < calls; ++i) flash_attn::run_varlen_attention(args[i % args.size()]);
+  };
+  enqueue();  // warm up outside the capture (module load, first-launch setup)
+  ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  bool captured = false;
+  try {
+    ATTNKIT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    try {
+      enqueue();
+    } catch (...) {
+      cudaStreamEndCapture(stream, &graph);
+      throw;
+    }
+    ATTNKIT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    ATTNKIT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    captured = true;
+  } catch (const std::exception& e) {
+    std::printf("decode: graph capture failed (%s); timing eager back-to-back launches\n", e.what());
+    cudaGetLastError();
+  }
+  if (captured) {
+    t.ms_per_call = time_ms([&] { ATTNKIT_CUDA_CHECK(cudaGraphLaunch(exec, stream)); }, stream, 1, 5) / calls;
+    cudaGraphExecDestroy(exec);
+  } else {
+    t.graph = false;
+    t.ms_per_call = time_ms(enqueue, stream, 0, 5) / calls;
+  }
+  if (graph) cudaGraphDestroy(graph);
+  return t;
 }
 
 }  // namespace attnkit::bench

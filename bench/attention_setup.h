@@ -31,4 +31,12 @@ PagedKV pool_view(const KVCacheSpec& spec, void* storage);
 flash_attn::VarlenArgs varlen_args(const UniformBatch& b, const PagedKV& cache, void* q, void* out,
                                    int num_heads, int head_size, bool causal, cudaStream_t stream);
 
+// Per-call time of `calls` back-to-back run_varlen_attention launches rotating over `args`,
+// captured as one CUDA graph (eager launches if the capture fails), median of 5 samples.
+struct GraphTiming {
+  double ms_per_call = 0;
+  bool graph = true;
+};
+GraphTiming time_rotating(const std::vector<flash_attn::VarlenArgs>& args, int calls, cudaStream_t stream);
+
 }  // namespace attnkit::bench

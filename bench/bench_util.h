@@ -56,5 +56,7 @@ void run_kv_write(Recorder& rec, cudaStream_t stream);
 void run_merge(Recorder& rec, cudaStream_t stream);
 void run_prefill(Recorder& rec, cudaStream_t stream, bool quick);
 void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick);
+// attnkit_bench --split-sweep: decode shapes x forced split-KV counts, one printed table.
+void run_split_sweep(Recorder& rec, cudaStream_t stream, double read_gbps);
 
 }  // namespace attnkit::bench

@@ -14,7 +14,7 @@
 int main(int argc, char** argv) {
   using namespace attnkit::bench;
   std::string json, only = "ceiling,kv_write,merge,prefill,decode";
-  bool quick = false;
+  bool quick = false, sweep = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) {
@@ -23,8 +23,11 @@ int main(int argc, char** argv) {
       only = argv[++i];
     } else if (a == "--quick") {
       quick = true;
+    } else if (a == "--split-sweep") {
+      sweep = true;
+      only = "ceiling";
     } else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--quick] [--only ceiling,kv_write,merge,prefill,decode]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--json PATH] [--quick] [--only ceiling,kv_write,merge,prefill,decode] | --split-sweep\n", argv[0]);
       return 2;
     }
   }
@@ -43,9 +46,11 @@ int main(int argc, char** argv) {
     if (wanted("prefill")) rec.fail("prefill", "all prefill shapes", why);
     if (wanted("decode")) rec.fail("decode", "all decode shapes", why);
     if (quick) std::printf("--quick: no attention sections to shorten in this build\n");
+    if (sweep) rec.fail("sweep", "split sweep", why);
 #else
     if (wanted("prefill")) run_prefill(rec, stream, quick);
     if (wanted("decode")) run_decode(rec, stream, c.read_gbps, quick);
+    if (sweep) run_split_sweep(rec, stream, c.read_gbps);
 #endif
     ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
     cudaStreamDestroy(stream);

@@ -29,6 +29,8 @@
 #include <span>
 #include <string>
 
+#include "attnkit/dtype.h"
+
 namespace attnkit::flash_attn {
 
 inline constexpr int kQTileRows = 64;                      // query rows per CTA tile
@@ -45,6 +47,7 @@ struct SplitKVInput {
   int decode_threshold = 1;
   int num_sms = 0;         // > 0
   int max_splits = kMaxSplits;  // caller's cap (1 disables splitting: no workspace, batch invariance)
+  DType cache_dtype = DType::bf16;  // KV cache storage dtype (the fp8 path wants more CTAs)
 };
 
 struct SplitKVDecision {
