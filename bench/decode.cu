@@ -27,7 +27,7 @@ namespace {
 constexpr int kHeads = 32, kKvHeads = 8, kHeadSize = 128, kBlock = 16;
 
 // The split-KV count the FlashAttention-style builder would choose for this batch.
-flash_attn::SplitKVDecision builder_splits(int num_reqs, int q_len, int kv_len, int sm_count) {
+flash_attn::SplitKVDecision builder_splits(int num_reqs, int q_len, int kv_len, DType cache_dtype, int sm_count) {
   std::vector<int32_t> qsl(num_reqs + 1), seq(num_reqs, kv_len);
   for (int i = 0; i <= num_reqs; ++i) qsl[i] = i * q_len;
   flash_attn::SplitKVInput in;
@@ -36,6 +36,7 @@ flash_attn::SplitKVDecision builder_splits(int num_reqs, int q_len, int kv_len, 
   in.num_heads = kHeads;
   in.num_kv_heads = kKvHeads;
   in.num_sms = sm_count;
+  in.cache_dtype = cache_dtype;
   return flash_attn::decide_num_splits(in);
 }
 
@@ -85,7 +86,7 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
           const int64_t rot = std::min<int64_t>(fit, std::max<int64_t>(1, std::llround(std::ceil(8.0 * props.l2_bytes / kv_bytes))));
           const double est_ms = bytes / 4.0e9 + 0.005;
           const int calls = static_cast<int>(std::clamp<int64_t>(std::max<int64_t>(rot, std::llround(std::ceil(4.0 / est_ms))), 3, 512));
-          const int splits = builder_splits(B, 1, L, props.sm_count).num_splits;
+          const int splits = builder_splits(B, 1, L, cd, props.sm_count).num_splits;
           std::vector<std::unique_ptr<UniformBatch>> inst;
           std::vector<flash_attn::VarlenArgs> args;
           cuda::DeviceBuffer workspace(std::max<size_t>(16, flash_attn::varlen_workspace_bytes(B, kHeads, kHeadSize, splits)));

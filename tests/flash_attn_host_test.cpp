@@ -153,11 +153,14 @@ TEST(FlashAttnBackend, CapabilitiesAndRules) {
 TEST(SplitKV, DocumentedConstants) {
   EXPECT_EQ(kQTileRows, 64);
   EXPECT_EQ(kKVTileTokens, 64);
-  EXPECT_EQ(kMinKVPerSplit, 256);
+  EXPECT_EQ(kMinKVPerSplit, 512);
   EXPECT_EQ(kMinKVPerSplit % kKVTileTokens, 0);
   EXPECT_EQ(kMaxSplits, 32);
-  EXPECT_EQ(kCtasPerSm, 1);
-  EXPECT_DOUBLE_EQ(kFillFraction, 0.8);
+  EXPECT_EQ(kMaxUsefulSplits, 16);
+  EXPECT_LE(kMaxUsefulSplits, kMaxSplits);
+  EXPECT_EQ(kCtasPerSmDecode, 2);
+  EXPECT_EQ(kCtasPerSmDecodeFp8, 3);
+  EXPECT_EQ(kCtasPerSmPrefill, 1);
 }
 
 struct Batch {
@@ -168,8 +171,10 @@ struct Batch {
   }
 };
 
-SplitKVInput input(const Batch& b, int heads, int kv_heads, int sms, int max_splits = kMaxSplits) {
+SplitKVInput input(const Batch& b, int heads, int kv_heads, int sms, int max_splits = kMaxSplits,
+                   DType cache_dtype = DType::bf16) {
   SplitKVInput in;
+  in.cache_dtype = cache_dtype;
   in.query_start_loc = b.qsl;
   in.seq_lens = b.seq;
   in.num_heads = heads;
@@ -199,42 +204,59 @@ TEST(SplitKV, WorkItemsPackDecodeGroupsAndTilePrefills) {
 }
 
 TEST(SplitKV, WorkedExamples) {
-  struct Case { int reqs, q, seq, heads, kv_heads, sms, max_splits, expect; const char* why; };
+  struct Case { int reqs, q, seq, heads, kv_heads, sms, max_splits; DType cache; int expect; const char* why; };
+  const DType bf16 = DType::bf16, fp8 = DType::fp8_e4m3;
   const Case cases[] = {
-      // One long decode on an H100/H200: W = 8 items for 132 slots -> 17 splits of 31 tiles.
-      {1, 1, 32768, 32, 8, 132, 32, 17, "one work item per SM"},
-      // Few SMs leave room for more splits than kMaxSplits: capped.
-      {1, 1, 32768, 8, 1, 132, 32, 32, "capped at kMaxSplits"},
-      {1, 1, 32768, 32, 8, 132, 8, 8, "caller cap"},
-      {1, 1, 32768, 32, 8, 132, 1, 1, "splitting disabled"},
-      // Short KV: floor(1000/256) = 3 splits of ceil(16 tiles / 3) = 6 tiles.
-      {1, 1, 1000, 32, 8, 132, 32, 3, "min KV per split"},
-      {1, 1, 511, 32, 8, 132, 32, 1, "too short to split twice"},
-      {1, 1, 512, 32, 8, 132, 32, 2, "exactly two minimal splits"},
-      // W = 64 * 8 = 512 >= 0.8 * 132: the items fill the GPU.
-      {64, 1, 32768, 32, 8, 132, 32, 1, "enough work"},
-      // W = 16 * 8 = 128 >= 105.6: no split; W = 8 * 8 = 64 < 105.6: ceil(132 / 64) = 3.
-      {16, 1, 32768, 32, 8, 132, 32, 1, "128 items nearly fill 132 SMs"},
-      {8, 1, 32768, 32, 8, 132, 32, 3, "fill the remainder"},
-      // 40 tiles: 32 splits would give ceil(40/32) = 2 tiles each, as 20 splits do.
-      {1, 1, 40 * 64, 8, 1, 132, 32, 10, "by_kv = 10"},
-      // W 8 -> 17 splits; 141 tiles are 9 per split from 16 splits on.
-      {1, 1, 9000, 8, 8, 132, 32, 16, "141 tiles"},
+      // One long decode on an H200: W = 8 items, floor(264 / 8) = 33 -> kMaxUsefulSplits (the
+      // sweep's best: 16 splits 52.2 us, 32 splits 60.4 us).
+      {1, 1, 32768, 32, 8, 132, 32, bf16, 16, "one decode: kMaxUsefulSplits"},
+      {1, 1, 32768, 32, 8, 132, 32, fp8, 16, "one decode, fp8: kMaxUsefulSplits"},
+      {1, 1, 32768, 8, 1, 132, 32, bf16, 16, "one item: capped at kMaxUsefulSplits"},
+      {1, 1, 32768, 32, 8, 132, 8, bf16, 8, "caller cap"},
+      {1, 1, 32768, 32, 8, 132, 1, bf16, 1, "splitting disabled"},
+      // 1 x 4k: floor(4096 / 512) = 8 splits (the sweep's best, 18.1 us; 16 splits 19.6 us).
+      {1, 1, 4096, 32, 8, 132, 32, bf16, 8, "min KV per split at 4k"},
+      // Short KV: floor(2000 / 512) = 3 splits of ceil(32 tiles / 3) = 11 tiles.
+      {1, 1, 2000, 32, 8, 132, 32, bf16, 3, "min KV per split"},
+      {1, 1, 1023, 32, 8, 132, 32, bf16, 1, "too short to split twice"},
+      {1, 1, 1024, 32, 8, 132, 32, bf16, 2, "exactly two minimal splits"},
+      // Batch 4 (W = 32): bf16 floor(264 / 32) = 8 (145.9 us at 32k, best); fp8 floor(396 / 32)
+      // = 12 (92.1 us, best; 4 splits 129.9 us).
+      {4, 1, 32768, 32, 8, 132, 32, bf16, 8, "batch 4 bf16: 2 CTAs per SM"},
+      {4, 1, 32768, 32, 8, 132, 32, fp8, 12, "batch 4 fp8: 3 CTAs per SM"},
+      {4, 1, 4096, 32, 8, 132, 32, fp8, 8, "batch 4 fp8 at 4k: min KV per split"},
+      // Batch 16 (W = 128): bf16 floor(264 / 128) = 2 (75.0 us at 4k vs 76.9 unsplit, 83.9 at
+      // 3); fp8 floor(396 / 128) = 3 (50.3 us vs 66.5 unsplit, 58.0 at 4).
+      {16, 1, 4096, 32, 8, 132, 32, bf16, 2, "batch 16 bf16: one wave of 256 CTAs"},
+      {16, 1, 32768, 32, 8, 132, 32, fp8, 3, "batch 16 fp8: one wave of 384 CTAs"},
+      {16, 1, 32768, 32, 8, 132, 32, DType::fp8_e5m2, 3, "e5m2 is fp8 too"},
+      {16, 1, 32768, 32, 8, 132, 32, DType::f16, 2, "f16 counts as 16-bit"},
+      // W = 64 * 8 = 512 > 396 / 2: the items fill the GPU.
+      {64, 1, 32768, 32, 8, 132, 32, bf16, 1, "enough work"},
+      {64, 1, 32768, 32, 8, 132, 32, fp8, 1, "enough work, fp8"},
+      // A prefill in the batch: one CTA per SM. W = 8 KV heads x 4 heads x ceil(100/64) = 64,
+      // floor(132 / 64) = 2.
+      {1, 100, 5000, 32, 8, 132, 32, bf16, 2, "prefill: one CTA per SM"},
+      {1, 100, 5000, 32, 8, 132, 32, fp8, 2, "prefill ignores the cache dtype"},
+      // 40 tiles: floor(2560 / 512) = 5 splits of 8 tiles (4 would need 10).
+      {1, 1, 40 * 64, 8, 1, 132, 32, bf16, 5, "by_kv = 5"},
+      // W 8 -> 16 splits; 141 tiles are 9 per split at 16 and 10 at 15.
+      {1, 1, 9000, 8, 8, 132, 32, bf16, 16, "141 tiles"},
   };
   for (const Case& c : cases) {
     Batch b;
     for (int r = 0; r < c.reqs; ++r) b.add(c.q, c.seq);
-    const SplitKVDecision d = decide_num_splits(input(b, c.heads, c.kv_heads, c.sms, c.max_splits));
+    const SplitKVDecision d = decide_num_splits(input(b, c.heads, c.kv_heads, c.sms, c.max_splits, c.cache));
     EXPECT_EQ(d.num_splits, c.expect) << c.why << ": " << d.reason;
     EXPECT_FALSE(d.reason.empty());
   }
 }
 
-// The trim step: 100 tiles capped at 16 splits are 7 tiles per split, as with 15 splits (14
-// would need 8); 33 tiles allow floor(2112/256) = 8 splits of 5 tiles, as 7 splits give.
+// The trim step: 100 tiles capped at 11 splits are 10 tiles per split, as with 10 splits (9
+// would need 12); 150 tiles at 16 splits are 10 per split, as 15 splits give.
 TEST(SplitKV, TrimsSplitsThatDoNotShortenTheLongestSplit) {
   struct Case { int tiles, max_splits, expect; };
-  for (const Case& c : {Case{100, 16, 15}, Case{33, 32, 7}, Case{40, 32, 10}, Case{64, 32, 16}}) {
+  for (const Case& c : {Case{100, 11, 10}, Case{150, 32, 15}, Case{40, 32, 5}, Case{64, 32, 8}}) {
     Batch b;
     b.add(1, c.tiles * kKVTileTokens);
     const auto d = decide_num_splits(input(b, 8, 8, 132, c.max_splits));
@@ -255,22 +277,26 @@ TEST(SplitKV, PropertiesOverARandomGrid) {
       const int q = rng() % 4 == 0 ? static_cast<int>(rng() % 300) : 1;
       b.add(q, q + static_cast<int>(rng() % 20000));
     }
-    const SplitKVInput in = input(b, kv_heads * group, kv_heads, sms, max_splits);
+    const DType cache = rng() % 2 ? DType::fp8_e4m3 : DType::bf16;
+    const SplitKVInput in = input(b, kv_heads * group, kv_heads, sms, max_splits, cache);
     const SplitKVDecision d = decide_num_splits(in);
+    bool prefill = false;
+    for (int r = 0; r < reqs; ++r) prefill = prefill || b.qsl[r + 1] - b.qsl[r] > 1;
     int max_kv = 0;
     for (int r = 0; r < reqs; ++r)
       if (b.qsl[r + 1] > b.qsl[r]) max_kv = std::max(max_kv, b.seq[r]);
     const std::string ctx = "trial " + std::to_string(trial) + ": " + d.reason;
     ASSERT_GE(d.num_splits, 1) << ctx;
-    EXPECT_LE(d.num_splits, std::min(kMaxSplits, max_splits)) << ctx;
+    EXPECT_LE(d.num_splits, std::min(kMaxUsefulSplits, max_splits)) << ctx;
     EXPECT_EQ(d.work_items, split_kv_work_items(in));
-    EXPECT_EQ(d.cta_slots, int64_t{sms} * kCtasPerSm);
-    if (d.work_items >= kFillFraction * d.cta_slots) EXPECT_EQ(d.num_splits, 1) << ctx;
+    const int per_sm = prefill ? kCtasPerSmPrefill : cache == DType::bf16 ? kCtasPerSmDecode : kCtasPerSmDecodeFp8;
+    EXPECT_EQ(d.cta_slots, int64_t{sms} * per_sm) << ctx;
+    if (2 * d.work_items > d.cta_slots) EXPECT_EQ(d.num_splits, 1) << ctx;
     if (d.num_splits > 1) {
       // Each split of the longest KV reads at least kMinKVPerSplit tokens.
       EXPECT_GE(max_kv / d.num_splits, kMinKVPerSplit) << ctx;
-      // Splits never overshoot the slots by more than one wave of items.
-      EXPECT_LE(int64_t{d.num_splits - 1} * d.work_items, d.cta_slots) << ctx;
+      // The split CTAs fit in one wave of slots.
+      EXPECT_LE(int64_t{d.num_splits} * d.work_items, d.cta_slots) << ctx;
       // Minimal: one split fewer would lengthen the longest split.
       const int tiles = (max_kv + kKVTileTokens - 1) / kKVTileTokens;
       const int s = d.num_splits;
@@ -284,6 +310,11 @@ TEST(SplitKV, PropertiesOverARandomGrid) {
     more_heads.num_kv_heads = kv_heads * 2;
     more_heads.num_heads = kv_heads * 2 * group;
     EXPECT_LE(decide_num_splits(more_heads).num_splits, d.num_splits) << ctx;
+    // An fp8 cache never means fewer splits than a bf16 one.
+    SplitKVInput as_fp8 = in, as_bf16 = in;
+    as_fp8.cache_dtype = DType::fp8_e4m3;
+    as_bf16.cache_dtype = DType::bf16;
+    EXPECT_GE(decide_num_splits(as_fp8).num_splits, decide_num_splits(as_bf16).num_splits) << ctx;
   }
 }
 
@@ -493,6 +524,7 @@ TEST(FlashAttnBuilder, SplitDecisionAndWorkspace) {
       in.num_kv_heads = cfg.num_kv_heads;
       in.num_sms = cfg.device.sms_or_default();
       in.max_splits = max_splits;
+      in.cache_dtype = cfg.cache_dtype;
       EXPECT_EQ(m.split.num_splits, decide_num_splits(in).num_splits) << sms << " " << max_splits;
       EXPECT_LE(m.split.num_splits, max_splits);
       EXPECT_EQ(m.workspace_bytes, m.split.num_splits > 1 ? varlen_workspace_bytes(b.md.num_actual_tokens, cfg.num_heads,

@@ -81,6 +81,7 @@ FlashAttnMetadata FlashAttnMetadataBuilder::build_flash(const CommonAttentionMet
   in.decode_threshold = opts_.decode_threshold;
   in.num_sms = cfg_.device.sms_or_default();
   in.max_splits = opts_.max_splits;
+  in.cache_dtype = cfg_.cache_dtype;
   m.split = decide_num_splits(in);
   m.workspace_bytes = m.split.num_splits > 1
                           ? varlen_workspace_bytes(c.num_actual_tokens, cfg_.num_heads,

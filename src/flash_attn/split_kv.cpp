@@ -40,25 +40,32 @@ int64_t split_kv_work_items(const SplitKVInput& in) {
   return items;
 }
 
+int split_kv_ctas_per_sm(const SplitKVInput& in) {
+  validate(in);
+  for (size_t r = 0; r + 1 < in.query_start_loc.size(); ++r)
+    if (in.query_start_loc[r + 1] - in.query_start_loc[r] > in.decode_threshold) return kCtasPerSmPrefill;
+  return is_fp8(in.cache_dtype) ? kCtasPerSmDecodeFp8 : kCtasPerSmDecode;
+}
+
 SplitKVDecision decide_num_splits(const SplitKVInput& in) {
   SplitKVDecision d;
   d.work_items = split_kv_work_items(in);
-  d.cta_slots = static_cast<int64_t>(in.num_sms) * kCtasPerSm;
+  d.cta_slots = static_cast<int64_t>(in.num_sms) * split_kv_ctas_per_sm(in);
   if (d.work_items == 0) {
     d.reason = "no query tokens: nothing to split";
     return d;
   }
-  if (d.work_items >= kFillFraction * d.cta_slots) {
-    d.reason = std::to_string(d.work_items) + " work items fill >= 80% of " +
+  if (2 * d.work_items > d.cta_slots) {
+    d.reason = std::to_string(d.work_items) + " work items fill more than half of " +
                std::to_string(d.cta_slots) + " CTA slots";
     return d;
   }
   int32_t max_kv = 0;  // longest KV among requests that have queries
   for (size_t r = 0; r < in.seq_lens.size(); ++r)
     if (in.query_start_loc[r + 1] > in.query_start_loc[r]) max_kv = std::max(max_kv, in.seq_lens[r]);
-  const int64_t by_fill = ceil_div(d.cta_slots, d.work_items);
+  const int64_t by_fill = d.cta_slots / d.work_items;  // at most one wave of CTAs
   const int64_t by_kv = max_kv / kMinKVPerSplit;
-  int64_t s = std::min({by_fill, static_cast<int64_t>(kMaxSplits), static_cast<int64_t>(in.max_splits), by_kv});
+  int64_t s = std::min({by_fill, static_cast<int64_t>(kMaxUsefulSplits), static_cast<int64_t>(in.max_splits), by_kv});
   if (s <= 1) {
     d.reason = in.max_splits == 1 ? "splitting disabled by the caller (max_splits = 1)"
                                   : "KV of " + std::to_string(max_kv) + " tokens is too short to split (each split needs >= " +

@@ -9,21 +9,35 @@
 //     group into the M tile, ceil(query_len * group / kQTileRows); a prefill takes
 //     group * ceil(query_len / kQTileRows) (one CTA row-tile per query head).
 //   work items  W = sum over requests of num_kv_heads * q_tiles
-//   CTA slots   S = num_sms * kCtasPerSm
-//   W >= kFillFraction * S                        -> 1 (the items already fill the GPU)
-//   otherwise s = min(ceil(S / W), kMaxSplits, max_splits, floor(max_seq_len / kMinKVPerSplit))
+//   CTA slots   S = num_sms * CTAs per SM: kCtasPerSmPrefill when any request is a prefill,
+//               else kCtasPerSmDecodeFp8 for an fp8 cache, kCtasPerSmDecode otherwise
+//   s = min(floor(S / W), kMaxUsefulSplits, max_splits, floor(max_seq_len / kMinKVPerSplit))
+//   (floor: the W * s CTAs fill at most one wave of slots, never start a partial second one)
 //   then s drops to the smallest count giving the same longest split (in KV tiles), since more
 //   splits that do not shorten the longest one only add merge work; s <= 1 -> 1.
 //
+// Measured on the H200 (132 SMs; attnkit_bench --split-sweep, 32/8 heads, hd 128, block 16,
+// us per call at forced split counts, commit 1ebe660):
+//   bf16 batch 16 (W = 128): 1 split 76.9 / 148.0 / 567.5 us (KV 4k / 8k / 32k), 2 splits
+//     75.0 / 142.3 / 536.9, 3 splits 83.9 / 157.9 / 605.0, 4 splits 78.2 / 143.4 / 534.5: the
+//     decode kernel keeps 2 CTAs per SM busy, and 384 CTAs (1.45 waves of 264) lose.
+//   fp8 batch 16: 1 split 66.5 / 126.7 / 482.6, 2: 51.3 / 90.9 / 330.0, 3: 50.3 / 86.1 / 301.7,
+//     4: 58.0 / 97.0 / 348.3: the fp8 path (dequant + f16 MMAs per tile) is compute-bound
+//     per CTA and wants 3 CTAs per SM (384 <= 396 slots).
+//   fp8 batch 4 x 32k: 4 splits 129.9, 8: 95.0, 12: 92.1, 16: 110.4 us (bf16: 8 splits best,
+//     145.9 us) -- the same slots, 3 per SM for fp8 and 2 for bf16.
+//   batch 1 (W = 8, either dtype): best 8 / 12 / 16 splits at KV 4k / 8k / 32k (bf16 18.1 /
+//     24.4 / 52.2 us); 24 and 32 splits never won (bf16 1 x 32k: 32 splits 60.4 us), hence
+//     kMaxUsefulSplits = 16; no split shorter than 512 tokens won (1 x 4k: 8 splits 18.1 us,
+//     16 splits 19.6 us; fp8 4 x 4k: 8 splits 24.7 us, 12 splits 28.5 us), hence kMinKVPerSplit.
+//   batch 64 (W = 512 > S / 2): 1 split is best for bf16 and within 3% for fp8.
+// Prefill tiles (64 query rows) were not swept: a batch with one keeps one CTA per SM, the
+// count the earlier rule used for everything.
+//
 // Borrowed from FlashAttention's num_splits_heuristic (studies/flash-attention.md 2.1, 2.2.8):
-// the 0.8 fill threshold, the q tile of 64 rows and the
-// skip of split counts with the same per-split work (FA2's "ineligible" splits). FA2/FA3 then
-// search wave efficiency up to 128 splits; we take the direct count and cap it at 32 (vLLM's
-// default flash_attn_max_num_splits_for_cuda_graph), and add the minimum KV per split (4 tiles
-// of 64 = 256 tokens; FA3 likewise never splits 4 KV blocks or fewer). FA2 counts 2 CTAs per
-// SM; our decode kernel is measured best with one work item per SM on the H200 (batch 1 x 32k:
-// 16 splits 52.6 us vs 32 splits 59.7 us; batch 16 x 4k: 2 splits 77 us vs 3 splits 90 us), so
-// kCtasPerSm = 1.
+// the q tile of 64 rows, the wave-fill view of the split count and the skip of split counts
+// with the same per-split work (FA2's "ineligible" splits). kMaxSplits = 32 (vLLM's default
+// flash_attn_max_num_splits_for_cuda_graph) stays the hard cap that sizes the workspace.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -35,10 +49,12 @@ namespace attnkit::flash_attn {
 
 inline constexpr int kQTileRows = 64;                      // query rows per CTA tile
 inline constexpr int kKVTileTokens = 64;                   // KV tokens per main-loop iteration
-inline constexpr int kMinKVPerSplit = 4 * kKVTileTokens;   // a split reads >= 4 KV tiles
-inline constexpr int kMaxSplits = 32;                      // also bounds the CUDA-graph workspace
-inline constexpr int kCtasPerSm = 1;                       // work items per SM (see below)
-inline constexpr double kFillFraction = 0.8;               // W >= 0.8 * slots: GPU is full
+inline constexpr int kMinKVPerSplit = 8 * kKVTileTokens;   // a split reads >= 8 KV tiles
+inline constexpr int kMaxSplits = 32;                      // hard cap; bounds the CUDA-graph workspace
+inline constexpr int kMaxUsefulSplits = 16;                // the rule never picks more (measured)
+inline constexpr int kCtasPerSmDecode = 2;                 // decode-only batch, 16-bit cache
+inline constexpr int kCtasPerSmDecodeFp8 = 3;              // decode-only batch, fp8 cache
+inline constexpr int kCtasPerSmPrefill = 1;                // batch with any prefill request
 
 struct SplitKVInput {
   std::span<const int32_t> query_start_loc;  // num_reqs + 1
@@ -59,6 +75,8 @@ struct SplitKVDecision {
 
 // Work items W of the rule above.
 int64_t split_kv_work_items(const SplitKVInput& in);
+// CTAs per SM the rule counts for this batch (prefill / fp8 decode / decode).
+int split_kv_ctas_per_sm(const SplitKVInput& in);
 SplitKVDecision decide_num_splits(const SplitKVInput& in);
 
 }  // namespace attnkit::flash_attn

@@ -139,7 +139,7 @@ void decode(int batch, int kv, DType cache, int splits) {
 }
 
 // The builder's split count (split_kv.h) for a decode batch of the timing shapes (32/8 heads).
-int builder_splits(int batch, int kv) {
+int builder_splits(int batch, int kv, DType cache_dtype = DType::bf16) {
   int dev = 0, sms = 0;
   ATTNKIT_CUDA_CHECK(cudaGetDevice(&dev));
   ATTNKIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -151,6 +151,7 @@ int builder_splits(int batch, int kv) {
   in.num_heads = 32;
   in.num_kv_heads = 8;
   in.num_sms = sms;
+  in.cache_dtype = cache_dtype;
   return flash_attn::decide_num_splits(in).num_splits;
 }
 
@@ -193,9 +194,9 @@ TEST(DISABLED_VarlenTiming, Decode) {
   decode(64, 8192, DType::fp8_e4m3, 1);
   const int h = builder_splits(16, 4096), one = builder_splits(1, 32768);
   decode(16, 4096, DType::bf16, h);
-  decode(16, 4096, DType::fp8_e4m3, h);
+  decode(16, 4096, DType::fp8_e4m3, builder_splits(16, 4096, DType::fp8_e4m3));
   decode(1, 32768, DType::bf16, one);
-  decode(1, 32768, DType::fp8_e4m3, one);
+  decode(1, 32768, DType::fp8_e4m3, builder_splits(1, 32768, DType::fp8_e4m3));
   decode(1, 32768, DType::bf16, 12);
   decode(1, 32768, DType::bf16, 16);
   decode(1, 32768, DType::bf16, 24);
