@@ -10,6 +10,7 @@
 #include "bench_util.h"
 
 #include "cuda/cuda_check.h"
+#include "flash_attn/split_kv.h"
 
 namespace attnkit::bench {
 
@@ -97,6 +98,58 @@ GraphTiming time_rotating(const std::vector<flash_attn::VarlenArgs>& args, int c
   }
   if (graph) cudaGraphDestroy(graph);
   return t;
+}
+
+KVCacheSpec decode_pool_spec(DType cache_dtype, int64_t pool_bytes, int block_size, int num_kv_heads,
+                             int head_size) {
+  KVCacheSpec spec;
+  spec.block_size = block_size;
+  spec.num_kv_heads = num_kv_heads;
+  spec.head_size = head_size;
+  spec.cache_dtype = cache_dtype;
+  spec.num_blocks = pool_bytes / (2 * int64_t{block_size} * num_kv_heads * head_size *
+                                  static_cast<int64_t>(dtype_size(cache_dtype)));
+  return spec;
+}
+
+DecodeShape make_decode_shape(int batch, int kv_len, const KVCacheSpec& spec, const PagedKV& cache,
+                              void* q, void* out, const float* fp8_scale, int num_heads, size_t l2_bytes,
+                              cudaStream_t stream) {
+  DecodeShape d;
+  const int block = spec.block_size;
+  const int64_t blocks_per_inst = int64_t{batch} * ((kv_len + block - 1) / block);
+  d.kv_bytes = double(batch) * kv_len * spec.num_kv_heads * spec.head_size * 2 * dtype_size(spec.cache_dtype);
+  d.bytes = d.kv_bytes + 2.0 * batch * num_heads * spec.head_size * 2;
+  const int64_t fit = spec.num_blocks / blocks_per_inst;
+  if (fit < 1) throw std::runtime_error("pool too small for one instance");
+  const int64_t rot = std::min<int64_t>(fit, std::max<int64_t>(1, std::llround(std::ceil(8.0 * l2_bytes / d.kv_bytes))));
+  const double est_ms = d.bytes / 4.0e9 + 0.005;
+  d.calls = static_cast<int>(std::clamp<int64_t>(std::max<int64_t>(rot, std::llround(std::ceil(4.0 / est_ms))), 3, 512));
+  for (int64_t r = 0; r < std::min<int64_t>(rot, d.calls); ++r) {
+    d.instances.push_back(std::make_unique<UniformBatch>(
+        make_uniform_batch(batch, 1, kv_len, block, r * blocks_per_inst, 1000 + r, stream)));
+    flash_attn::VarlenArgs a = varlen_args(*d.instances.back(), cache, q, out, num_heads, spec.head_size, true, stream);
+    if (fp8_scale) {
+      a.params.k_scale = TensorView(const_cast<float*>(fp8_scale), DType::f32, {1}, Device::CUDA);
+      a.params.v_scale = TensorView(const_cast<float*>(fp8_scale), DType::f32, {1}, Device::CUDA);
+    }
+    d.args.push_back(a);
+  }
+  return d;
+}
+
+int builder_num_splits(int num_reqs, int q_len, int kv_len, int num_heads, int num_kv_heads,
+                       DType cache_dtype, int sm_count) {
+  std::vector<int32_t> qsl(num_reqs + 1), seq(num_reqs, kv_len);
+  for (int i = 0; i <= num_reqs; ++i) qsl[i] = i * q_len;
+  flash_attn::SplitKVInput in;
+  in.query_start_loc = qsl;
+  in.seq_lens = seq;
+  in.num_heads = num_heads;
+  in.num_kv_heads = num_kv_heads;
+  in.num_sms = sm_count;
+  in.cache_dtype = cache_dtype;
+  return flash_attn::decide_num_splits(in).num_splits;
 }
 
 }  // namespace attnkit::bench

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,5 +39,28 @@ struct GraphTiming {
   bool graph = true;
 };
 GraphTiming time_rotating(const std::vector<flash_attn::VarlenArgs>& args, int calls, cudaStream_t stream);
+
+// One decode shape of the decode bench and the split sweep (one new token per request): a
+// cache pool of `cache_dtype` over `pool` and the rotation over KV instances it holds.
+KVCacheSpec decode_pool_spec(DType cache_dtype, int64_t pool_bytes, int block_size, int num_kv_heads,
+                             int head_size);
+
+struct DecodeShape {
+  std::vector<std::unique_ptr<UniformBatch>> instances;
+  std::vector<flash_attn::VarlenArgs> args;  // one per instance; num_splits 1, no workspace yet
+  int calls = 0;          // graph length: >= every instance once and >= ~4 ms of work
+  double kv_bytes = 0;    // K/V bytes one call reads
+  double bytes = 0;       // K/V + q + out bytes one call moves
+};
+// batch x kv_len over the pool `cache` (from decode_pool_spec), rotating over enough distinct
+// instances to exceed the L2 8x. fp8_scale: device f32 [1] for fp8 caches (else nullptr).
+// Throws std::runtime_error when the pool cannot hold one instance.
+DecodeShape make_decode_shape(int batch, int kv_len, const KVCacheSpec& spec, const PagedKV& cache,
+                              void* q, void* out, const float* fp8_scale, int num_heads, size_t l2_bytes,
+                              cudaStream_t stream);
+
+// The split-KV count the FlashAttention-style builder chooses for a uniform batch.
+int builder_num_splits(int num_reqs, int q_len, int kv_len, int num_heads, int num_kv_heads,
+                       DType cache_dtype, int sm_count);
 
 }  // namespace attnkit::bench

@@ -26,20 +26,6 @@ namespace {
 
 constexpr int kHeads = 32, kKvHeads = 8, kHeadSize = 128, kBlock = 16;
 
-// The split-KV count the FlashAttention-style builder would choose for this batch.
-flash_attn::SplitKVDecision builder_splits(int num_reqs, int q_len, int kv_len, DType cache_dtype, int sm_count) {
-  std::vector<int32_t> qsl(num_reqs + 1), seq(num_reqs, kv_len);
-  for (int i = 0; i <= num_reqs; ++i) qsl[i] = i * q_len;
-  flash_attn::SplitKVInput in;
-  in.query_start_loc = qsl;
-  in.seq_lens = seq;
-  in.num_heads = kHeads;
-  in.num_kv_heads = kKvHeads;
-  in.num_sms = sm_count;
-  in.cache_dtype = cache_dtype;
-  return flash_attn::decide_num_splits(in);
-}
-
 }  // namespace
 
 void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick) {
@@ -62,12 +48,7 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
   const std::vector<int> batches = quick ? std::vector<int>{1, 16} : std::vector<int>{1, 4, 16, 64, 256};
   const std::vector<int> kv_lens = quick ? std::vector<int>{4096} : std::vector<int>{1024, 4096, 8192, 32768};
   for (DType cd : {DType::bf16, DType::fp8_e4m3}) {
-    KVCacheSpec spec;
-    spec.block_size = kBlock;
-    spec.num_kv_heads = kKvHeads;
-    spec.head_size = kHeadSize;
-    spec.cache_dtype = cd;
-    spec.num_blocks = pool_bytes / (2 * kBlock * kKvHeads * kHeadSize * static_cast<int64_t>(dtype_size(cd)));
+    const KVCacheSpec spec = decode_pool_spec(cd, pool_bytes, kBlock, kKvHeads, kHeadSize);
     fill_random(pool.get(), spec.total_bytes() / static_cast<int64_t>(dtype_size(cd)), cd, 41, stream);
     const PagedKV cache = pool_view(spec, pool.get());
     for (int B : batches)
@@ -75,39 +56,22 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
         const std::string key = "decode " + std::string(cd == DType::bf16 ? "bf16" : "fp8") + " b" +
                                 std::to_string(B) + " kv" + std::to_string(L);
         try {
-          const int64_t blocks_per_inst = int64_t{B} * ((L + kBlock - 1) / kBlock);
-          const double kv_bytes = double(B) * L * kKvHeads * kHeadSize * 2 * dtype_size(cd);
-          const double bytes = kv_bytes + 2.0 * B * kHeads * kHeadSize * 2;
-          const int64_t fit = spec.num_blocks / blocks_per_inst;
-          if (fit < 1) {
-            rec.fail("decode", key, "pool too small for one instance");
-            continue;
-          }
-          const int64_t rot = std::min<int64_t>(fit, std::max<int64_t>(1, std::llround(std::ceil(8.0 * props.l2_bytes / kv_bytes))));
-          const double est_ms = bytes / 4.0e9 + 0.005;
-          const int calls = static_cast<int>(std::clamp<int64_t>(std::max<int64_t>(rot, std::llround(std::ceil(4.0 / est_ms))), 3, 512));
-          const int splits = builder_splits(B, 1, L, cd, props.sm_count).num_splits;
-          std::vector<std::unique_ptr<UniformBatch>> inst;
-          std::vector<flash_attn::VarlenArgs> args;
+          DecodeShape shape = make_decode_shape(B, L, spec, cache, q.get(), out.get(),
+                                                cd == DType::bf16 ? nullptr : scale.as<float>(), kHeads,
+                                                props.l2_bytes, stream);
+          const int splits = builder_num_splits(B, 1, L, kHeads, kKvHeads, cd, props.sm_count);
           cuda::DeviceBuffer workspace(std::max<size_t>(16, flash_attn::varlen_workspace_bytes(B, kHeads, kHeadSize, splits)));
-          for (int64_t r = 0; r < std::min<int64_t>(rot, calls); ++r) {
-            inst.push_back(std::make_unique<UniformBatch>(make_uniform_batch(B, 1, L, kBlock, r * blocks_per_inst, 1000 + r, stream)));
-            flash_attn::VarlenArgs a = varlen_args(*inst.back(), cache, q.get(), out.get(), kHeads, kHeadSize, true, stream);
-            if (cd != DType::bf16) {
-              a.params.k_scale = TensorView(scale.get(), DType::f32, {1}, Device::CUDA);
-              a.params.v_scale = TensorView(scale.get(), DType::f32, {1}, Device::CUDA);
-            }
+          for (auto& a : shape.args) {
             a.num_splits = splits;
             a.workspace = workspace.get();
             a.workspace_bytes = workspace.bytes();
-            args.push_back(a);
           }
-          const GraphTiming t = time_rotating(args, calls, stream);
-          const double gbps = bytes / t.ms_per_call / 1e6;
+          const GraphTiming t = time_rotating(shape.args, shape.calls, stream);
+          const double gbps = shape.bytes / t.ms_per_call / 1e6;
           char note[200];
           std::snprintf(note, sizeof note, "%s of %d calls over %zu KV instances (%.2f GB), builder splits %d, %.0f%% of read BW",
-                        t.graph ? "CUDA graph" : "eager launches", calls, args.size(),
-                        args.size() * kv_bytes / 1e9, splits, read_gbps > 0 ? 100.0 * gbps / read_gbps : 0.0);
+                        t.graph ? "CUDA graph" : "eager launches", shape.calls, shape.args.size(),
+                        shape.args.size() * shape.kv_bytes / 1e9, splits, read_gbps > 0 ? 100.0 * gbps / read_gbps : 0.0);
           rec.add({"decode", key, "attnkit", "GB/s", gbps, t.ms_per_call, note});
         } catch (const std::exception& e) {
           rec.fail("decode", key, e.what());

@@ -27,19 +27,6 @@ namespace {
 constexpr int kHeads = 32, kKvHeads = 8, kHeadSize = 128, kBlock = 16;
 const std::vector<int> kSplitCounts = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32};
 
-int rule_splits(int num_reqs, int kv_len, DType cache_dtype, int sm_count) {
-  std::vector<int32_t> qsl(num_reqs + 1), seq(num_reqs, kv_len);
-  for (int i = 0; i <= num_reqs; ++i) qsl[i] = i;
-  flash_attn::SplitKVInput in;
-  in.query_start_loc = qsl;
-  in.seq_lens = seq;
-  in.num_heads = kHeads;
-  in.num_kv_heads = kKvHeads;
-  in.num_sms = sm_count;
-  in.cache_dtype = cache_dtype;
-  return flash_attn::decide_num_splits(in).num_splits;
-}
-
 }  // namespace
 
 void run_split_sweep(Recorder& rec, cudaStream_t stream, double read_gbps) {
@@ -66,42 +53,23 @@ void run_split_sweep(Recorder& rec, cudaStream_t stream, double read_gbps) {
   for (int s : kSplitCounts) std::printf(" %11d", s);
   std::printf("\n");
   for (DType cd : {DType::bf16, DType::fp8_e4m3}) {
-    KVCacheSpec spec;
-    spec.block_size = kBlock;
-    spec.num_kv_heads = kKvHeads;
-    spec.head_size = kHeadSize;
-    spec.cache_dtype = cd;
-    spec.num_blocks = pool_bytes / (2 * kBlock * kKvHeads * kHeadSize * static_cast<int64_t>(dtype_size(cd)));
+    const KVCacheSpec spec = decode_pool_spec(cd, pool_bytes, kBlock, kKvHeads, kHeadSize);
     fill_random(pool.get(), spec.total_bytes() / static_cast<int64_t>(dtype_size(cd)), cd, 41, stream);
     const PagedKV cache = pool_view(spec, pool.get());
     for (int B : {1, 4, 16, 64})
       for (int L : {4096, 8192, 32768}) {
-        char shape[64];
-        std::snprintf(shape, sizeof shape, "%s b%d kv%dk", cd == DType::bf16 ? "bf16" : "fp8", B, L / 1024);
+        char shape_name[64];
+        std::snprintf(shape_name, sizeof shape_name, "%s b%d kv%dk", cd == DType::bf16 ? "bf16" : "fp8", B, L / 1024);
         try {
-          const int64_t blocks_per_inst = int64_t{B} * ((L + kBlock - 1) / kBlock);
-          const double kv_bytes = double(B) * L * kKvHeads * kHeadSize * 2 * dtype_size(cd);
-          const double bytes = kv_bytes + 2.0 * B * kHeads * kHeadSize * 2;
-          const int64_t fit = spec.num_blocks / blocks_per_inst;
-          if (fit < 1) {
-            rec.fail("sweep", shape, "pool too small for one instance");
-            continue;
-          }
-          const int64_t rot = std::min<int64_t>(fit, std::max<int64_t>(1, std::llround(std::ceil(8.0 * props.l2_bytes / kv_bytes))));
-          const double est_ms = bytes / 4.0e9 + 0.005;
-          const int calls = static_cast<int>(std::clamp<int64_t>(std::max<int64_t>(rot, std::llround(std::ceil(4.0 / est_ms))), 3, 512));
-          std::vector<std::unique_ptr<UniformBatch>> inst;
-          std::vector<flash_attn::VarlenArgs> args;
-          for (int64_t r = 0; r < std::min<int64_t>(rot, calls); ++r) {
-            inst.push_back(std::make_unique<UniformBatch>(make_uniform_batch(B, 1, L, kBlock, r * blocks_per_inst, 1000 + r, stream)));
-            flash_attn::VarlenArgs a = varlen_args(*inst.back(), cache, q.get(), out.get(), kHeads, kHeadSize, true, stream);
-            if (cd != DType::bf16) {
-              a.params.k_scale = TensorView(scale.get(), DType::f32, {1}, Device::CUDA);
-              a.params.v_scale = TensorView(scale.get(), DType::f32, {1}, Device::CUDA);
-            }
+          DecodeShape shape = make_decode_shape(B, L, spec, cache, q.get(), out.get(),
+                                                cd == DType::bf16 ? nullptr : scale.as<float>(), kHeads,
+                                                props.l2_bytes, stream);
+          auto& args = shape.args;
+          const int calls = shape.calls;
+          const double bytes = shape.bytes;
+          for (auto& a : args) {
             a.workspace = workspace.get();
             a.workspace_bytes = workspace.bytes();
-            args.push_back(a);
           }
           std::vector<double> us(kSplitCounts.size(), 0);
           int best = 1;
@@ -113,7 +81,7 @@ void run_split_sweep(Recorder& rec, cudaStream_t stream, double read_gbps) {
             us[i] = time_rotating(args, calls, stream).ms_per_call * 1e3;
             if (us[i] < best_us) best_us = us[i], best = s;
           }
-          std::printf("%-16s %4d %4d", shape, rule_splits(B, L, cd, props.sm_count), best);
+          std::printf("%-16s %4d %4d", shape_name, builder_num_splits(B, 1, L, kHeads, kKvHeads, cd, props.sm_count), best);
           for (double u : us) {
             if (u == 0) {
               std::printf(" %11s", "-");
@@ -125,7 +93,7 @@ void run_split_sweep(Recorder& rec, cudaStream_t stream, double read_gbps) {
           std::printf("\n");
           std::fflush(stdout);
         } catch (const std::exception& e) {
-          rec.fail("sweep", shape, e.what());
+          rec.fail("sweep", shape_name, e.what());
           cudaGetLastError();
         }
       }
