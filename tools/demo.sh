@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ATTNKIT_SKIP_PYTHON=1 bash tools/setup-deps.sh
-bash tools/build.sh
+TARGETS=attnkit_cli bash tools/build.sh
 ./"${BUILD_DIR:-build}"/attnkit demo "$@"
