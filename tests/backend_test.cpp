@@ -31,15 +31,7 @@ std::string joined(const std::vector<std::string>& reasons) {
 }
 
 AttentionConfig gqa_config(DeviceSpec device = DeviceSpec::Cuda(9, 0)) {
-  AttentionConfig c;
-  c.num_heads = 32;
-  c.num_kv_heads = 8;
-  c.head_size = 128;
-  c.dtype = DType::bf16;
-  c.cache_dtype = DType::bf16;
-  c.block_size = 16;
-  c.device = device;
-  return c;
+  return test::model_config(32, 8, 16, device);
 }
 
 // ---- BlockSizeRule --------------------------------------------------------------------------

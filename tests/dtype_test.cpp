@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "attnkit/dtype.h"
-#include "core_test_util.h"
 #include "test_util.h"
 
 namespace attnkit {

@@ -3,6 +3,8 @@
 // the impl's validation.
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
@@ -21,15 +23,7 @@ namespace attnkit::flashinfer {
 namespace {
 
 AttentionConfig config(int heads, int kv_heads, int block, DeviceSpec dev = DeviceSpec::Cuda(9, 0)) {
-  AttentionConfig c;
-  c.num_heads = heads;
-  c.num_kv_heads = kv_heads;
-  c.head_size = 128;
-  c.dtype = DType::bf16;
-  c.cache_dtype = DType::bf16;
-  c.block_size = block;
-  c.device = dev;
-  return c;
+  return test::model_config(heads, kv_heads, block, dev);
 }
 
 std::string joined(const std::vector<std::string>& v) {

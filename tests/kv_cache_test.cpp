@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "attnkit/kv_cache.h"
-#include "core_test_util.h"
 #include "test_util.h"
 
 namespace attnkit {

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "attnkit/ops.h"
-#include "core_test_util.h"
 #include "test_util.h"
 
 namespace attnkit {

@@ -9,7 +9,7 @@
 
 #include "attnkit/kv_cache.h"
 #include "attnkit/metadata.h"
-#include "core_test_util.h"
+#include "test_util.h"
 
 namespace attnkit {
 namespace {

@@ -2,6 +2,8 @@
 // variant it reports and the reasons every other backend gives; then properties over a grid.
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <algorithm>
 #include <functional>
 #include <map>
@@ -16,15 +18,7 @@ namespace attnkit {
 namespace {
 
 AttentionConfig base(DeviceSpec device) {
-  AttentionConfig c;
-  c.num_heads = 32;
-  c.num_kv_heads = 8;
-  c.head_size = 128;
-  c.dtype = DType::bf16;
-  c.cache_dtype = DType::bf16;
-  c.block_size = 16;
-  c.device = device;
-  return c;
+  return test::model_config(32, 8, 16, device);
 }
 const DeviceSpec kSm80 = DeviceSpec::Cuda(8, 0), kSm90 = DeviceSpec::Cuda(9, 0),
                  kSm100 = DeviceSpec::Cuda(10, 0), kCpu = DeviceSpec::Cpu();

@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "attnkit/backend.h"
+#include "attnkit/error.h"
+
 namespace attnkit::test {
 
 inline std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {
@@ -70,6 +73,38 @@ template <class A, class E>
          << "); worst at " << coords(worst, shape) << ": actual "
          << static_cast<double>(actual[worst]) << ", expected "
          << static_cast<double>(expected[worst]);
+}
+
+// Runs fn; succeeds iff it throws attnkit::Error whose what() contains every substring.
+template <class Fn>
+::testing::AssertionResult throws_error_with(Fn&& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const auto& p : parts)
+      if (msg.find(p) == std::string::npos)
+        return ::testing::AssertionFailure()
+               << "message \"" << msg << "\" lacks \"" << p << "\"";
+    return ::testing::AssertionSuccess();
+  } catch (const std::exception& e) {
+    return ::testing::AssertionFailure() << "threw a non-attnkit exception: " << e.what();
+  }
+  return ::testing::AssertionFailure() << "did not throw";
+}
+
+// The model configuration most tests start from: bf16, head size 128, cache in the model's
+// dtype, NHD; heads, KV heads, block size and device as given.
+inline AttentionConfig model_config(int heads, int kv_heads, int block_size, DeviceSpec device) {
+  AttentionConfig c;
+  c.num_heads = heads;
+  c.num_kv_heads = kv_heads;
+  c.head_size = 128;
+  c.dtype = DType::bf16;
+  c.cache_dtype = DType::bf16;
+  c.block_size = block_size;
+  c.device = device;
+  return c;
 }
 
 }  // namespace attnkit::test

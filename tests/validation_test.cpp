@@ -12,7 +12,7 @@
 #include "attnkit/metadata.h"
 #include "attnkit/ops.h"
 #include "attnkit/params.h"
-#include "core_test_util.h"
+#include "test_util.h"
 
 namespace attnkit {
 namespace {
