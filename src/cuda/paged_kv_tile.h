@@ -17,11 +17,28 @@ struct PagedSideBytes {
   int32_t stride_block, stride_slot;
 };
 
+// Where 16-byte chunk `chunk` of tile row `row` lands in shared memory (bytes from the tile).
+// Rows at a fixed pitch (padding keeps ldmatrix phases on distinct banks):
+template <int kPitchBytes>
+struct PitchedTile {
+  __device__ __forceinline__ static uint32_t offset(int row, int chunk) {
+    return static_cast<uint32_t>(row * kPitchBytes + chunk * 16);
+  }
+};
+// The 128-byte-swizzled layout wgmma descriptors read (wgmma_sm90.h): 64-column chunks of the
+// row are regions of kRows 128-byte lines, chunks XOR-swizzled by row % 8 inside a line.
+template <int kRows>
+struct Swizzle128Tile {
+  __device__ __forceinline__ static uint32_t offset(int row, int chunk) {
+    return static_cast<uint32_t>((chunk >> 3) * (kRows * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+  }
+};
+
 // kRows keys x kRowBytes bytes per key, copied by kThreads threads in 16-byte chunks into a
-// shared tile with a pitch of kPitchBytes. K and V of the same keys are loaded together: the
-// page lookup is shared. All block-table reads of a tile are issued before the first copy so
+// shared tile laid out by Layout. K and V of the same keys are loaded together: the page
+// lookup is shared. All block-table reads of a tile are issued before the first copy so
 // their latencies overlap.
-template <int kRows, int kRowBytes, int kPitchBytes, int kThreads>
+template <int kRows, int kRowBytes, class Layout, int kThreads>
 struct PagedKVTileLoader {
   static_assert(kRowBytes % 16 == 0, "rows must be whole 16-byte chunks");
   static_assert(kRows % 16 == 0, "tiles are whole 16-key groups");
@@ -51,7 +68,7 @@ struct PagedKVTileLoader {
                                        uint32_t v_tile) const {
     const char* ks = k.head_base + static_cast<int64_t>(blk) * k.stride_block + (slot * k.stride_slot + chunk * 16);
     const char* vs = v.head_base + static_cast<int64_t>(blk) * v.stride_block + (slot * v.stride_slot + chunk * 16);
-    const uint32_t dst = static_cast<uint32_t>(row * kPitchBytes + chunk * 16);
+    const uint32_t dst = Layout::offset(row, chunk);
     cp_async_16(k_tile + dst, ks, valid);
     cp_async_16(v_tile + dst, vs, valid);
   }

@@ -7,7 +7,9 @@
 #include "attnkit/error.h"
 #include "cuda/cuda_check.h"
 #include "cuda/fp8_dequant.h"
+#include "cuda/device_props.h"
 #include "cuda/split_kv_combine.h"
+#include "flash_attn/hopper_traits.h"
 #include "flash_attn/varlen_launch.h"
 #include "flash_attn/varlen_traits.h"
 
@@ -22,22 +24,30 @@ constexpr int kMaxSplits = 256;
 constexpr int kDecodeMaxPackedRows = 16;
 
 template <class Elem, int kHeadDim, bool kFp8>
-void launch_config(const VarlenKernelParams& p, const VarlenLaunchShape& shape, cudaStream_t stream) {
-  if (static_cast<int64_t>(shape.max_query_len) * p.group <= kDecodeMaxPackedRows)
+void launch_config(const VarlenKernelParams& p, const VarlenLaunchShape& shape, Generation generation,
+                   cudaStream_t stream) {
+  if (static_cast<int64_t>(shape.max_query_len) * p.group <= kDecodeMaxPackedRows) {
     launch_varlen<DecodeTraits<Elem, kHeadDim, kFp8>>(p, shape, stream);
-  else
-    launch_varlen<PrefillTraits<Elem, kHeadDim, kFp8>>(p, shape, stream);
+    return;
+  }
+  if constexpr (!kFp8 && (kHeadDim == 64 || kHeadDim == 128)) {
+    if (generation == Generation::hopper && hopper_kernels_available()) {
+      launch_hopper<HopperTraits<Elem, kHeadDim>>(p, shape, stream);
+      return;
+    }
+  }
+  launch_varlen<PrefillTraits<Elem, kHeadDim, kFp8>>(p, shape, stream);
 }
 
 template <class Elem, bool kFp8>
-void launch_head_dim(int head_size, const VarlenKernelParams& p, const VarlenLaunchShape& shape,
+void launch_head_dim(int head_size, const VarlenKernelParams& p, const VarlenLaunchShape& shape, Generation g,
                      cudaStream_t stream) {
   switch (head_size) {
-    case 64: return launch_config<Elem, 64, kFp8>(p, shape, stream);
-    case 96: return launch_config<Elem, 96, kFp8>(p, shape, stream);
-    case 128: return launch_config<Elem, 128, kFp8>(p, shape, stream);
-    case 192: return launch_config<Elem, 192, kFp8>(p, shape, stream);
-    case 256: return launch_config<Elem, 256, kFp8>(p, shape, stream);
+    case 64: return launch_config<Elem, 64, kFp8>(p, shape, g, stream);
+    case 96: return launch_config<Elem, 96, kFp8>(p, shape, g, stream);
+    case 128: return launch_config<Elem, 128, kFp8>(p, shape, g, stream);
+    case 192: return launch_config<Elem, 192, kFp8>(p, shape, g, stream);
+    case 256: return launch_config<Elem, 256, kFp8>(p, shape, g, stream);
     default:
       fail(kWhere, "head_size", head_size, "must be one of 64, 96, 128, 192, 256");
   }
@@ -187,6 +197,15 @@ VarlenKernelParams varlen_kernel_params(const VarlenArgs& a) {
   return p;
 }
 
+bool hopper_kernels_available() {
+#ifdef ATTNKIT_SM90A_BUILT
+  const auto& props = cuda::current_device_props();
+  return props.cc_major == 9 && props.cc_minor == 0;
+#else
+  return false;
+#endif
+}
+
 size_t varlen_workspace_bytes(int64_t num_tokens, int num_heads, int head_size, int num_splits) {
   return cuda::split_partials_bytes(num_tokens, num_heads, head_size, num_splits);
 }
@@ -199,12 +218,13 @@ void run_varlen_attention(const VarlenArgs& args) {
   const cudaStream_t stream = cuda::as_stream(args.stream);
   const bool fp8 = is_fp8(args.cache.dtype);
   const int head_size = static_cast<int>(args.q.size(2));
+  const Generation g = args.generation;
   if (args.q.dtype == DType::bf16) {
-    if (fp8) launch_head_dim<__nv_bfloat16, true>(head_size, p, shape, stream);
-    else launch_head_dim<__nv_bfloat16, false>(head_size, p, shape, stream);
+    if (fp8) launch_head_dim<__nv_bfloat16, true>(head_size, p, shape, g, stream);
+    else launch_head_dim<__nv_bfloat16, false>(head_size, p, shape, g, stream);
   } else {
-    if (fp8) launch_head_dim<__half, true>(head_size, p, shape, stream);
-    else launch_head_dim<__half, false>(head_size, p, shape, stream);
+    if (fp8) launch_head_dim<__half, true>(head_size, p, shape, g, stream);
+    else launch_head_dim<__half, false>(head_size, p, shape, g, stream);
   }
   if (p.num_splits > 1) {
     cuda::CombineTarget t;

@@ -26,6 +26,7 @@
 #include "cuda/output_store.h"
 #include "cuda/paged_kv_tile.h"
 #include "flash_attn/varlen_schedule.cuh"
+#include "flash_attn/varlen_tile_softmax.cuh"
 #include "flash_attn/varlen_traits.h"
 
 namespace attnkit::flash_attn {
@@ -34,8 +35,8 @@ namespace detail {
 
 using namespace attnkit::cuda;
 
-// Q rows of the tile -> shared memory (zero rows past the tile's real rows).
-template <class Tr>
+// Q rows of the tile -> shared memory laid out by Layout (zero rows past the tile's real rows).
+template <class Tr, class Layout = PitchedTile<Tr::kPitch * 2>>
 __device__ __forceinline__ void load_q_tile(const VarlenKernelParams& p, const WorkItem& w,
                                             uint32_t sq, int tid) {
   using T = typename Tr::Elem;
@@ -51,7 +52,7 @@ __device__ __forceinline__ void load_q_tile(const VarlenKernelParams& p, const W
       const int head = w.kv_head * p.group + gm % p.group;
       src = q + token * p.q_stride_token + head * p.q_stride_head + chunk * 8;
     }
-    cp_async_16(sq + static_cast<uint32_t>((m * Tr::kPitch + chunk * 8) * 2), src, valid);
+    cp_async_16(sq + Layout::offset(m, chunk), src, valid);
   }
 }
 
@@ -301,7 +302,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   using namespace attnkit::cuda;
   using T = typename Tr::Elem;
   using Ring = StageRing<Tr::kStages>;
-  using Loader = PagedKVTileLoader<Tr::kBlockN, Tr::kKvRowBytes, Tr::kStagePitchBytes, Tr::kThreads>;
+  using Loader = PagedKVTileLoader<Tr::kBlockN, Tr::kKvRowBytes, PitchedTile<Tr::kStagePitchBytes>, Tr::kThreads>;
   extern __shared__ __align__(16) unsigned char smem[];
 
   WorkItem w;
@@ -377,17 +378,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
     detail::qk_tile<Tr>(s, q_regs, smem, s_q, warp_row0, s_k, warp_key0, lane, fmt);
     const bool whole_tile_visible = tile_key0 >= w.full_lo && tile_key0 + Tr::kBlockN <= w.full_hi;
 #pragma unroll
-    for (int mf = 0; mf < Tr::kMFrags; ++mf) {
-      if (mod.active() || !whole_tile_visible) {  // boundary tiles and score mods only
-        const RowFacts rows = row_facts(p, w, warp_row0 + 16 * mf, lane);
-        if (mod.active()) mod.apply(s[mf], rows, tile_key0 + warp_key0, lane);
-        if (!whole_tile_visible) apply_mask(s[mf], rows, tile_key0 + warp_key0, lane);
-      }
-      float rescale[2];
-      softmax[mf].step(s[mf], unit, rescale);
-      // Once the running maxima settle, most tiles change none of them: skip the multiply.
-      if (__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) scale_rows(o[mf], rescale);
-    }
+    for (int mf = 0; mf < Tr::kMFrags; ++mf)
+      softmax_tile(s[mf], o[mf], softmax[mf], mod, unit, whole_tile_visible, p, w, warp_row0 + 16 * mf,
+                   tile_key0 + warp_key0, lane);
     detail::pv_tile<Tr>(o, s, smem, s_q, s_v, warp_key0, lane, fmt);
   }
 

@@ -7,6 +7,7 @@
 #include "attnkit/kv_cache.h"
 #include "attnkit/params.h"
 #include "attnkit/tensor.h"
+#include "flash_attn/generation.h"
 
 namespace attnkit::flash_attn {
 
@@ -31,6 +32,11 @@ struct VarlenArgs {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   void* stream = nullptr;  // cudaStream_t
+  // Preferred kernel generation. hopper: the wgmma kernel serves prefill-shaped launches
+  // (more than 16 packed query rows) of 16-bit caches with head size 64 / 128 on sm90 when the
+  // build has sm_90a code (hopper_kernels_available()); everything else, and mma_sync, runs
+  // the mma_sync kernels.
+  Generation generation = Generation::hopper;
 };
 
 // Bytes of split-KV workspace a launch with these sizes needs (0 when num_splits == 1).

@@ -1,5 +1,7 @@
 #include "attention_case.h"
 
+#include "flash_attn/hopper_traits.h"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,6 +29,11 @@ int64_t Case::num_tokens() const {
 int Case::max_query_len() const { return q_lens.empty() ? 0 : *std::max_element(q_lens.begin(), q_lens.end()); }
 int Case::max_seq_len() const { return seq_lens.empty() ? 0 : *std::max_element(seq_lens.begin(), seq_lens.end()); }
 
+bool Case::hopper_eligible() const {
+  return flash_attn::hopper_kernels_available() && (head_size == 64 || head_size == 128) && !is_fp8(cache_dtype) &&
+         static_cast<int64_t>(max_query_len()) * group > 16;
+}
+
 std::string Case::describe() const {
   std::ostringstream os;
   os << "seed " << seed << ": " << dtype_name(dtype) << " q, " << dtype_name(cache_dtype) << " cache "
@@ -35,6 +42,7 @@ std::string Case::describe() const {
      << window_left << ", " << window_right << "), softcap " << softcap << (alibi ? ", alibi" : "")
      << (sinks ? ", sinks" : "") << (per_head_kv_scale ? ", per-head kv scale" : "") << ", scale " << scale
      << ", q_amp " << q_amp << ", splits " << num_splits << (want_lse ? "" : ", no lse")
+     << ", " << flash_attn::generation_name(generation) << " preferred"
      << "; requests (q_len/seq_len):";
   for (size_t r = 0; r < q_lens.size(); ++r) {
     if (r == 12 && q_lens.size() > 14) {
@@ -163,6 +171,7 @@ flash_attn::VarlenArgs Problem::make_args(void* out, void* lse, void* workspace,
   a.params = params_on(true);
   if (lse) a.params.lse = TensorView(lse, DType::f32, {H, T}, Device::CUDA);
   a.num_splits = num_splits;
+  a.generation = c_.generation;
   a.workspace = workspace;
   a.workspace_bytes = workspace_bytes;
   return a;

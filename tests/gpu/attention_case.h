@@ -33,12 +33,17 @@ struct Case {
   float q_amp = 1.f;  // |q| <= q_amp; K/V values lie in [-1, 1]
   int num_splits = 1;
   bool want_lse = true;  // false: the launch gets no LSE tensor
+  // Preferred kernel generation (VarlenArgs::generation); hopper falls back to mma_sync where
+  // no hopper kernel serves the launch.
+  flash_attn::Generation generation = flash_attn::Generation::hopper;
   uint64_t seed = 1;
 
   int num_heads() const { return num_kv_heads * group; }
   int64_t num_tokens() const;
   int max_query_len() const;
   int max_seq_len() const;
+  // True when a hopper kernel serves this case on this device (so both generations are tested).
+  bool hopper_eligible() const;
   std::string describe() const;
 };
 
@@ -51,6 +56,7 @@ class Problem {
  public:
   explicit Problem(const Case& c);
   const Case& spec() const { return c_; }
+  void set_generation(flash_attn::Generation g) { c_.generation = g; }
 
   // The kernel under test (out, lse and workspace poisoned with NaN first). Throws Error.
   Result run_kernel(int num_splits) const;

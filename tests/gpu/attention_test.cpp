@@ -16,19 +16,25 @@ namespace attnkit::test {
 namespace {
 
 // Every row of the batch, output and LSE, for the case's split count and (when it splits)
-// for the unsplit launch too.
+// for the unsplit launch too; where a hopper kernel serves the case, for both generations.
 void check_against_cpu(const Case& c) {
-  SCOPED_TRACE(c.describe());
   Problem p(c);
   const Result ref = p.run_cpu_reference();
   const int64_t T = c.num_tokens();
   const int H = c.num_heads(), D = c.head_size;
-  for (int splits : {1, c.num_splits}) {
-    SCOPED_TRACE("num_splits " + std::to_string(splits));
-    const Result got = p.run_kernel(splits);
-    EXPECT_TRUE(outputs_match(c.dtype, got.out, ref.out, {T, H, D}));
-    if (c.want_lse) EXPECT_TRUE(lse_match(got.lse, ref.lse, {H, T}));
-    if (c.num_splits == 1) break;
+  std::vector<flash_attn::Generation> generations = {c.generation};
+  if (c.hopper_eligible())
+    generations = {flash_attn::Generation::hopper, flash_attn::Generation::mma_sync};
+  for (flash_attn::Generation g : generations) {
+    p.set_generation(g);
+    SCOPED_TRACE(p.spec().describe());
+    for (int splits : {1, c.num_splits}) {
+      SCOPED_TRACE("num_splits " + std::to_string(splits));
+      const Result got = p.run_kernel(splits);
+      EXPECT_TRUE(outputs_match(c.dtype, got.out, ref.out, {T, H, D}));
+      if (c.want_lse) EXPECT_TRUE(lse_match(got.lse, ref.lse, {H, T}));
+      if (c.num_splits == 1) break;
+    }
   }
 }
 
@@ -152,7 +158,9 @@ TEST(VarlenEdges, WindowSmallerThanTileAndOnBlockBoundaries) {
 class VarlenLargeGrid : public ::testing::TestWithParam<int> {};
 
 TEST_P(VarlenLargeGrid, SampledRowsMatchGpuReference) {
-  const Case c = random_large_case(GetParam());
+  Case c = random_large_case(GetParam());
+  // Large shapes alternate between the generations (the small grids test both on each case).
+  if (GetParam() % 2 == 1) c.generation = flash_attn::Generation::mma_sync;
   SCOPED_TRACE(c.describe());
   Problem p(c);
   const Result got = p.run_kernel(c.num_splits);
@@ -204,6 +212,32 @@ TEST_P(GpuReferenceGrid, MatchesCpuReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, GpuReferenceGrid, ::testing::Range(0, 24));
+
+// ---- the hopper kernel on plain shapes: 1..5 KV tiles of 128 keys, 1..3 row tiles -----------
+
+TEST(VarlenHopper, TileCountsAndHeadSizes) {
+  int i = 0;
+  for (int head_size : {64, 128})
+    for (int kv : {64, 128, 200, 256, 384, 600})
+      for (bool causal : {false, true}) {
+        Case c = edge_base(2700 + i++);
+        c.dtype = c.cache_dtype = DType::bf16;
+        c.layout = KVLayout::NHD;
+        c.head_size = head_size;
+        c.num_kv_heads = 1;
+        c.group = 1;
+        c.block_size = 16;
+        c.causal = causal;
+        c.window_left = c.window_right = -1;
+        c.softcap = 0.f;
+        c.alibi = c.sinks = c.per_head_kv_scale = false;
+        c.q_amp = 1.f;
+        c.num_splits = 1;
+        c.q_lens = {std::min(kv, 130)};
+        c.seq_lens = {kv};
+        check_against_cpu(c);
+      }
+}
 
 // ---- reduced grid for compute-sanitizer memcheck ---------------------------------------------
 

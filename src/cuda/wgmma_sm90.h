@@ -1,0 +1,186 @@
+// Warpgroup tensor-core vocabulary of the hopper generation (sm_90a only): shared-memory matrix
+// descriptors for 128-byte-swizzled tiles, wgmma.mma_async with A from registers, and the
+// fences that order it against ordinary code.
+//
+// Layout of a tile the descriptors describe ("Swizzle128Tile"): the tile's rows (keys) are
+// 128-byte lines (64 16-bit values of one 64-column chunk); the 16-byte chunk j of row n sits at
+// position j ^ (n % 8) of its line; chunk c of the columns is a region of kRows lines, regions
+// laid out one after the other, each 1024-byte aligned. The same bytes serve two operands:
+//   * K of S = Q K^T: B is K-major (head dims contiguous). Descriptor: start = region of the
+//     k16 step's dims + 32 bytes per step inside the line, SBO = 1024 (8 rows), LBO unused.
+//   * V of O = P V: B is MN-major (head dims contiguous, keys = K dimension), transposed by the
+//     instruction. Descriptor: start = region 0 + 2048 bytes per k16 step of keys, LBO = one
+//     region (next 64 head dims), SBO = 1024 (next 8 keys).
+// A comes from the same K-major layout (SS form) or from registers (RS form, the layout of the
+// mma.sync A fragment: each warp of the warpgroup owns 16 of the 64 rows). The fp32
+// accumulator of m64nN is, per warp, the mma.sync C fragments of N/8 n8 tiles: the online
+// softmax and the masks of the mma_sync generation apply unchanged.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "cuda/mma_sm80.h"
+
+namespace attnkit::cuda {
+
+// Byte offset of (row, 16-byte chunk `chunk` of the row's 64-column line) in a swizzled tile
+// region of 128-byte rows.
+__host__ __device__ constexpr uint32_t swizzle128_offset(int row, int chunk) {
+  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
+}
+
+// The matrix descriptor of wgmma (PTX ISA "Matrix Descriptor Format"): start address, leading
+// and stride byte offsets (all >> 4), swizzle mode 1 = 128 bytes in bits 62-63.
+__device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  uint64_t d = 0;
+  d |= static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);
+  d |= static_cast<uint64_t>((lbo_bytes & 0x3FFFF) >> 4) << 16;
+  d |= static_cast<uint64_t>((sbo_bytes & 0x3FFFF) >> 4) << 32;
+  d |= static_cast<uint64_t>(1) << 62;
+  return d;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Generic-proxy shared-memory writes (cp.async, st.shared) made visible to the async proxy
+// that wgmma reads through; each writing thread fences before the barrier.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Keeps the compiler from moving reads or writes of accumulator registers across a wgmma
+// wait (the asm statements of wgmma only tie the registers at issue time).
+template <int N>
+__device__ __forceinline__ void wgmma_hold(FragC (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(d[i].c[j])::"memory");
+}
+
+// D (m64 x kN, fp32) += A (m64 x k16, registers) * B (k16 x kN, descriptor); kTransB = 1
+// for an MN-major B. Defined for T = __nv_bfloat16 / __half and kN = 64 / 128.
+template <class T, int kN>
+struct WgmmaRS;
+// D (m64 x kN, fp32) += A (m64 x k16) * B (k16 x kN), both K-major by descriptor (kN = 128).
+template <class T, int kN>
+struct WgmmaSS;
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ATTNKIT_HAS_WGMMA 1
+#else
+#define ATTNKIT_HAS_WGMMA 0
+#endif
+
+#if ATTNKIT_HAS_WGMMA
+#define ATTNKIT_WGMMA_RS_N64(CXX_TYPE, PTX_TYPE)                                                   \
+  template <>                                                                                    \
+  struct WgmmaRS<CXX_TYPE, 64> {                                                                 \
+    template <int kTransB>                                                                       \
+    __device__ __forceinline__ static void run(FragC (&d)[8], const FragA& a, uint64_t desc_b, \
+                                               bool accumulate) {                                \
+      asm volatile(                                                                              \
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                       \
+          "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX_TYPE "." PTX_TYPE " {"               \
+          "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                \
+          "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"                                \
+          "}, {%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"                                       \
+          : "+f"(d[0].c[0]), "+f"(d[0].c[1]), "+f"(d[0].c[2]), "+f"(d[0].c[3]), \
+            "+f"(d[1].c[0]), "+f"(d[1].c[1]), "+f"(d[1].c[2]), "+f"(d[1].c[3]), \
+            "+f"(d[2].c[0]), "+f"(d[2].c[1]), "+f"(d[2].c[2]), "+f"(d[2].c[3]), \
+            "+f"(d[3].c[0]), "+f"(d[3].c[1]), "+f"(d[3].c[2]), "+f"(d[3].c[3]), \
+            "+f"(d[4].c[0]), "+f"(d[4].c[1]), "+f"(d[4].c[2]), "+f"(d[4].c[3]), \
+            "+f"(d[5].c[0]), "+f"(d[5].c[1]), "+f"(d[5].c[2]), "+f"(d[5].c[3]), \
+            "+f"(d[6].c[0]), "+f"(d[6].c[1]), "+f"(d[6].c[2]), "+f"(d[6].c[3]), \
+            "+f"(d[7].c[0]), "+f"(d[7].c[1]), "+f"(d[7].c[2]), "+f"(d[7].c[3]) \
+          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(desc_b),                  \
+            "r"(static_cast<int>(accumulate)), "n"(kTransB));                                  \
+    }                                                                                            \
+  };
+
+#define ATTNKIT_WGMMA_RS_N128(CXX_TYPE, PTX_TYPE)                                                   \
+  template <>                                                                                    \
+  struct WgmmaRS<CXX_TYPE, 128> {                                                                 \
+    template <int kTransB>                                                                       \
+    __device__ __forceinline__ static void run(FragC (&d)[16], const FragA& a, uint64_t desc_b, \
+                                               bool accumulate) {                                \
+      asm volatile(                                                                              \
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                       \
+          "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX_TYPE "." PTX_TYPE " {"               \
+          "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                \
+          "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"                                \
+          "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"                                \
+          "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"                                \
+          "}, {%64,%65,%66,%67}, %68, p, 1, 1, %70;\n}\n"                                       \
+          : "+f"(d[0].c[0]), "+f"(d[0].c[1]), "+f"(d[0].c[2]), "+f"(d[0].c[3]), \
+            "+f"(d[1].c[0]), "+f"(d[1].c[1]), "+f"(d[1].c[2]), "+f"(d[1].c[3]), \
+            "+f"(d[2].c[0]), "+f"(d[2].c[1]), "+f"(d[2].c[2]), "+f"(d[2].c[3]), \
+            "+f"(d[3].c[0]), "+f"(d[3].c[1]), "+f"(d[3].c[2]), "+f"(d[3].c[3]), \
+            "+f"(d[4].c[0]), "+f"(d[4].c[1]), "+f"(d[4].c[2]), "+f"(d[4].c[3]), \
+            "+f"(d[5].c[0]), "+f"(d[5].c[1]), "+f"(d[5].c[2]), "+f"(d[5].c[3]), \
+            "+f"(d[6].c[0]), "+f"(d[6].c[1]), "+f"(d[6].c[2]), "+f"(d[6].c[3]), \
+            "+f"(d[7].c[0]), "+f"(d[7].c[1]), "+f"(d[7].c[2]), "+f"(d[7].c[3]), \
+            "+f"(d[8].c[0]), "+f"(d[8].c[1]), "+f"(d[8].c[2]), "+f"(d[8].c[3]), \
+            "+f"(d[9].c[0]), "+f"(d[9].c[1]), "+f"(d[9].c[2]), "+f"(d[9].c[3]), \
+            "+f"(d[10].c[0]), "+f"(d[10].c[1]), "+f"(d[10].c[2]), "+f"(d[10].c[3]), \
+            "+f"(d[11].c[0]), "+f"(d[11].c[1]), "+f"(d[11].c[2]), "+f"(d[11].c[3]), \
+            "+f"(d[12].c[0]), "+f"(d[12].c[1]), "+f"(d[12].c[2]), "+f"(d[12].c[3]), \
+            "+f"(d[13].c[0]), "+f"(d[13].c[1]), "+f"(d[13].c[2]), "+f"(d[13].c[3]), \
+            "+f"(d[14].c[0]), "+f"(d[14].c[1]), "+f"(d[14].c[2]), "+f"(d[14].c[3]), \
+            "+f"(d[15].c[0]), "+f"(d[15].c[1]), "+f"(d[15].c[2]), "+f"(d[15].c[3]) \
+          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(desc_b),                  \
+            "r"(static_cast<int>(accumulate)), "n"(kTransB));                                  \
+    }                                                                                            \
+  };
+
+#define ATTNKIT_WGMMA_SS_N128(CXX_TYPE, PTX_TYPE)                                              \
+  template <>                                                                               \
+  struct WgmmaSS<CXX_TYPE, 128> {                                                            \
+    __device__ __forceinline__ static void run(FragC (&d)[16], uint64_t desc_a, uint64_t desc_b, \
+                                               bool accumulate) {                           \
+      asm volatile(                                                                         \
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                  \
+          "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX_TYPE "." PTX_TYPE " {"          \
+          "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                \
+          "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"                                \
+          "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"                                \
+          "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"                                \
+          "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                         \
+          : "+f"(d[0].c[0]), "+f"(d[0].c[1]), "+f"(d[0].c[2]), "+f"(d[0].c[3]), \
+            "+f"(d[1].c[0]), "+f"(d[1].c[1]), "+f"(d[1].c[2]), "+f"(d[1].c[3]), \
+            "+f"(d[2].c[0]), "+f"(d[2].c[1]), "+f"(d[2].c[2]), "+f"(d[2].c[3]), \
+            "+f"(d[3].c[0]), "+f"(d[3].c[1]), "+f"(d[3].c[2]), "+f"(d[3].c[3]), \
+            "+f"(d[4].c[0]), "+f"(d[4].c[1]), "+f"(d[4].c[2]), "+f"(d[4].c[3]), \
+            "+f"(d[5].c[0]), "+f"(d[5].c[1]), "+f"(d[5].c[2]), "+f"(d[5].c[3]), \
+            "+f"(d[6].c[0]), "+f"(d[6].c[1]), "+f"(d[6].c[2]), "+f"(d[6].c[3]), \
+            "+f"(d[7].c[0]), "+f"(d[7].c[1]), "+f"(d[7].c[2]), "+f"(d[7].c[3]), \
+            "+f"(d[8].c[0]), "+f"(d[8].c[1]), "+f"(d[8].c[2]), "+f"(d[8].c[3]), \
+            "+f"(d[9].c[0]), "+f"(d[9].c[1]), "+f"(d[9].c[2]), "+f"(d[9].c[3]), \
+            "+f"(d[10].c[0]), "+f"(d[10].c[1]), "+f"(d[10].c[2]), "+f"(d[10].c[3]), \
+            "+f"(d[11].c[0]), "+f"(d[11].c[1]), "+f"(d[11].c[2]), "+f"(d[11].c[3]), \
+            "+f"(d[12].c[0]), "+f"(d[12].c[1]), "+f"(d[12].c[2]), "+f"(d[12].c[3]), \
+            "+f"(d[13].c[0]), "+f"(d[13].c[1]), "+f"(d[13].c[2]), "+f"(d[13].c[3]), \
+            "+f"(d[14].c[0]), "+f"(d[14].c[1]), "+f"(d[14].c[2]), "+f"(d[14].c[3]), \
+            "+f"(d[15].c[0]), "+f"(d[15].c[1]), "+f"(d[15].c[2]), "+f"(d[15].c[3]) \
+          : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));               \
+    }                                                                                       \
+  };
+
+
+ATTNKIT_WGMMA_RS_N64(__nv_bfloat16, "bf16")
+ATTNKIT_WGMMA_RS_N64(__half, "f16")
+ATTNKIT_WGMMA_RS_N128(__nv_bfloat16, "bf16")
+ATTNKIT_WGMMA_RS_N128(__half, "f16")
+ATTNKIT_WGMMA_SS_N128(__nv_bfloat16, "bf16")
+ATTNKIT_WGMMA_SS_N128(__half, "f16")
+#undef ATTNKIT_WGMMA_SS_N128
+#undef ATTNKIT_WGMMA_RS_N64
+#undef ATTNKIT_WGMMA_RS_N128
+#endif  // ATTNKIT_HAS_WGMMA
+
+}  // namespace attnkit::cuda

@@ -1,0 +1,134 @@
+// The hopper generation's varlen paged attention kernel (wgmma, sm_90a): one template,
+// configured by HopperTraits, instantiated in hopper_hd*.cu. Same work items, masks, softmax
+// and epilogue as the mma_sync kernel (varlen_kernel.cuh); what differs is the GEMMs: each
+// warpgroup issues wgmma.mma_async on 64 rows x 128 keys with K / V read from swizzled shared
+// memory by descriptor.
+//
+//   start the Q tile and K/V tiles 0 .. kStages-2
+//   for each K/V tile of the work item:
+//     wait for it; start the tile kStages-1 ahead
+//     S = Q K^T      (wgmma m64n128k16, A = Q and B = K by descriptor)
+//     mask, online softmax, rescale O (varlen_tile_softmax.cuh)
+//     O += P V       (wgmma m64nDk16, A = P registers, B = V by descriptor, transposed)
+//   epilogue: normalise, sinks, write O and LSE (or split partials)
+#pragma once
+#include "cuda/wgmma_sm90.h"
+#include "flash_attn/hopper_traits.h"
+#include "flash_attn/varlen_kernel.cuh"
+
+namespace attnkit::flash_attn {
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const VarlenKernelParams p) {
+#if ATTNKIT_HAS_WGMMA
+  using namespace attnkit::cuda;
+  using T = typename Tr::Elem;
+  using Ring = StageRing<Tr::kStages>;
+  using Loader = PagedKVTileLoader<Tr::kBlockN, 2 * Tr::kHeadDim, Swizzle128Tile<Tr::kBlockN>, Tr::kThreads>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+
+  WorkItem w;
+  if (!schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w)) return;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int warp_row0 = warp * 16;
+  const bool warp_active = warp_row0 < w.rows;
+  // wgmma is issued by whole warpgroups: a warpgroup runs while any of its rows is real.
+  const bool group_active = (warp / 4) * 64 < w.rows;
+
+  unsigned char* smem = smem_raw + ((Tr::kAlign - (smem_addr(smem_raw) & (Tr::kAlign - 1))) & (Tr::kAlign - 1));
+  const uint32_t s_base = smem_addr(smem);
+  const uint32_t s_q = s_base + Tr::kQOffset;
+
+  Loader loader;
+  loader.k = {static_cast<const char*>(p.k_cache) + w.kv_head * p.k_stride_head, p.k_stride_block, p.k_stride_slot};
+  loader.v = {static_cast<const char*>(p.v_cache) + w.kv_head * p.v_stride_head, p.v_stride_block, p.v_stride_slot};
+  loader.block_row = p.block_table + static_cast<int64_t>(w.req) * p.max_blocks_per_req;
+  loader.block_size = p.block_size;
+  loader.seq_len = w.seq_len;
+  auto stage_k = [&](int tile) { return s_base + Ring::stage_of(tile) * Tr::kStageBytes; };
+
+  const int n_tiles = w.tile_end - w.tile_begin;
+  detail::load_q_tile<Tr, Swizzle128Tile<Tr::kBlockM>>(p, w, s_q, tid);
+  cp_async_commit();
+#pragma unroll
+  for (int s = 0; s < Tr::kStages - 1; ++s) {
+    if (s < n_tiles) loader.load((w.tile_begin + s) * Tr::kBlockN, stage_k(s), stage_k(s) + Tr::kTileBytes, tid);
+    cp_async_commit();
+  }
+  // This warpgroup's 64 rows of Q (A of S = Q K^T, K-major like K).
+  const uint32_t s_q_group = s_q + (warp / 4) * 64 * 128;
+
+  const ScoreMod mod{p.scale, p.softcap, p.alibi_slopes != nullptr};
+  const float unit = mod.unit();
+  RowSoftmax softmax[1];
+  softmax[0].init();
+  FragC o[1][Tr::kOFrags];
+
+  for (int it = 0; it < n_tiles; ++it) {
+    Ring::wait_oldest();
+    fence_proxy_async_smem();  // this thread's cp.async bytes -> visible to wgmma after the barrier
+    __syncthreads();           // tile `it` (and Q) landed for all; the stage of tile it-1 is free
+    const int ahead = it + Tr::kStages - 1;
+    if (ahead < n_tiles) loader.load((w.tile_begin + ahead) * Tr::kBlockN, stage_k(ahead), stage_k(ahead) + Tr::kTileBytes, tid);
+    cp_async_commit();
+    if (!group_active) continue;
+
+    const uint32_t s_k = stage_k(it), s_v = s_k + Tr::kTileBytes;
+    const int tile_key0 = (w.tile_begin + it) * Tr::kBlockN;
+    FragC s[Tr::kSFrags];
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Tr::kKSteps; ++ks) {
+      const uint32_t a = s_q_group + (ks / 4) * (Tr::kBlockM * 128) + (ks % 4) * 32;
+      const uint32_t b = s_k + (ks / 4) * (Tr::kBlockN * 128) + (ks % 4) * 32;
+      WgmmaSS<T, Tr::kBlockN>::run(s, smem_desc_sw128(a, 16, 1024), smem_desc_sw128(b, 16, 1024), ks > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_hold(s);
+
+    const bool whole_tile_visible = tile_key0 >= w.full_lo && tile_key0 + Tr::kBlockN <= w.full_hi;
+    softmax_tile(s, o[0], softmax[0], mod, unit, whole_tile_visible, p, w, warp_row0, tile_key0, lane);
+
+    FragA pa[Tr::kSFrags / 2];
+#pragma unroll
+    for (int kk = 0; kk < Tr::kSFrags / 2; ++kk) pa[kk] = c_pair_to_a<T>(s[2 * kk], s[2 * kk + 1]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Tr::kSFrags / 2; ++kk)
+      WgmmaRS<T, Tr::kHeadDim>::template run<1>(o[0], pa[kk], smem_desc_sw128(s_v + kk * 16 * 128, Tr::kBlockN * 128, 1024), true);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_hold(o[0]);
+  }
+
+  Ring::drain();
+  __syncthreads();
+  detail::epilogue<Tr>(p, w, smem, o, softmax, unit, warp_active, warp, 0, lane, tid);
+#else
+  __trap();  // launched on a device or build without sm_90a code: the host must not get here
+#endif
+}
+
+template <class Tr>
+void launch_hopper(const VarlenKernelParams& p, const VarlenLaunchShape& shape, cudaStream_t stream) {
+  const int64_t row_tiles = (static_cast<int64_t>(shape.max_query_len) * p.group + Tr::kBlockM - 1) / Tr::kBlockM;
+  if (row_tiles == 0 || p.num_reqs == 0) return;
+  const char* where = "flash_attn varlen attention (hopper)";
+  ATTNKIT_REQUIRE(row_tiles <= 0x7fffffff, where, "max_query_len * group", shape.max_query_len, "must fit one grid");
+  ATTNKIT_REQUIRE(p.num_reqs <= 65535, where, "num_reqs", p.num_reqs, "must be <= 65535 (grid z)");
+  const int64_t y = static_cast<int64_t>(p.num_kv_heads) * p.num_splits;
+  ATTNKIT_REQUIRE(y <= 65535, where, "num_kv_heads * num_splits", y, "must be <= 65535 (grid y)");
+  auto kernel = hopper_varlen_kernel<Tr>;
+  ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+  const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(y), static_cast<unsigned>(p.num_reqs));
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  ATTNKIT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace attnkit::flash_attn
+
+#define ATTNKIT_HOPPER_INSTANTIATE(ELEM, HEAD_DIM)                                                  \
+  template void launch_hopper<HopperTraits<ELEM, HEAD_DIM>>(const VarlenKernelParams&, const VarlenLaunchShape&, \
+                                                            cudaStream_t);

@@ -1,0 +1,67 @@
+// Tile configuration of the hopper generation's varlen kernel (wgmma, sm_90a) and the
+// declaration of its launcher, explicitly instantiated in hopper_hd*.cu.
+//
+// A CTA serves the same work item as the mma_sync kernels (varlen_schedule.cuh): 128 packed
+// query rows of one request and KV head, all K/V tiles of one split. Two warpgroups own 64
+// rows each; every warp of a warpgroup holds 16 rows, the layout the mma_sync epilogue and
+// softmax already use. Q and the K/V tiles of 128 keys arrive by cp.async (K/V through the
+// block table) in 128-byte-swizzled shared memory that wgmma reads by descriptor; P stays in
+// registers (the A operand of O = P V).
+#pragma once
+#include <cuda_runtime.h>
+
+#include "flash_attn/varlen_params.h"
+#include "flash_attn/varlen_traits.h"
+
+namespace attnkit::flash_attn {
+
+template <class Elem_, int kHeadDim_>
+struct HopperTraits {
+  using Elem = Elem_;
+  using MmaElem = Elem_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kFp8Cache = false;
+  static constexpr int kWarpGroups = 2;
+  static constexpr int kThreads = 128 * kWarpGroups;
+  static constexpr int kBlockM = 64 * kWarpGroups;
+  static constexpr int kBlockN = 128;
+  // Shapes the shared epilogue (varlen_kernel.cuh) reads: one m16 fragment per warp, warps
+  // stacked along M, none along N.
+  static constexpr int kMFrags = 1, kWarpsM = kThreads / 32, kWarpsN = 1, kWarpRows = 16;
+  static constexpr int kSFrags = kBlockN / 8;
+  static constexpr int kOFrags = kHeadDim / 8;
+  static constexpr int kKSteps = kHeadDim / 16;
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma wrappers exist for N = 64 and 128");
+
+  // Shared memory (from a 1024-byte aligned base): kStages stages of [K tile | V tile], each
+  // tile kHeadDim / 64 regions of kBlockN 128-byte lines, then the Q tile in the same
+  // swizzled layout (kBlockM lines per region; warpgroup g reads lines 64g .. 64g+63).
+  // Q is the A operand of S = Q K^T from shared memory: with Q in registers (the RS form),
+  // ptxas 13.0 reused Q's registers for P inside the loop (seen in the SASS), which broke
+  // every work item of more than one K/V tile.
+  static constexpr int kTileBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kStageBytes = 2 * kTileBytes;
+  static constexpr int kStages = kHeadDim <= 64 ? 4 : 3;
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kQOffset = kStages * kStageBytes;
+  static constexpr int kMainBytes = kQOffset + kQBytes;
+  // Epilogue (reuses everything).
+  static constexpr int kOPitch = kHeadDim + 8;
+  static constexpr int kEpiOBytes = kBlockM * kOPitch * 4;
+  static constexpr int kEpiStatBytes = kBlockM * 8;
+  static constexpr int kEpiWeightBytes = kBlockM * 4;
+  static constexpr int kEpiBytes = kEpiOBytes + kEpiStatBytes + kEpiWeightBytes;
+  static constexpr int kAlign = 1024;  // swizzle atoms
+  static constexpr int kSmemBytes = max_c(kMainBytes, kEpiBytes) + kAlign;
+};
+
+// Launches the hopper kernel of configuration Tr (hopper_kernel.cuh). The caller checks the
+// device is sm90 and the build has sm_90a code (hopper_kernels_available()).
+template <class Tr>
+void launch_hopper(const VarlenKernelParams& p, const VarlenLaunchShape& shape, cudaStream_t stream);
+
+// True when this build compiled the hopper kernels (sm_90a among its CUDA architectures) and
+// the current device is sm90.
+bool hopper_kernels_available();
+
+}  // namespace attnkit::flash_attn

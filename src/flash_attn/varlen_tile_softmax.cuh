@@ -1,0 +1,31 @@
+// The step between the two GEMMs of every varlen kernel generation, for one warp's m16 row
+// fragment and one K/V tile: score modifications and the mask where the tile needs them, the
+// online-softmax update (S becomes P in place), and the rescale of the output rows. The
+// mma_sync and hopper kernels hold S and O in the same C-fragment layout, so they share it.
+#pragma once
+#include "cuda/attention_mask.h"
+#include "cuda/mma_sm80.h"
+#include "cuda/online_softmax.h"
+#include "flash_attn/varlen_schedule.cuh"
+
+namespace attnkit::flash_attn {
+
+// s: the fragment's scores over keys [key0, key0 + 8 * kS); o: its output accumulator.
+// whole_tile_visible: every key of the tile is visible to every row (no mask needed).
+template <int kS, int kO>
+__device__ __forceinline__ void softmax_tile(cuda::FragC (&s)[kS], cuda::FragC (&o)[kO], cuda::RowSoftmax& softmax,
+                                             const cuda::ScoreMod& mod, float unit, bool whole_tile_visible,
+                                             const VarlenKernelParams& p, const WorkItem& w, int row0, int key0,
+                                             int lane) {
+  if (mod.active() || !whole_tile_visible) {  // boundary tiles and score mods only
+    const cuda::RowFacts rows = row_facts(p, w, row0, lane);
+    if (mod.active()) mod.apply(s, rows, key0, lane);
+    if (!whole_tile_visible) cuda::apply_mask(s, rows, key0, lane);
+  }
+  float rescale[2];
+  softmax.step(s, unit, rescale);
+  // Once the running maxima settle, most tiles change none of them: skip the multiply.
+  if (__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) cuda::scale_rows(o, rescale);
+}
+
+}  // namespace attnkit::flash_attn
