@@ -51,19 +51,59 @@ struct PagedKVTileLoader {
   FastDivmod block_size;
   int seq_len;
 
+  // Each thread copies one chunk column of whole 16-key groups (one block-table read per
+  // group) when the thread count allows; else row by row.
+  static constexpr bool kByGroups = kChunks % kThreads == 0 && kThreads % kChunksPerRow == 0 &&
+                                    (kThreads / kChunksPerRow >= 16 || 16 % (kThreads / kChunksPerRow) == 0);
+  static constexpr int kRowsPerIter = kThreads / kChunksPerRow;
+  static constexpr int kItersPerGroup = kRowsPerIter >= 16 ? 1 : 16 / kRowsPerIter;
+  static constexpr int kGroups = kIters / kItersPerGroup;
+
+  // The pages of this thread's 16-key groups of a tile (by-groups loaders): read ahead of
+  // load() so the block-table latency overlaps other work.
+  struct Pages {
+    int32_t blk[kGroups];
+  };
+  __device__ __forceinline__ Pages pages(int first_key, int tid) const {
+    static_assert(kByGroups, "pages() needs the by-groups copy pattern");
+    Pages pg;
+    const int r0 = tid / kChunksPerRow;
+#pragma unroll
+    for (int gi = 0; gi < kGroups; ++gi) pg.blk[gi] = __ldg(block_row + block_size.div(group_key(first_key, r0, gi)));
+    return pg;
+  }
+
   // Keys [first_key, first_key + kRows) -> k_tile / v_tile (shared addresses). Needs
   // seq_len > 0 and first_key a multiple of 16; keys >= seq_len are zero-filled without
   // reading their block-table entry.
   __device__ __forceinline__ void load(int first_key, uint32_t k_tile, uint32_t v_tile, int tid) const {
-    if constexpr (kChunks % kThreads == 0 && kThreads % kChunksPerRow == 0 &&
-                  (kThreads / kChunksPerRow >= 16 || 16 % (kThreads / kChunksPerRow) == 0)) {
-      load_by_groups(first_key, k_tile, v_tile, tid);
+    if constexpr (kByGroups) {
+      load(first_key, pages(first_key, tid), k_tile, v_tile, tid);
     } else {
       load_by_rows(first_key, k_tile, v_tile, tid);
     }
   }
+  // The same with the pages read earlier by pages(first_key, tid).
+  __device__ __forceinline__ void load(int first_key, const Pages& pg, uint32_t k_tile, uint32_t v_tile,
+                                       int tid) const {
+    const int r0 = tid / kChunksPerRow, chunk = tid % kChunksPerRow;
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int row = r0 + i * kRowsPerIter;
+      const int gi = i / kItersPerGroup;
+      const int kc = group_key(first_key, r0, gi);
+      const int slot0 = kc - block_size.div(kc) * block_size.divisor;
+      copy(row, chunk, pg.blk[gi], slot0 + (row & 15), first_key + row < seq_len, k_tile, v_tile);
+    }
+  }
 
  private:
+  // The first key of this thread's group gi, or key 0 (always backed by a block) past seq_len.
+  __device__ __forceinline__ int group_key(int first_key, int r0, int gi) const {
+    const int key = first_key + ((r0 + gi * kItersPerGroup * kRowsPerIter) & ~15);
+    return key < seq_len ? key : 0;
+  }
+
   __device__ __forceinline__ void copy(int row, int chunk, int32_t blk, int32_t slot, bool valid, uint32_t k_tile,
                                        uint32_t v_tile) const {
     const char* ks = k.head_base + static_cast<int64_t>(blk) * k.stride_block + (slot * k.stride_slot + chunk * 16);
@@ -71,30 +111,6 @@ struct PagedKVTileLoader {
     const uint32_t dst = Layout::offset(row, chunk);
     cp_async_16(k_tile + dst, ks, valid);
     cp_async_16(v_tile + dst, vs, valid);
-  }
-
-  // Each thread copies one chunk column of rows r0 + i * kRowsPerIter. Block sizes are
-  // multiples of 16, so a 16-key group never crosses a page: one block-table read per group.
-  __device__ __forceinline__ void load_by_groups(int first_key, uint32_t k_tile, uint32_t v_tile, int tid) const {
-    constexpr int kRowsPerIter = kThreads / kChunksPerRow;
-    constexpr int kItersPerGroup = kRowsPerIter >= 16 ? 1 : 16 / kRowsPerIter;
-    constexpr int kGroups = kIters / kItersPerGroup;
-    const int r0 = tid / kChunksPerRow, chunk = tid % kChunksPerRow;
-    int32_t blk[kGroups], slot0[kGroups];
-#pragma unroll
-    for (int gi = 0; gi < kGroups; ++gi) {
-      const int key = first_key + ((r0 + gi * kItersPerGroup * kRowsPerIter) & ~15);
-      const int kc = key < seq_len ? key : 0;  // a key that is always backed by a block
-      const int page = block_size.div(kc);
-      blk[gi] = __ldg(block_row + page);
-      slot0[gi] = kc - page * block_size.divisor;
-    }
-#pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      const int row = r0 + i * kRowsPerIter;
-      const int gi = i / kItersPerGroup;
-      copy(row, chunk, blk[gi], slot0[gi] + (row & 15), first_key + row < seq_len, k_tile, v_tile);
-    }
   }
 
   __device__ __forceinline__ void load_by_rows(int first_key, uint32_t k_tile, uint32_t v_tile, int tid) const {

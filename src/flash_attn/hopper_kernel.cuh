@@ -1,8 +1,9 @@
 // The hopper generation's varlen paged attention kernel (wgmma, sm_90a): one template,
-// configured by HopperTraits, instantiated in hopper_hd*.cu. Same work items, masks, softmax
-// and epilogue as the mma_sync kernel (varlen_kernel.cuh); what differs is the GEMMs: each
-// warpgroup issues wgmma.mma_async on 64 rows x 128 keys with K / V read from swizzled shared
-// memory by descriptor.
+// configured by HopperTraits, instantiated in hopper_hd*.cu. Same work items, masks and
+// online softmax as the mma_sync kernel (varlen_kernel.cuh); what differs is the GEMMs (each
+// warpgroup issues wgmma.mma_async on 64 rows x 128 keys with Q / K / V read from swizzled
+// shared memory by descriptor) and the epilogue (straight from registers: without split
+// partials there is nothing to merge across warps).
 //
 //   start the Q tile and K/V tiles 0 .. kStages-2
 //   for each K/V tile of the work item:
@@ -10,13 +11,52 @@
 //     S = Q K^T      (wgmma m64n128k16, A = Q and B = K by descriptor)
 //     mask, online softmax, rescale O (varlen_tile_softmax.cuh)
 //     O += P V       (wgmma m64nDk16, A = P registers, B = V by descriptor, transposed)
-//   epilogue: normalise, sinks, write O and LSE (or split partials)
+//   epilogue: normalise, sink, write O and LSE straight from registers
 #pragma once
+#include "attnkit/detail/merge_rule.h"
 #include "cuda/wgmma_sm90.h"
 #include "flash_attn/hopper_traits.h"
 #include "flash_attn/varlen_kernel.cuh"
 
 namespace attnkit::flash_attn {
+
+namespace detail {
+
+// Output rows straight from the accumulator: the two rows (g, g + 8) this thread holds of
+// its warp's 16, normalised, with the sink folded in; LSE from one thread per row.
+template <class Tr>
+__device__ __forceinline__ void register_epilogue(const VarlenKernelParams& p, const WorkItem& w,
+                                                  const cuda::FragC (&o)[Tr::kOFrags],
+                                                  const cuda::RowSoftmax& softmax, float unit, int warp_row0,
+                                                  int lane) {
+  using T = typename Tr::Elem;
+  float max_log2[2], sum[2];
+  softmax.finish(unit, max_log2, sum);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int m = warp_row0 + (lane >> 2) + 8 * r;
+    if (m >= w.rows) continue;
+    const float mx[1] = {max_log2[r]}, sm[1] = {sum[r]};
+    float wt[1];
+    float lse = cuda::combine_row_parts<1>(mx, sm, wt);
+    const int gm = w.m0 + m;
+    const int64_t token = w.q_start + gm / p.group;
+    const int head = w.kv_head * p.group + gm % p.group;
+    float sink_weight = 1.f;
+    if (p.sinks != nullptr) {  // a part with LSE = sink logit and no value
+      float w_sink;
+      lse = merge_weights(lse, p.sinks[head * p.sinks_stride], &sink_weight, &w_sink);
+    }
+    const float f = wt[0] * sink_weight;
+    T* dst = static_cast<T*>(p.out) + token * p.out_stride_token + head * p.out_stride_head + 2 * (lane & 3);
+#pragma unroll
+    for (int dn = 0; dn < Tr::kOFrags; ++dn)
+      *reinterpret_cast<uint32_t*>(dst + dn * 8) = cuda::pack2<T>(o[dn].c[2 * r] * f, o[dn].c[2 * r + 1] * f);
+    if ((lane & 3) == 0 && p.lse != nullptr) p.lse[head * p.lse_stride_head + token * p.lse_stride_token] = lse;
+  }
+}
+
+}  // namespace detail
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const VarlenKernelParams p) {
@@ -49,13 +89,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
   auto stage_k = [&](int tile) { return s_base + Ring::stage_of(tile) * Tr::kStageBytes; };
 
   const int n_tiles = w.tile_end - w.tile_begin;
+  auto tile_key = [&](int i) { return (w.tile_begin + i) * Tr::kBlockN; };
   detail::load_q_tile<Tr, Swizzle128Tile<Tr::kBlockM>>(p, w, s_q, tid);
   cp_async_commit();
 #pragma unroll
   for (int s = 0; s < Tr::kStages - 1; ++s) {
-    if (s < n_tiles) loader.load((w.tile_begin + s) * Tr::kBlockN, stage_k(s), stage_k(s) + Tr::kTileBytes, tid);
+    if (s < n_tiles) loader.load(tile_key(s), stage_k(s), stage_k(s) + Tr::kTileBytes, tid);
     cp_async_commit();
   }
+  // Block-table entries of the next tile to load, read one iteration ahead: their latency
+  // then overlaps the GEMMs instead of stalling the copy issue after each barrier.
+  typename Loader::Pages next_pages{};
+  if (Tr::kStages - 1 < n_tiles) next_pages = loader.pages(tile_key(Tr::kStages - 1), tid);
   // This warpgroup's 64 rows of Q (A of S = Q K^T, K-major like K).
   const uint32_t s_q_group = s_q + (warp / 4) * 64 * 128;
 
@@ -70,8 +115,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
     fence_proxy_async_smem();  // this thread's cp.async bytes -> visible to wgmma after the barrier
     __syncthreads();           // tile `it` (and Q) landed for all; the stage of tile it-1 is free
     const int ahead = it + Tr::kStages - 1;
-    if (ahead < n_tiles) loader.load((w.tile_begin + ahead) * Tr::kBlockN, stage_k(ahead), stage_k(ahead) + Tr::kTileBytes, tid);
+    if (ahead < n_tiles) loader.load(tile_key(ahead), next_pages, stage_k(ahead), stage_k(ahead) + Tr::kTileBytes, tid);
     cp_async_commit();
+    if (ahead + 1 < n_tiles) next_pages = loader.pages(tile_key(ahead + 1), tid);
     if (!group_active) continue;
 
     const uint32_t s_k = stage_k(it), s_v = s_k + Tr::kTileBytes;
@@ -104,8 +150,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
   }
 
   Ring::drain();
-  __syncthreads();
-  detail::epilogue<Tr>(p, w, smem, o, softmax, unit, warp_active, warp, 0, lane, tid);
+  if (warp_active) detail::register_epilogue<Tr>(p, w, o[0], softmax[0], unit, warp_row0, lane);
 #else
   __trap();  // launched on a device or build without sm_90a code: the host must not get here
 #endif
@@ -116,6 +161,8 @@ void launch_hopper(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
   const int64_t row_tiles = (static_cast<int64_t>(shape.max_query_len) * p.group + Tr::kBlockM - 1) / Tr::kBlockM;
   if (row_tiles == 0 || p.num_reqs == 0) return;
   const char* where = "flash_attn varlen attention (hopper)";
+  ATTNKIT_REQUIRE(p.num_splits == 1, where, "num_splits", p.num_splits,
+                  "must be 1 (split launches run the mma_sync kernels)");
   ATTNKIT_REQUIRE(row_tiles <= 0x7fffffff, where, "max_query_len * group", shape.max_query_len, "must fit one grid");
   ATTNKIT_REQUIRE(p.num_reqs <= 65535, where, "num_reqs", p.num_reqs, "must be <= 65535 (grid z)");
   const int64_t y = static_cast<int64_t>(p.num_kv_heads) * p.num_splits;

@@ -25,9 +25,6 @@ struct HopperTraits {
   static constexpr int kThreads = 128 * kWarpGroups;
   static constexpr int kBlockM = 64 * kWarpGroups;
   static constexpr int kBlockN = 128;
-  // Shapes the shared epilogue (varlen_kernel.cuh) reads: one m16 fragment per warp, warps
-  // stacked along M, none along N.
-  static constexpr int kMFrags = 1, kWarpsM = kThreads / 32, kWarpsN = 1, kWarpRows = 16;
   static constexpr int kSFrags = kBlockN / 8;
   static constexpr int kOFrags = kHeadDim / 8;
   static constexpr int kKSteps = kHeadDim / 16;
@@ -44,15 +41,8 @@ struct HopperTraits {
   static constexpr int kStages = kHeadDim <= 64 ? 4 : 3;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kQOffset = kStages * kStageBytes;
-  static constexpr int kMainBytes = kQOffset + kQBytes;
-  // Epilogue (reuses everything).
-  static constexpr int kOPitch = kHeadDim + 8;
-  static constexpr int kEpiOBytes = kBlockM * kOPitch * 4;
-  static constexpr int kEpiStatBytes = kBlockM * 8;
-  static constexpr int kEpiWeightBytes = kBlockM * 4;
-  static constexpr int kEpiBytes = kEpiOBytes + kEpiStatBytes + kEpiWeightBytes;
   static constexpr int kAlign = 1024;  // swizzle atoms
-  static constexpr int kSmemBytes = max_c(kMainBytes, kEpiBytes) + kAlign;
+  static constexpr int kSmemBytes = kQOffset + kQBytes + kAlign;
 };
 
 // Launches the hopper kernel of configuration Tr (hopper_kernel.cuh). The caller checks the

@@ -31,7 +31,9 @@ void launch_config(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
     return;
   }
   if constexpr (!kFp8 && (kHeadDim == 64 || kHeadDim == 128)) {
-    if (generation == Generation::hopper && hopper_kernels_available()) {
+    // Split launches (decode-heavy batches with few requests) stay on the mma_sync kernel,
+    // whose epilogue writes and merges split partials.
+    if (generation == Generation::hopper && p.num_splits == 1 && hopper_kernels_available()) {
       launch_hopper<HopperTraits<Elem, kHeadDim>>(p, shape, stream);
       return;
     }

@@ -334,6 +334,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
     if (s < n_tiles) loader.load((w.tile_begin + s) * Tr::kBlockN, stage_k(s), stage_k(s) + Tr::kStageTileBytes, tid);
     cp_async_commit();
   }
+  // Block-table entries of the next tile to load, read one iteration ahead (where the loader
+  // copies by 16-key groups): their latency overlaps the MMAs instead of stalling the copy
+  // issue after each barrier.
+  constexpr bool kPagesAhead = Loader::kByGroups;
+  auto tile_key = [&](int i) { return (w.tile_begin + i) * Tr::kBlockN; };
+  typename Loader::Pages next_pages{};
+  if constexpr (kPagesAhead)
+    if (Tr::kStages - 1 < n_tiles) next_pages = loader.pages(tile_key(Tr::kStages - 1), tid);
 
   // Q: wait for its group when it is read before the loop (into registers, or converted).
   constexpr bool kConvertQ = Tr::kFp8Cache && std::is_same_v<T, __nv_bfloat16>;
@@ -367,8 +375,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
     Ring::wait_oldest();
     __syncthreads();  // tile `it` visible to all; the stage of tile it-1 is free again
     const int ahead = it + Tr::kStages - 1;
-    if (ahead < n_tiles) loader.load((w.tile_begin + ahead) * Tr::kBlockN, stage_k(ahead), stage_k(ahead) + Tr::kStageTileBytes, tid);
-    cp_async_commit();
+    if constexpr (kPagesAhead) {
+      if (ahead < n_tiles) loader.load(tile_key(ahead), next_pages, stage_k(ahead), stage_k(ahead) + Tr::kStageTileBytes, tid);
+      cp_async_commit();
+      if (ahead + 1 < n_tiles) next_pages = loader.pages(tile_key(ahead + 1), tid);
+    } else {
+      if (ahead < n_tiles) loader.load(tile_key(ahead), stage_k(ahead), stage_k(ahead) + Tr::kStageTileBytes, tid);
+      cp_async_commit();
+    }
 
     const uint32_t s_k = stage_k(it), s_v = s_k + Tr::kStageTileBytes;
     if (!warp_active) continue;

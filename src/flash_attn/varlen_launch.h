@@ -32,10 +32,10 @@ struct VarlenArgs {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   void* stream = nullptr;  // cudaStream_t
-  // Preferred kernel generation. hopper: the wgmma kernel serves prefill-shaped launches
-  // (more than 16 packed query rows) of 16-bit caches with head size 64 / 128 on sm90 when the
-  // build has sm_90a code (hopper_kernels_available()); everything else, and mma_sync, runs
-  // the mma_sync kernels.
+  // Preferred kernel generation. hopper: the wgmma kernel serves unsplit prefill-shaped
+  // launches (more than 16 packed query rows) of 16-bit caches with head size 64 / 128 on sm90
+  // when the build has sm_90a code (hopper_kernels_available()); everything else, and
+  // mma_sync, runs the mma_sync kernels.
   Generation generation = Generation::hopper;
 };
 

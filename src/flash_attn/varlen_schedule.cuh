@@ -18,17 +18,18 @@ struct WorkItem {
   int full_lo, full_hi;        // keys visible to every row of the tile: [full_lo, full_hi)
 };
 
+// The work item at grid coordinates (x, y, z); false when x is past the request's row tiles.
 template <int kBlockM, int kBlockN>
-__device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, WorkItem& w) {
-  w.req = blockIdx.z;
-  w.kv_head = blockIdx.y / p.num_splits;
-  w.split = blockIdx.y % p.num_splits;
+__device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, int x, int y, int z, WorkItem& w) {
+  w.req = z;
+  w.kv_head = y / p.num_splits;
+  w.split = y % p.num_splits;
   w.q_start = p.cu_seqlens_q[w.req];
   w.q_len = p.cu_seqlens_q[w.req + 1] - w.q_start;
   const int rows_total = w.q_len * p.group;
   const int num_row_tiles = (rows_total + kBlockM - 1) / kBlockM;
-  if (static_cast<int>(blockIdx.x) >= num_row_tiles) return false;
-  w.m0 = (num_row_tiles - 1 - static_cast<int>(blockIdx.x)) * kBlockM;
+  if (x >= num_row_tiles) return false;
+  w.m0 = (num_row_tiles - 1 - x) * kBlockM;
   w.rows = min(kBlockM, rows_total - w.m0);
   w.seq_len = p.seqused_k[w.req];
 
@@ -50,6 +51,12 @@ __device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, WorkI
   w.tile_begin = min(t_hi, t_lo + w.split * per_split);
   w.tile_end = min(t_hi, w.tile_begin + per_split);
   return true;
+}
+
+// The work item of this CTA in a grid of one CTA per item.
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, WorkItem& w) {
+  return schedule_work<kBlockM, kBlockN>(p, blockIdx.x, blockIdx.y, blockIdx.z, w);
 }
 
 // The row facts of the two rows a thread holds (rows g and g + 8 of its warp's m16 tile).
