@@ -23,7 +23,7 @@ __device__ __forceinline__ void pdl_wait() {
 // Lets the next grid in the stream launch once every CTA of this grid has called it (or exited).
 __device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::);
 #endif
 }
 

@@ -210,11 +210,16 @@ __device__ __forceinline__ float scale_of(const float* scale, int64_t stride, in
 // row, the combine kernel's merge) and puts the item's counter back to 0 for the next launch.
 // Counter of the item: its first packed row over all KV heads, unique among the launch's items
 // and < num_tokens * num_heads (the host checks the workspace holds that many counters).
+// The work item is taken again from the scheduler rather than passed in: with the main loop's
+// WorkItem kept live for this tail, the register-bound prefill kernels spilled more in their loop.
 template <class Tr>
-__device__ __forceinline__ void combine_splits_if_last(const VarlenKernelParams& p, const WorkItem& w, int tid) {
+__device__ __forceinline__ void combine_splits_if_last(const VarlenKernelParams& p) {
   using T = typename Tr::Elem;
   constexpr int kMaxChunks = (Tr::kHeadDim / 4 + 31) / 32;
   __shared__ int s_last;
+  const int tid = threadIdx.x;
+  WorkItem w;
+  schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w);  // (true: this CTA has a tile)
   __threadfence();  // this thread's partials are visible device-wide before the count says so
   __syncthreads();
   if (tid == 0) {
@@ -336,13 +341,12 @@ __device__ __forceinline__ void epilogue(const VarlenKernelParams& p, const Work
       store8(static_cast<T*>(p.out) + token * p.out_stride_token + head * p.out_stride_head + c, v);
     }
   }
-  if (split) combine_splits_if_last<Tr>(p, w, tid);
 }
 
 }  // namespace detail
 
 template <class Tr>
-__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_attention_kernel(const VarlenKernelParams p) {
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_attention_kernel(const __grid_constant__ VarlenKernelParams p) {
   using namespace attnkit::cuda;
   using T = typename Tr::Elem;
   using Ring = StageRing<Tr::kStages>;
@@ -441,6 +445,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   Ring::drain();
   __syncthreads();
   detail::epilogue<Tr>(p, w, smem, o, softmax, unit, warp_active, warp_m, warp_n, lane, tid);
+  if (p.num_splits > 1) detail::combine_splits_if_last<Tr>(p);
 }
 
 template <class Tr>
