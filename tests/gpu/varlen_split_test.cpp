@@ -6,7 +6,7 @@
 // on and off across a chain of dependent launches; and the standalone combine kernel against
 // the host merge rule.
 //
-// Filter: --gtest_filter='VarlenSplit*:SplitKvCombine*'
+// Filter: --gtest_filter='*VarlenSplit*:*SplitKvCombine*'
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
