@@ -43,6 +43,12 @@ PagedKV pool_view(const KVCacheSpec& spec, void* storage) {
   return spec.view(TensorView(storage, spec.storage_dtype(), {elems}, Device::CUDA));
 }
 
+cuda::DeviceBuffer split_workspace(size_t bytes, cudaStream_t stream) {
+  cuda::DeviceBuffer ws(std::max<size_t>(bytes, 16));
+  flash_attn::varlen_workspace_init(ws.get(), ws.bytes(), stream);
+  return ws;
+}
+
 flash_attn::VarlenArgs varlen_args(const UniformBatch& b, const PagedKV& cache, void* q, void* out,
                                    int num_heads, int head_size, bool causal, cudaStream_t stream) {
   flash_attn::VarlenArgs a;

@@ -28,6 +28,10 @@ UniformBatch make_uniform_batch(int num_reqs, int q_len, int kv_len, int block_s
 // A dense cache pool of `spec` over `storage` (device memory of spec.total_bytes()).
 PagedKV pool_view(const KVCacheSpec& spec, void* storage);
 
+// A split-KV workspace of at least `bytes` (>= 16) with its counters zeroed on `stream`
+// (the varlen_launch.h contract): ready for any number of launches that fit it.
+cuda::DeviceBuffer split_workspace(size_t bytes, cudaStream_t stream);
+
 // The launch for one batch (split-KV off unless num_splits > 1 with its workspace).
 flash_attn::VarlenArgs varlen_args(const UniformBatch& b, const PagedKV& cache, void* q, void* out,
                                    int num_heads, int head_size, bool causal, cudaStream_t stream);

@@ -60,7 +60,8 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
                                                 cd == DType::bf16 ? nullptr : scale.as<float>(), kHeads,
                                                 props.l2_bytes, stream);
           const int splits = builder_num_splits(B, 1, L, kHeads, kKvHeads, cd, props.sm_count);
-          cuda::DeviceBuffer workspace(std::max<size_t>(16, flash_attn::varlen_workspace_bytes(B, kHeads, kHeadSize, splits)));
+          cuda::DeviceBuffer workspace =
+              split_workspace(flash_attn::varlen_workspace_bytes(B, kHeads, kHeadSize, splits), stream);
           for (auto& a : shape.args) {
             a.num_splits = splits;
             a.workspace = workspace.get();

@@ -63,8 +63,8 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
             split_in.num_kv_heads = hkv;
             split_in.num_sms = cuda::current_device_props().sm_count;
             args.num_splits = flash_attn::decide_num_splits(split_in).num_splits;
-            cuda::DeviceBuffer workspace(std::max<size_t>(
-                16, flash_attn::varlen_workspace_bytes(kTokens, kHeads, hd, args.num_splits)));
+            cuda::DeviceBuffer workspace =
+                split_workspace(flash_attn::varlen_workspace_bytes(kTokens, kHeads, hd, args.num_splits), stream);
             args.workspace = workspace.get();
             args.workspace_bytes = workspace.bytes();
             const double ms = time_ms([&] { flash_attn::run_varlen_attention(args); }, stream, 1, 5);

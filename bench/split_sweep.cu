@@ -45,7 +45,8 @@ void run_split_sweep(Recorder& rec, cudaStream_t stream, double read_gbps) {
   fill_random(q.get(), qo_bytes / 2, DType::bf16, 31, stream);
   const float kv_scale = 1.f / 16;
   ATTNKIT_CUDA_CHECK(cudaMemcpyAsync(scale.get(), &kv_scale, 4, cudaMemcpyHostToDevice, stream));
-  cuda::DeviceBuffer workspace(flash_attn::varlen_workspace_bytes(64, kHeads, kHeadSize, kSplitCounts.back()));
+  // One workspace for every shape and split count of the sweep (its counters zeroed once).
+  cuda::DeviceBuffer workspace = split_workspace(flash_attn::varlen_workspace_bytes(64, kHeads, kHeadSize, kSplitCounts.back()), stream);
 
   std::printf("\nsplit sweep: us per call / %% of read BW (%.0f GB/s); '-' = split under %d KV tokens\n", read_gbps,
               flash_attn::kMinKVPerSplit);

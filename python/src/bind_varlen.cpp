@@ -220,6 +220,9 @@ void run_cuda(const VarlenCall& c, const PagedKV& cache) {
     a.workspace_bytes = have;
   }
   a.stream = c.stream;
+  // The caller's workspace is fresh memory on every call (the Python wrapper allocates it):
+  // zero its counters first (a small memset on the same stream).
+  if (a.num_splits > 1) flash_attn::varlen_workspace_init(a.workspace, a.workspace_bytes, a.stream);
   flash_attn::run_varlen_attention(a);
 #else
   (void)cache;

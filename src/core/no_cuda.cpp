@@ -45,7 +45,10 @@ void cuda_stream_destroy(void*) noexcept {}
 
 namespace attnkit::flash_attn {
 
-size_t varlen_workspace_bytes(int64_t, int, int, int) { return 0; }
+void varlen_workspace_init(void*, size_t, void*) {
+  throw Error("flash_attn varlen workspace init", "device = cuda",
+              "this attnkit was built without CUDA (ATTNKIT_CUDA=OFF or no nvcc)");
+}
 
 void run_varlen_attention(const VarlenArgs&) {
   throw Error("flash_attn varlen attention", "device = cuda",

@@ -2,10 +2,9 @@
 
 #include <string>
 
-#include "attnkit/detail/merge_rule.h"
 #include "attnkit/error.h"
 #include "cuda/cuda_check.h"
-#include "cuda/output_store.h"
+#include "cuda/split_merge_row.cuh"
 
 namespace attnkit::cuda {
 
@@ -23,67 +22,34 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const int64_t token = row / parts.num_heads;
   const int head = static_cast<int>(row % parts.num_heads);
   if (target.valid_tokens != nullptr && token >= *target.valid_tokens) return;
-
-  const int chunks = parts.head_size / 4;
-  float acc[kMaxChunksPerLane][4] = {};
-  float lse = -INFINITY;
-  for (int s = 0; s < parts.num_splits; ++s) {
-    float wa, wb;
-    lse = merge_weights(lse, parts.lse[parts.lse_index(s, token, head)], &wa, &wb);
-    if (wb == 0.f) {  // this split saw nothing visible: its (unwritten) values contribute 0
-      for (int i = 0; i < kMaxChunksPerLane; ++i)
-        for (int e = 0; e < 4; ++e) acc[i][e] = merge_value(acc[i][e], wa, 0.f, 0.f);
-      continue;
-    }
-    const float* o = parts.o + parts.o_index(s, token, head);
-#pragma unroll
-    for (int i = 0; i < kMaxChunksPerLane; ++i) {
-      const int c = lane + 32 * i;
-      if (c >= chunks) break;
-      const float4 v = reinterpret_cast<const float4*>(o)[c];
-      acc[i][0] = merge_value(acc[i][0], wa, v.x, wb);
-      acc[i][1] = merge_value(acc[i][1], wa, v.y, wb);
-      acc[i][2] = merge_value(acc[i][2], wa, v.z, wb);
-      acc[i][3] = merge_value(acc[i][3], wa, v.w, wb);
-    }
-  }
-  if (target.sinks != nullptr) {  // the sink: LSE = its logit, value 0
-    float wa, wb;
-    lse = merge_weights(lse, target.sinks[head * target.sinks_stride], &wa, &wb);
-    for (int i = 0; i < kMaxChunksPerLane; ++i)
-      for (int e = 0; e < 4; ++e) acc[i][e] = merge_value(acc[i][e], wa, 0.f, wb);
-  }
-
   T* out = static_cast<T*>(target.out) + token * target.out_stride_token + head * target.out_stride_head;
-#pragma unroll
-  for (int i = 0; i < kMaxChunksPerLane; ++i) {
-    const int c = lane + 32 * i;
-    if (c >= chunks) break;
-    store4(out + 4 * c, acc[i]);
-  }
-  if (target.lse != nullptr && lane == 0)
-    target.lse[head * target.lse_stride_head + token * target.lse_stride_token] = lse;
+  merge_split_row<T, kMaxChunksPerLane>(
+      parts, token, head, target.sinks != nullptr ? target.sinks + head * target.sinks_stride : nullptr, out,
+      target.lse != nullptr ? target.lse + head * target.lse_stride_head + token * target.lse_stride_token : nullptr,
+      lane);
 }
 
 }  // namespace
 
-size_t split_partials_bytes(int64_t num_tokens, int num_heads, int head_size, int num_splits) {
-  if (num_splits <= 1) return 0;
-  const size_t rows = static_cast<size_t>(num_splits) * num_tokens * num_heads;
-  const size_t o_bytes = rows * head_size * sizeof(float);
-  const size_t lse_bytes = rows * sizeof(float);
-  return o_bytes + ((lse_bytes + 15) / 16) * 16;
-}
-
-SplitPartials split_partials_in(void* workspace, int64_t num_tokens, int num_heads, int head_size,
-                                int num_splits) {
+SplitPartials split_partials_in(void* workspace, size_t workspace_bytes, int64_t num_tokens, int num_heads,
+                                int head_size, int num_splits) {
+  const SplitWorkspaceLayout l = split_workspace_layout(workspace_bytes, num_tokens, num_heads, head_size, num_splits);
+  const size_t need = split_workspace_bytes(num_tokens, num_heads, head_size, num_splits);
+  ATTNKIT_REQUIRE(workspace != nullptr && l.fits && (reinterpret_cast<uintptr_t>(workspace) & 15u) == 0,
+                  "split-KV workspace", "workspace_bytes", workspace_bytes,
+                  "must be a 16-byte aligned buffer of at least split_workspace_bytes() = " + std::to_string(need) +
+                      " bytes for " + std::to_string(num_splits) + " splits of " + std::to_string(num_tokens) +
+                      " tokens x " + std::to_string(num_heads) + " heads x " + std::to_string(head_size));
+  char* base = static_cast<char*>(workspace);
   SplitPartials p;
   p.num_splits = num_splits;
   p.num_tokens = num_tokens;
   p.num_heads = num_heads;
   p.head_size = head_size;
-  p.o = static_cast<float*>(workspace);
-  p.lse = p.o + static_cast<size_t>(num_splits) * num_tokens * num_heads * head_size;
+  p.counters = reinterpret_cast<unsigned int*>(base);
+  p.num_counters = l.num_counters;
+  p.o = reinterpret_cast<float*>(base + l.o_offset);
+  p.lse = reinterpret_cast<float*>(base + l.lse_offset);
   return p;
 }
 

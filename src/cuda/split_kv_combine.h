@@ -1,7 +1,9 @@
 // Split-KV combine: merges the per-split partial results of an attention launch (each split
 // covers a disjoint range of keys) with the LSE merge rule of attnkit/detail/merge_rule.h,
 // optionally folds in a per-head sink (a partial with LSE = sink logit and no value), and
-// writes the final output and LSE.
+// writes the final output and LSE. The per-row merge (split_merge_row.cuh) also serves kernels
+// that combine their own splits (the varlen kernel's last CTA of a work item); this standalone
+// kernel is the building block for producers that do not.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -9,15 +11,19 @@
 #include <cstdint>
 
 #include "attnkit/dtype.h"
+#include "cuda/split_workspace.h"
 
 namespace attnkit::cuda {
 
-// Partials in a caller-provided fp32 workspace:
-//   o  [num_splits, num_tokens, num_heads, head_size]  (normalised within its split)
-//   lse[num_splits, num_heads, num_tokens]            (natural log; -inf = the split saw nothing)
+// Partials in a caller-provided workspace (layout: split_workspace.h):
+//   o  [num_splits, num_tokens, num_heads, head_size]  fp32, normalised within its split
+//   lse[num_splits, num_heads, num_tokens]            fp32, natural log; -inf = the split saw nothing
+//   counters [num_counters]                           uint32 arrival counts of fused combines, 0 between launches
 struct SplitPartials {
   float* o = nullptr;
   float* lse = nullptr;
+  unsigned int* counters = nullptr;
+  int64_t num_counters = 0;
   int num_splits = 1;
   int64_t num_tokens = 0;
   int num_heads = 0;
@@ -31,11 +37,10 @@ struct SplitPartials {
   }
 };
 
-// Workspace bytes for the partials, and the partials laid out in a workspace (o first,
-// then lse; both 16-byte aligned when the workspace is).
-size_t split_partials_bytes(int64_t num_tokens, int num_heads, int head_size, int num_splits);
-SplitPartials split_partials_in(void* workspace, int64_t num_tokens, int num_heads, int head_size,
-                                int num_splits);
+// The partials of a launch with these sizes in a workspace of `workspace_bytes` bytes (16-byte
+// aligned). Throws Error when they do not fit (see split_workspace_bytes).
+SplitPartials split_partials_in(void* workspace, size_t workspace_bytes, int64_t num_tokens, int num_heads,
+                                int head_size, int num_splits);
 
 struct CombineTarget {
   void* out = nullptr;  // [num_tokens, num_heads, head_size] of out_dtype, last dim contiguous

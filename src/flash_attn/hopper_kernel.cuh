@@ -14,6 +14,7 @@
 //   epilogue: normalise, sink, write O and LSE straight from registers
 #pragma once
 #include "attnkit/detail/merge_rule.h"
+#include "cuda/pdl.h"
 #include "cuda/wgmma_sm90.h"
 #include "flash_attn/hopper_traits.h"
 #include "flash_attn/varlen_kernel.cuh"
@@ -67,6 +68,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
   using Loader = PagedKVTileLoader<Tr::kBlockN, 2 * Tr::kHeadDim, Swizzle128Tile<Tr::kBlockN>, Tr::kThreads>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
 
+  pdl_wait();  // everything below may read what the previous kernel wrote (metadata, q, cache)
   WorkItem w;
   if (!schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w)) return;
 
@@ -101,6 +103,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
   // then overlaps the GEMMs instead of stalling the copy issue after each barrier.
   typename Loader::Pages next_pages{};
   if (Tr::kStages - 1 < n_tiles) next_pages = loader.pages(tile_key(Tr::kStages - 1), tid);
+  pdl_launch_dependents();  // the next kernel's CTAs may take SM slots as this grid frees them
   // This warpgroup's 64 rows of Q (A of S = Q K^T, K-major like K).
   const uint32_t s_q_group = s_q + (warp / 4) * 64 * 128;
 
@@ -170,8 +173,7 @@ void launch_hopper(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
   auto kernel = hopper_varlen_kernel<Tr>;
   ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
   const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(y), static_cast<unsigned>(p.num_reqs));
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
-  ATTNKIT_CUDA_CHECK_LAUNCH();
+  cuda::launch_kernel(kernel, grid, dim3(Tr::kThreads), Tr::kSmemBytes, stream, shape.enable_pdl, p);
 }
 
 }  // namespace attnkit::flash_attn

@@ -42,17 +42,20 @@ size_t FlashAttnImpl::max_workspace_bytes(int64_t max_tokens) const {
   return varlen_workspace_bytes(max_tokens, cfg_.num_heads, cfg_.head_size, kMaxSplits);
 }
 
-void* FlashAttnImpl::workspace_for(size_t bytes, int num_splits) {
+FlashAttnImpl::Workspace FlashAttnImpl::workspace_for(size_t bytes, int num_splits) {
   if (workspace_ != nullptr) {
     ATTNKIT_REQUIRE(workspace_bytes_ >= bytes, kWhere, "workspace bytes", workspace_bytes_,
                     "a launch with " + std::to_string(num_splits) + " KV splits needs " +
                         std::to_string(bytes) + " bytes (see max_workspace_bytes)");
-    return workspace_;
+    return {workspace_, workspace_bytes_};
   }
 #ifdef ATTNKIT_WITH_CUDA
   if (!owned_) owned_ = std::make_unique<OwnedWorkspace>();
-  owned_->buffer.resize(bytes);
-  return owned_->buffer.get();
+  if (owned_->buffer.bytes() < bytes) {
+    owned_->buffer.resize(bytes);  // a new allocation: its counters need zeroing
+    workspace_ready_ = false;
+  }
+  return {owned_->buffer.get(), owned_->buffer.bytes()};
 #else
   fail(kWhere, "workspace", "none",
        "a launch with " + std::to_string(num_splits) + " KV splits needs " + std::to_string(bytes) +
@@ -65,6 +68,7 @@ void FlashAttnImpl::set_workspace(void* device_ptr, size_t bytes) {
                   "a workspace of > 0 bytes needs a device pointer");
   workspace_ = device_ptr;
   workspace_bytes_ = bytes;
+  workspace_ready_ = false;
 }
 
 void FlashAttnImpl::forward(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -89,13 +93,15 @@ void FlashAttnImpl::forward(const TensorView& q, const TensorView& k, const Tens
   AttentionParams p = params;
   p.lse = views.lse;
   p.validate(kWhere, cfg_.num_heads, cfg_.num_kv_heads, md->num_actual_tokens, Device::CUDA);
-  void* workspace = nullptr;
-  size_t workspace_bytes = 0;
-  if (md->split.num_splits > 1) {
-    workspace = workspace_for(md->workspace_bytes, md->split.num_splits);
-    workspace_bytes = workspace_ == workspace ? workspace_bytes_ : md->workspace_bytes;
-  }
+  Workspace ws;
+  if (md->split.num_splits > 1) ws = workspace_for(md->workspace_bytes, md->split.num_splits);
   if (md->num_actual_tokens == 0) return;  // e.g. an all-padding CUDA-graph batch
+#ifdef ATTNKIT_WITH_CUDA
+  if (ws.ptr != nullptr && !workspace_ready_) {  // (a CPU build throws at the launch below)
+    varlen_workspace_init(ws.ptr, ws.bytes, stream);
+    workspace_ready_ = true;
+  }
+#endif
 
   VarlenArgs a;
   a.q = views.q;
@@ -111,8 +117,8 @@ void FlashAttnImpl::forward(const TensorView& q, const TensorView& k, const Tens
   a.num_heads = cfg_.num_heads;
   a.params = p;
   a.num_splits = md->split.num_splits;
-  a.workspace = workspace;
-  a.workspace_bytes = workspace_bytes;
+  a.workspace = ws.ptr;
+  a.workspace_bytes = ws.bytes;
   a.stream = stream;
   run_varlen_attention(a);
 }

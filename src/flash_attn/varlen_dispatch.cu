@@ -10,6 +10,7 @@
 #include "cuda/device_props.h"
 #include "cuda/split_kv_combine.h"
 #include "flash_attn/hopper_traits.h"
+#include "cuda/split_workspace.h"
 #include "flash_attn/varlen_launch.h"
 #include "flash_attn/varlen_traits.h"
 
@@ -188,13 +189,14 @@ VarlenKernelParams varlen_kernel_params(const VarlenArgs& a) {
   }
 
   p.num_splits = a.num_splits;
-  const size_t need = cuda::split_partials_bytes(q.size(0), a.num_heads, head_size, a.num_splits);
+  const size_t need = varlen_workspace_bytes(q.size(0), a.num_heads, head_size, a.num_splits);
   if (need > 0) {  // (a batch without tokens needs none)
     ATTNKIT_REQUIRE(a.workspace != nullptr && a.workspace_bytes >= need && aligned16(a.workspace), kWhere,
                     "workspace_bytes", a.workspace_bytes,
                     "split-KV needs a 16-byte aligned workspace of varlen_workspace_bytes() = " +
                         std::to_string(need) + " bytes");
-    p.partials = cuda::split_partials_in(a.workspace, q.size(0), a.num_heads, head_size, a.num_splits);
+    p.partials = cuda::split_partials_in(a.workspace, a.workspace_bytes, q.size(0), a.num_heads, head_size,
+                                         a.num_splits);
   }
   return p;
 }
@@ -208,8 +210,11 @@ bool hopper_kernels_available() {
 #endif
 }
 
-size_t varlen_workspace_bytes(int64_t num_tokens, int num_heads, int head_size, int num_splits) {
-  return cuda::split_partials_bytes(num_tokens, num_heads, head_size, num_splits);
+void varlen_workspace_init(void* workspace, size_t bytes, void* stream) {
+  ATTNKIT_REQUIRE(workspace != nullptr || bytes == 0, "flash_attn varlen workspace init", "bytes", bytes,
+                  "a workspace of > 0 bytes needs a device pointer");
+  const size_t counters = cuda::split_counter_region_bytes(bytes);
+  if (counters > 0) ATTNKIT_CUDA_CHECK(cudaMemsetAsync(workspace, 0, counters, cuda::as_stream(stream)));
 }
 
 void run_varlen_attention(const VarlenArgs& args) {
@@ -217,6 +222,7 @@ void run_varlen_attention(const VarlenArgs& args) {
   if (p.num_tokens == 0 || args.num_reqs == 0) return;
   VarlenLaunchShape shape;
   shape.max_query_len = args.max_query_len;
+  shape.enable_pdl = args.enable_pdl;
   const cudaStream_t stream = cuda::as_stream(args.stream);
   const bool fp8 = is_fp8(args.cache.dtype);
   const int head_size = static_cast<int>(args.q.size(2));
@@ -227,20 +233,6 @@ void run_varlen_attention(const VarlenArgs& args) {
   } else {
     if (fp8) launch_head_dim<__half, true>(head_size, p, shape, g, stream);
     else launch_head_dim<__half, false>(head_size, p, shape, g, stream);
-  }
-  if (p.num_splits > 1) {
-    cuda::CombineTarget t;
-    t.out = p.out;
-    t.out_dtype = args.q.dtype;
-    t.out_stride_token = p.out_stride_token;
-    t.out_stride_head = p.out_stride_head;
-    t.lse = p.lse;
-    t.lse_stride_head = p.lse_stride_head;
-    t.lse_stride_token = p.lse_stride_token;
-    t.sinks = p.sinks;
-    t.sinks_stride = p.sinks_stride;
-    t.valid_tokens = p.cu_seqlens_q + p.num_reqs;
-    cuda::launch_split_kv_combine(p.partials, t, stream);
   }
 }
 

@@ -8,7 +8,12 @@
 //     score mod, mask            (attention_mask.h policies)
 //     online softmax: S -> P, rescale O
 //     O += P V
-//   epilogue: merge warps, normalise, sinks, write O and LSE (or split partials)
+//   epilogue: merge warps, normalise, sinks, write O and LSE (or split partials; the last
+//             split CTA of the work item then merges all splits into O and LSE)
+//
+// Programmatic dependent launch (cuda/pdl.h): the kernel waits for the kernels before it only
+// at its start, before its first global access, and lets the next kernel launch as soon as
+// its prologue loads are issued.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -25,6 +30,9 @@
 #include "cuda/online_softmax.h"
 #include "cuda/output_store.h"
 #include "cuda/paged_kv_tile.h"
+#include "cuda/device_props.h"
+#include "cuda/pdl.h"
+#include "cuda/split_merge_row.cuh"
 #include "flash_attn/varlen_schedule.cuh"
 #include "flash_attn/varlen_tile_softmax.cuh"
 #include "flash_attn/varlen_traits.h"
@@ -198,8 +206,49 @@ __device__ __forceinline__ float scale_of(const float* scale, int64_t stride, in
   return scale != nullptr ? scale[kv_head * stride] : 1.f;
 }
 
+// Split-KV, after every thread wrote its partials: the last of the work item's num_splits
+// CTAs to arrive merges all splits' partials of the tile's rows into out / LSE (one warp per
+// row, the combine kernel's merge) and puts the item's counter back to 0 for the next launch.
+// Counter of the item: its first packed row over all KV heads, unique among the launch's items
+// and < num_tokens * num_heads (the host checks the workspace holds that many counters).
+// The work item is taken again from the scheduler rather than passed in: with the main loop's
+// WorkItem kept live for this tail, the register-bound prefill kernels spilled more in their loop.
+template <class Tr>
+__device__ __forceinline__ void combine_splits_if_last(const VarlenKernelParams& p) {
+  using T = typename Tr::Elem;
+  constexpr int kMaxChunks = (Tr::kHeadDim / 4 + 31) / 32;
+  __shared__ int s_last;
+  const int tid = threadIdx.x;
+  WorkItem w;
+  schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w);  // (true: this CTA has a tile)
+  __threadfence();  // this thread's partials are visible device-wide before the count says so
+  __syncthreads();
+  if (tid == 0) {
+    unsigned int* counter =
+        p.partials.counters + (static_cast<int64_t>(w.kv_head) * p.num_tokens + w.q_start) * p.group + w.m0;
+    const unsigned int arrived = atomicAdd(counter, 1u);
+    s_last = arrived == static_cast<unsigned int>(p.num_splits - 1);
+    if (s_last) {
+      atomicExch(counter, 0u);  // every split has counted: nobody else touches it this launch
+      __threadfence();          // the others' partials (ordered before their counts) before our reads
+    }
+  }
+  __syncthreads();
+  if (!s_last) return;
+  for (int m = tid >> 5; m < w.rows; m += Tr::kThreads / 32) {
+    const int gm = w.m0 + m;
+    const int64_t token = w.q_start + gm / p.group;
+    const int head = w.kv_head * p.group + gm % p.group;
+    T* out = static_cast<T*>(p.out) + token * p.out_stride_token + head * p.out_stride_head;
+    float* lse = p.lse != nullptr ? p.lse + head * p.lse_stride_head + token * p.lse_stride_token : nullptr;
+    const float* sink = p.sinks != nullptr ? p.sinks + head * p.sinks_stride : nullptr;
+    merge_split_row<T, kMaxChunks>(p.partials, token, head, sink, out, lse, tid & 31);
+  }
+}
+
 // Epilogue: the warps' partial (O, max, sum) -> normalised output rows and LSE, or split
-// partials. Runs after the pipeline has drained; reuses all shared memory.
+// partials (then merged by the work item's last split CTA). Runs after the pipeline has
+// drained; reuses all shared memory.
 template <class Tr>
 __device__ __forceinline__ void epilogue(const VarlenKernelParams& p, const WorkItem& w,
                                          unsigned char* smem, const FragC (&o)[Tr::kMFrags][Tr::kOFrags],
@@ -298,13 +347,14 @@ __device__ __forceinline__ void epilogue(const VarlenKernelParams& p, const Work
 }  // namespace detail
 
 template <class Tr>
-__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_attention_kernel(const VarlenKernelParams p) {
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_attention_kernel(const __grid_constant__ VarlenKernelParams p) {
   using namespace attnkit::cuda;
   using T = typename Tr::Elem;
   using Ring = StageRing<Tr::kStages>;
   using Loader = PagedKVTileLoader<Tr::kBlockN, Tr::kKvRowBytes, PitchedTile<Tr::kStagePitchBytes>, Tr::kThreads>;
   extern __shared__ __align__(16) unsigned char smem[];
 
+  pdl_wait();  // everything below may read what the previous kernel wrote (metadata, q, cache)
   WorkItem w;
   if (!schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w)) return;
 
@@ -334,6 +384,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
     if (s < n_tiles) loader.load((w.tile_begin + s) * Tr::kBlockN, stage_k(s), stage_k(s) + Tr::kStageTileBytes, tid);
     cp_async_commit();
   }
+  pdl_launch_dependents();  // the next kernel's CTAs may take SM slots as this grid frees them
   // Block-table entries of the next tile to load, read one iteration ahead (where the loader
   // copies by 16-key groups): their latency overlaps the MMAs instead of stalling the copy
   // issue after each barrier.
@@ -401,6 +452,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   Ring::drain();
   __syncthreads();
   detail::epilogue<Tr>(p, w, smem, o, softmax, unit, warp_active, warp_m, warp_n, lane, tid);
+  if (p.num_splits > 1) detail::combine_splits_if_last<Tr>(p);
 }
 
 template <class Tr>
@@ -415,15 +467,14 @@ void launch_varlen(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
   ATTNKIT_REQUIRE(y <= 65535, where, "num_kv_heads * num_splits", y, "must be <= 65535 (grid y)");
 
   auto kernel = varlen_attention_kernel<Tr>;
-  int device = 0, max_smem = 0;
-  ATTNKIT_CUDA_CHECK(cudaGetDevice(&device));
-  ATTNKIT_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  ATTNKIT_REQUIRE(Tr::kSmemBytes <= max_smem, where, "shared memory per block", Tr::kSmemBytes,
-                  "must fit the device's opt-in limit of " + std::to_string(max_smem) + " bytes");
+  const cuda::DeviceProps& dev = cuda::current_device_props();
+  ATTNKIT_REQUIRE(static_cast<size_t>(Tr::kSmemBytes) <= dev.smem_per_block_optin, where, "shared memory per block",
+                  Tr::kSmemBytes,
+                  "must fit the device's opt-in limit of " + std::to_string(dev.smem_per_block_optin) + " bytes");
   ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
   const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(y), static_cast<unsigned>(p.num_reqs));
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
-  ATTNKIT_CUDA_CHECK_LAUNCH();
+  const bool pdl = shape.enable_pdl && dev.cc_major >= 9;
+  cuda::launch_kernel(kernel, grid, dim3(Tr::kThreads), Tr::kSmemBytes, stream, pdl, p);
 }
 
 }  // namespace attnkit::flash_attn

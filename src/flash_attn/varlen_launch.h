@@ -27,20 +27,39 @@ struct VarlenArgs {
   int num_heads = 0;
   AttentionParams params;  // device tensors (alibi, sinks, k/v scales, lse)
   // Ahead-of-time split-KV decision from the builder: 1 = no split. With > 1 the launch
-  // writes partials into `workspace` and merges them (size from varlen_workspace_bytes).
+  // writes partials into `workspace` and the last split CTA of each work item merges them
+  // (one kernel, no separate combine launch). See the workspace contract below.
   int num_splits = 1;
   void* workspace = nullptr;
-  size_t workspace_bytes = 0;
+  size_t workspace_bytes = 0;  // the buffer's size: the same value on every launch that shares it
   void* stream = nullptr;  // cudaStream_t
   // Preferred kernel generation. hopper: the wgmma kernel serves unsplit prefill-shaped
   // launches (more than 16 packed query rows) of 16-bit caches with head size 64 / 128 on sm90
   // when the build has sm_90a code (hopper_kernels_available()); everything else, and
   // mma_sync, runs the mma_sync kernels.
   Generation generation = Generation::hopper;
+  // Programmatic dependent launch on sm90+ (ignored below): the kernel may be scheduled while
+  // the previous kernel in the stream drains and waits for it before its first memory access;
+  // it lets the next kernel do the same. Off = a plain stream-ordered launch.
+  bool enable_pdl = true;
 };
 
-// Bytes of split-KV workspace a launch with these sizes needs (0 when num_splits == 1).
+// Split-KV workspace contract (layout: cuda/split_workspace.h).
+//  * Size: at least varlen_workspace_bytes(num_tokens, num_heads, head_size, num_splits) bytes,
+//    16-byte aligned. Any larger buffer fits too; one buffer sized for the largest launch
+//    serves every smaller one (fewer tokens or splits).
+//  * Its first bytes hold completion counters whose extent depends only on workspace_bytes.
+//    They must be zero before the first split launch on the buffer: call varlen_workspace_init
+//    once after allocating it (stream-ordered before the launch). Every launch leaves them zero
+//    again, so eager calls and CUDA-graph replays need no further initialisation, as long as
+//    every launch on the buffer passes the same workspace_bytes.
+//  * The partials need no initialisation; one buffer must not serve two launches at once.
 size_t varlen_workspace_bytes(int64_t num_tokens, int num_heads, int head_size, int num_splits);
+
+// Zeroes the counter region of a workspace of `bytes` bytes (cudaMemsetAsync on `stream`, a
+// cudaStream_t; capturable in a CUDA graph). A null workspace with 0 bytes is a no-op. Throws
+// Error on a CUDA failure; a build without CUDA throws.
+void varlen_workspace_init(void* workspace, size_t bytes, void* stream);
 
 // Validated by the caller (the impl); launches on args.stream. Throws Error on a CUDA failure
 // or a configuration no compiled kernel serves. In a build without CUDA it throws.

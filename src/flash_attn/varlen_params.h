@@ -50,14 +50,16 @@ struct VarlenKernelParams {
   float* lse = nullptr;
   int64_t lse_stride_head = 0, lse_stride_token = 0;
 
-  // Split-KV: with num_splits > 1 every CTA writes partials instead of out / lse.
+  // Split-KV: with num_splits > 1 every CTA writes partials instead of out / lse, and the last
+  // CTA of each work item to finish merges them into out / lse (counters in the workspace).
   int num_splits = 1;
   cuda::SplitPartials partials;
 };
 
-// Host facts that size the grid.
+// Host facts that size and configure the launch.
 struct VarlenLaunchShape {
   int max_query_len = 0;
+  bool enable_pdl = true;  // programmatic dependent launch where the device has it (sm90+)
 };
 
 struct VarlenArgs;

@@ -43,6 +43,7 @@ std::string Case::describe() const {
      << (sinks ? ", sinks" : "") << (per_head_kv_scale ? ", per-head kv scale" : "") << ", scale " << scale
      << ", q_amp " << q_amp << ", splits " << num_splits << (want_lse ? "" : ", no lse")
      << ", " << flash_attn::generation_name(generation) << " preferred"
+     << (pad_tokens ? ", " + std::to_string(pad_tokens) + " padding tokens" : "")
      << "; requests (q_len/seq_len):";
   for (size_t r = 0; r < q_lens.size(); ++r) {
     if (r == 12 && q_lens.size() > 14) {
@@ -115,7 +116,7 @@ Problem::Problem(const Case& c) : c_(c) {
   fill_random_device(d_cache_.get(), storage, cache_elems, c.seed ^ 0xcac4e, is_fp8(storage) ? kFp8CodeAmp : 1.f);
   d_kv_ = spec_.view(TensorView(d_cache_.get(), storage, {cache_elems}, Device::CUDA));
 
-  const int64_t q_elems = c.num_tokens() * c.num_heads() * c.head_size;
+  const int64_t q_elems = (c.num_tokens() + c.pad_tokens) * c.num_heads() * c.head_size;
   d_q_.resize(std::max<int64_t>(q_elems * 2, 16));
   fill_random_device(d_q_.get(), c.dtype, q_elems, c.seed ^ 0x9, c.q_amp);
 
@@ -154,7 +155,7 @@ AttentionParams Problem::params_on(bool device) const {
 
 flash_attn::VarlenArgs Problem::make_args(void* out, void* lse, void* workspace, size_t workspace_bytes,
                                           int num_splits) const {
-  const int64_t T = c_.num_tokens();
+  const int64_t T = c_.num_tokens() + c_.pad_tokens;
   const int H = c_.num_heads(), D = c_.head_size;
   flash_attn::VarlenArgs a;
   a.q = TensorView(d_q_.get(), c_.dtype, {T, H, D}, Device::CUDA);
@@ -178,7 +179,7 @@ flash_attn::VarlenArgs Problem::make_args(void* out, void* lse, void* workspace,
 }
 
 Result Problem::run_kernel(int num_splits) const {
-  const int64_t T = c_.num_tokens();
+  const int64_t real = c_.num_tokens(), T = real + c_.pad_tokens;
   const int H = c_.num_heads(), D = c_.head_size;
   cuda::DeviceBuffer out(std::max<int64_t>(T * H * D * 2, 16)), lse(std::max<int64_t>(T * H * 4, 16));
   const size_t ws_bytes = flash_attn::varlen_workspace_bytes(T, H, D, num_splits);
@@ -192,6 +193,8 @@ Result Problem::run_kernel(int num_splits) const {
     poison_device(out.get(), T * H * D * 2, stream);
     poison_device(lse.get(), T * H * 4, stream);
     poison_device(ws.get(), static_cast<int64_t>(ws_bytes), stream);
+    // Only the counters must start at 0: the partials stay poisoned (the kernel needs no more).
+    flash_attn::varlen_workspace_init(a.workspace, a.workspace_bytes, stream);
     flash_attn::run_varlen_attention(a);
     ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
   } catch (...) {
@@ -200,8 +203,18 @@ Result Problem::run_kernel(int num_splits) const {
   }
   ATTNKIT_CUDA_CHECK(cudaStreamDestroy(stream));
   Result r;
-  r.out = download_as_float(out.get(), c_.dtype, T * H * D);
-  if (c_.want_lse) r.lse = download_as_float(lse.get(), DType::f32, T * H);
+  std::vector<float> all_out = download_as_float(out.get(), c_.dtype, T * H * D);
+  r.out.assign(all_out.begin(), all_out.begin() + real * H * D);
+  const auto poisoned = [](float x) { return std::isnan(x); };  // 0xff bytes read as NaN
+  r.padding_untouched = std::all_of(all_out.begin() + real * H * D, all_out.end(), poisoned);
+  if (c_.want_lse) {
+    const std::vector<float> all_lse = download_as_float(lse.get(), DType::f32, T * H);
+    for (int h = 0; h < H; ++h) {
+      r.lse.insert(r.lse.end(), all_lse.begin() + h * T, all_lse.begin() + h * T + real);
+      r.padding_untouched = r.padding_untouched && std::all_of(all_lse.begin() + h * T + real,
+                                                               all_lse.begin() + (h + 1) * T, poisoned);
+    }
+  }
   return r;
 }
 
@@ -341,6 +354,7 @@ Case random_small_case(uint64_t seed) {
     c.seq_lens.push_back(seq);
   }
   c.num_splits = rng() % 2 ? 1 : uniform_int(rng, 2, 9);
+  c.pad_tokens = seed % 4 == 3 ? static_cast<int>(1 + seed % 5) : 0;  // (no draw: the rest of the case stays)
   return c;
 }
 

@@ -36,10 +36,13 @@ struct Case {
   // Preferred kernel generation (VarlenArgs::generation); hopper falls back to mma_sync where
   // no hopper kernel serves the launch.
   flash_attn::Generation generation = flash_attn::Generation::hopper;
+  // q / out / LSE rows past the batch's last token (CUDA-graph padding): the launch must
+  // leave them unwritten.
+  int pad_tokens = 0;
   uint64_t seed = 1;
 
   int num_heads() const { return num_kv_heads * group; }
-  int64_t num_tokens() const;
+  int64_t num_tokens() const;  // the batch's tokens (without pad_tokens)
   int max_query_len() const;
   int max_seq_len() const;
   // True when a hopper kernel serves this case on this device (so both generations are tested).
@@ -47,9 +50,11 @@ struct Case {
   std::string describe() const;
 };
 
-// Output of one run: out [num_tokens, num_heads, head_size] and lse [num_heads, num_tokens].
+// Output of one run: out [num_tokens, num_heads, head_size] and lse [num_heads, num_tokens]
+// (the batch's tokens only); whether the padding rows kept their poison.
 struct Result {
   std::vector<float> out, lse;
+  bool padding_untouched = true;
 };
 
 class Problem {
@@ -58,9 +63,11 @@ class Problem {
   const Case& spec() const { return c_; }
   void set_generation(flash_attn::Generation g) { c_.generation = g; }
 
-  // The kernel under test (out, lse and workspace poisoned with NaN first). Throws Error.
+  // The kernel under test (out, lse and workspace poisoned with NaN first, then the workspace's
+  // counters zeroed). Throws Error.
   Result run_kernel(int num_splits) const;
-  // The launch arguments run_kernel uses, over caller buffers (for error-path tests).
+  // The launch arguments run_kernel uses, over caller buffers: out [num_tokens + pad_tokens,
+  // num_heads, head_size], lse [num_heads, num_tokens + pad_tokens].
   flash_attn::VarlenArgs make_args(void* out, void* lse, void* workspace, size_t workspace_bytes,
                                    int num_splits) const;
   // The CPU reference over the whole batch (allow_query_longer_than_keys = true).

@@ -42,6 +42,7 @@ Timed time_launches(const std::vector<const Problem*>& problems, int splits, int
   std::vector<flash_attn::VarlenArgs> args;
   cudaStream_t stream;
   ATTNKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  flash_attn::varlen_workspace_init(ws_bytes ? ws.get() : nullptr, ws_bytes, stream);
   for (const Problem* p : problems) {
     args.push_back(p->make_args(out.get(), lse.get(), ws_bytes ? ws.get() : nullptr, ws_bytes, splits));
     args.back().stream = stream;
