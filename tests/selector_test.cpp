@@ -2,6 +2,8 @@
 // variant it reports and the reasons every other backend gives; then properties over a grid.
 #include <gtest/gtest.h>
 
+#include "flash_attn/generation.h"
+
 #include "test_util.h"
 
 #include <algorithm>
@@ -41,8 +43,12 @@ void none(AttentionConfig&) {}
 std::vector<Row> table() {
   const std::string oracle = "runs on the CPU only; it is the test oracle";
   const std::string gpu_only = "runs on CUDA GPUs only";
+  // An sm90 hot shape runs the hopper generation when this build has its kernels (sm_90a).
+  const std::vector<std::string> sm90_hot = flash_attn::hopper_generation_built()
+                                                ? std::vector<std::string>{"hopper generation"}
+                                                : std::vector<std::string>{"mma_sync generation", "hopper", "not built"};
   return {
-      {"bf16 GQA on sm90", kSm90, none, {}, "flash_attn", {"mma_sync generation", "hopper", "not built"},
+      {"bf16 GQA on sm90", kSm90, none, {}, "flash_attn", sm90_hot,
        {{"reference", {oracle}}}, {}},
       {"FP8 cache on sm80: hopper generation refused", kSm80,
        [](AttentionConfig& c) { c.cache_dtype = DType::fp8_e4m3; }, {}, "flash_attn",
@@ -57,7 +63,7 @@ std::vector<Row> table() {
       {"head size 512 on the CPU", kCpu, [](AttentionConfig& c) { c.head_size = 512; }, {}, "reference",
        {"CPU"}, {{"flash_attn", {gpu_only, "head size 512"}}, {"flashinfer", {gpu_only, "head size 512"}}}, {}},
       {"head size 96: flash_attn only", kSm90, [](AttentionConfig& c) { c.head_size = 96; }, {}, "flash_attn",
-       {"mma_sync", "head sizes 64, 128, 256"}, {{"flashinfer", {"head size 96"}}, {"reference", {oracle}}}, {}},
+       {"mma_sync", "head sizes 64, 128"}, {{"flashinfer", {"head size 96"}}, {"reference", {oracle}}}, {}},
       {"block size 24: nobody", kSm90, [](AttentionConfig& c) { c.block_size = 24; }, {}, "", {},
        {{"flash_attn", {"block size 24", "multiple of 16"}}, {"flashinfer", {"block size 24"}},
         {"reference", {"block size 24", oracle}}},
@@ -79,19 +85,19 @@ std::vector<Row> table() {
       {"block size 256 on sm80, flashinfer preferred", kSm80, [](AttentionConfig& c) { c.block_size = 256; },
        "flashinfer", "", {}, {}, {"flashinfer", "sm90"}},
       {"ALiBi", kSm90, [](AttentionConfig& c) { c.features.alibi = true; }, {}, "flash_attn",
-       {"mma_sync generation", "hopper generation refused", "ALiBi"},
+       sm90_hot,
        {{"flashinfer", {"ALiBi"}}, {"reference", {oracle}}}, {}},
       {"ALiBi, flashinfer preferred", kSm90, [](AttentionConfig& c) { c.features.alibi = true; }, "flashinfer", "",
        {}, {}, {"preferred backend = flashinfer", "ALiBi"}},
-      {"sinks", kSm90, [](AttentionConfig& c) { c.features.sinks = true; }, {}, "flash_attn", {"mma_sync", "not built"},
+      {"sinks", kSm90, [](AttentionConfig& c) { c.features.sinks = true; }, {}, "flash_attn", sm90_hot,
        {{"reference", {oracle}}}, {}},
-      {"non-causal", kSm90, [](AttentionConfig& c) { c.features.non_causal = true; }, {}, "flash_attn", {"mma_sync"},
+      {"non-causal", kSm90, [](AttentionConfig& c) { c.features.non_causal = true; }, {}, "flash_attn", sm90_hot,
        {{"reference", {oracle}}}, {}},
       {"non-causal, flashinfer preferred", kSm90, [](AttentionConfig& c) { c.features.non_causal = true; },
        "flashinfer", "", {}, {}, {"preferred backend = flashinfer", "not in this build"}},
       {"softcap + window + LSE", kSm90,
        [](AttentionConfig& c) { c.features.softcap = c.features.sliding_window = c.features.lse = true; }, {},
-       "flash_attn", {"mma_sync"}, {{"reference", {oracle}}}, {}},
+       "flash_attn", sm90_hot, {{"reference", {oracle}}}, {}},
       {"CPU-only machine", kCpu, none, {}, "reference", {"CPU reference"},
        {{"flash_attn", {gpu_only}}, {"flashinfer", {gpu_only}}}, {}},
       {"CPU, flash_attn preferred", kCpu, none, "flash_attn", "", {}, {}, {"flash_attn", gpu_only}},

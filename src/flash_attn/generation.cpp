@@ -9,7 +9,7 @@ namespace {
 constexpr int kMmaSyncMinCC = 80;  // mma.sync m16n8k16 bf16 and cp.async arrive with Ampere
 constexpr int kHopperCC = 90;      // wgmma and TMA exist on sm90 only (sm100 has tcgen05)
 constexpr int kMmaSyncHeadSizes[] = {64, 96, 128, 192, 256};
-constexpr int kHopperHeadSizes[] = {64, 128, 256};  // the hot shapes
+constexpr int kHopperHeadSizes[] = {64, 128};  // the hot shapes
 
 template <size_t N>
 bool in(const int (&set)[N], int x) {
@@ -53,15 +53,22 @@ std::vector<std::string> hopper_rules(const AttentionConfig& cfg, bool built) {
   if (!in(kHopperHeadSizes, cfg.head_size))
     why.push_back("has kernels for the hot head sizes " + list(kHopperHeadSizes) +
                   " only (head size is " + std::to_string(cfg.head_size) + ")");
-  if (cfg.features.alibi) why.push_back("has no ALiBi (only the mma_sync generation adds the ALiBi bias)");
   if (cfg.cache_dtype != DType::f16 && cfg.cache_dtype != DType::bf16)
     why.push_back("reads 16-bit caches only (a " + std::string(dtype_name(cfg.cache_dtype)) +
                   " cache needs the mma_sync generation's in-kernel dequantization)");
-  if (!built) why.push_back("its kernels are not built in this release (only mma_sync kernels ship)");
+  if (!built) why.push_back("its kernels are not built (this library has no sm_90a code)");
   return why;
 }
 
 }  // namespace
+
+bool hopper_generation_built() {
+#ifdef ATTNKIT_SM90A_BUILT
+  return true;
+#else
+  return false;
+#endif
+}
 
 std::string_view generation_name(Generation g) {
   return g == Generation::hopper ? "hopper" : "mma_sync";
@@ -87,14 +94,15 @@ GenerationChoice choose_generation(const AttentionConfig& cfg, bool hopper_kerne
     return choice;
   }
   if (*choice.chosen == Generation::hopper) {
-    choice.why = "sm90 hot shape: wgmma/TMA warp-specialized kernels";
+    choice.why = "sm90 hot shape: wgmma kernels for prefill-shaped launches (decode-shaped and split "
+                 "launches run the mma_sync kernels)";
     return choice;
   }
   // mma_sync chosen: say whether hopper lost only because its kernels are not built.
   const auto hopper_would = generation_refusals(Generation::hopper, cfg, /*built=*/true);
   if (hopper_would.empty())
     choice.why = "the preferred hopper generation would serve this configuration but its kernels "
-                 "are not built yet, so mma_sync (sm80+) serves it";
+                 "are not built, so mma_sync (sm80+) serves it";
   else
     choice.why = "mma.sync kernels for sm80+ with the widest feature set";
   return choice;

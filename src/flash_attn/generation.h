@@ -2,11 +2,12 @@
 //
 // Like FA2 / FA3, the backend has two generations of kernels:
 //   mma_sync - mma.sync tensor-core kernels for sm80 and newer, the widest feature set
-//              (FP8 caches dequantized in the kernel, sinks, ALiBi, softcap, windows, non-causal);
-//   hopper   - wgmma + TMA + warp specialization, sm90 only, for the hot shapes: head sizes
-//              64/128/256, 16-bit caches, no ALiBi (FA3 has no ALiBi either).
-// The hopper generation is preferred wherever it can serve; until its kernels ship
-// (kHopperKernelsBuilt) the choice falls back to mma_sync and says so.
+//              (FP8 caches dequantized in the kernel, every head size, split-KV);
+//   hopper   - wgmma kernels, sm90 only (sm_90a code), for the hot shapes: head sizes 64 / 128,
+//              16-bit caches. Within it, launches the hopper kernel does not cover (decode-shaped
+//              ones, split-KV) run the mma_sync kernels (varlen_launch.h).
+// The hopper generation is preferred wherever it can serve and its kernels are in the build
+// (hopper_generation_built()); otherwise the choice falls back to mma_sync and says so.
 #pragma once
 #include <optional>
 #include <string>
@@ -20,8 +21,8 @@ namespace attnkit::flash_attn {
 enum class Generation { mma_sync, hopper };
 std::string_view generation_name(Generation g);
 
-// This release compiles only the mma_sync generation's kernels.
-inline constexpr bool kHopperKernelsBuilt = false;
+// True when this library was built with sm_90a code, i.e. with the hopper kernels.
+bool hopper_generation_built();
 
 // Every generation, in order of preference (the first that can serve is chosen).
 inline constexpr Generation kGenerationPreference[] = {Generation::hopper, Generation::mma_sync};
@@ -42,10 +43,10 @@ struct GenerationChoice {
 // The rules of generation `g` that `cfg` breaks (empty: `g` can serve it). With
 // kernels_built == false the generation is refused for that reason (after its other rules).
 std::vector<std::string> generation_refusals(Generation g, const AttentionConfig& cfg,
-                                             bool hopper_kernels_built = kHopperKernelsBuilt);
+                                             bool hopper_kernels_built = hopper_generation_built());
 
 // The preferred generation that can serve `cfg`, and why every other one cannot.
 GenerationChoice choose_generation(const AttentionConfig& cfg,
-                                   bool hopper_kernels_built = kHopperKernelsBuilt);
+                                   bool hopper_kernels_built = hopper_generation_built());
 
 }  // namespace attnkit::flash_attn

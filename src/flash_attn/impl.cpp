@@ -117,6 +117,7 @@ void FlashAttnImpl::forward(const TensorView& q, const TensorView& k, const Tens
   a.num_heads = cfg_.num_heads;
   a.params = p;
   a.num_splits = md->split.num_splits;
+  a.generation = generation_;
   a.workspace = ws.ptr;
   a.workspace_bytes = ws.bytes;
   a.stream = stream;
