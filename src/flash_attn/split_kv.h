@@ -27,9 +27,13 @@
 //   fp8 batch 4 x 32k: 4 splits 129.9, 8: 95.0, 12: 92.1, 16: 110.4 us (bf16: 8 splits best,
 //     145.9 us) -- the same slots, 3 per SM for fp8 and 2 for bf16.
 //   batch 1 (W = 8, either dtype): best 8 / 12 / 16 splits at KV 4k / 8k / 32k (bf16 18.1 /
-//     24.4 / 52.2 us); 24 and 32 splits never won (bf16 1 x 32k: 32 splits 60.4 us), hence
-//     kMaxUsefulSplits = 16; no split shorter than 512 tokens won (1 x 4k: 8 splits 18.1 us,
-//     16 splits 19.6 us; fp8 4 x 4k: 8 splits 24.7 us, 12 splits 28.5 us), hence kMinKVPerSplit.
+//     24.4 / 52.2 us) while a separate combine kernel merged the splits; no split shorter than
+//     512 tokens won (1 x 4k: 8 splits 18.1 us, 16 splits 19.6 us; fp8 4 x 4k: 8 splits
+//     24.7 us, 12 splits 28.5 us), hence kMinKVPerSplit.
+//   With the merge fused into the kernel (the last split CTA merges; commit 1dd3aa2, same
+//   sweep): bf16 1 x 32k 16 splits 48.6 us, 24: 49.2, 32: 44.0 (66% of read BW); fp8 1 x 32k
+//   16: 42.8, 24: 40.6, 32: 41.0; batch 4 / 16 / 64 keep their best counts (8 / 2 / 1 for
+//   bf16): hence kMaxUsefulSplits = kMaxSplits = 32.
 //   batch 64 (W = 512 > S / 2): 1 split is best for bf16 and within 3% for fp8.
 // Prefill tiles (64 query rows) were not swept: a batch with one keeps one CTA per SM, the
 // count the earlier rule used for everything.
@@ -51,7 +55,7 @@ inline constexpr int kQTileRows = 64;                      // query rows per CTA
 inline constexpr int kKVTileTokens = 64;                   // KV tokens per main-loop iteration
 inline constexpr int kMinKVPerSplit = 8 * kKVTileTokens;   // a split reads >= 8 KV tiles
 inline constexpr int kMaxSplits = 32;                      // hard cap; bounds the CUDA-graph workspace
-inline constexpr int kMaxUsefulSplits = 16;                // the rule never picks more (measured)
+inline constexpr int kMaxUsefulSplits = 32;                // the rule never picks more (measured)
 inline constexpr int kCtasPerSmDecode = 2;                 // decode-only batch, 16-bit cache
 inline constexpr int kCtasPerSmDecodeFp8 = 3;              // decode-only batch, fp8 cache
 inline constexpr int kCtasPerSmPrefill = 1;                // batch with any prefill request
