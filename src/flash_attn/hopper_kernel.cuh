@@ -13,8 +13,11 @@
 //     O += P V       (wgmma m64nDk16, A = P registers, B = V by descriptor, transposed)
 //   epilogue: normalise, sink, write O and LSE straight from registers
 #pragma once
+#include <type_traits>
+
 #include "attnkit/detail/merge_rule.h"
 #include "cuda/pdl.h"
+#include "cuda/sync_sm90.h"
 #include "cuda/wgmma_sm90.h"
 #include "flash_attn/hopper_traits.h"
 #include "flash_attn/varlen_kernel.cuh"
@@ -64,69 +67,105 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
 #if ATTNKIT_HAS_WGMMA
   using namespace attnkit::cuda;
   using T = typename Tr::Elem;
-  using Ring = StageRing<Tr::kStages>;
-  using Loader = PagedKVTileLoader<Tr::kBlockN, 2 * Tr::kHeadDim, Swizzle128Tile<Tr::kBlockN>, Tr::kThreads>;
+  constexpr int kS = Tr::kStages;
+  using Loader = PagedKVTileLoader<Tr::kBlockN, 2 * Tr::kHeadDim, Swizzle128Tile<Tr::kBlockN>, Tr::kProducerThreads>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  // full[s]: the producer's threads arrive once the tile in stage s (and Q, with tile 0) landed;
+  // empty[s]: the 256 consumer threads arrive once they no longer read stage s.
+  __shared__ __align__(8) uint64_t bars[2 * kS];
 
   pdl_wait();  // everything below may read what the previous kernel wrote (metadata, q, cache)
   WorkItem w;
   if (!schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w)) return;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int warp_row0 = warp * 16;
-  const bool warp_active = warp_row0 < w.rows;
-  // wgmma is issued by whole warpgroups: a warpgroup runs while any of its rows is real.
-  const bool group_active = (warp / 4) * 64 < w.rows;
-
   unsigned char* smem = smem_raw + ((Tr::kAlign - (smem_addr(smem_raw) & (Tr::kAlign - 1))) & (Tr::kAlign - 1));
   const uint32_t s_base = smem_addr(smem);
   const uint32_t s_q = s_base + Tr::kQOffset;
-
-  Loader loader;
-  loader.k = {static_cast<const char*>(p.k_cache) + w.kv_head * p.k_stride_head, p.k_stride_block, p.k_stride_slot};
-  loader.v = {static_cast<const char*>(p.v_cache) + w.kv_head * p.v_stride_head, p.v_stride_block, p.v_stride_slot};
-  loader.block_row = p.block_table + static_cast<int64_t>(w.req) * p.max_blocks_per_req;
-  loader.block_size = p.block_size;
-  loader.seq_len = w.seq_len;
-  auto stage_k = [&](int tile) { return s_base + Ring::stage_of(tile) * Tr::kStageBytes; };
-
+  const uint32_t full0 = smem_addr(&bars[0]), empty0 = smem_addr(&bars[kS]);
+  auto full = [&](int stage) { return full0 + 8 * stage; };
+  auto empty = [&](int stage) { return empty0 + 8 * stage; };
+  auto stage_k = [&](int tile) { return s_base + (tile % kS) * Tr::kStageBytes; };
   const int n_tiles = w.tile_end - w.tile_begin;
   auto tile_key = [&](int i) { return (w.tile_begin + i) * Tr::kBlockN; };
-  detail::load_q_tile<Tr, Swizzle128Tile<Tr::kBlockM>>(p, w, s_q, tid);
-  cp_async_commit();
-#pragma unroll
-  for (int s = 0; s < Tr::kStages - 1; ++s) {
-    if (s < n_tiles) loader.load(tile_key(s), stage_k(s), stage_k(s) + Tr::kTileBytes, tid);
-    cp_async_commit();
-  }
-  // Block-table entries of the next tile to load, read one iteration ahead: their latency
-  // then overlaps the GEMMs instead of stalling the copy issue after each barrier.
-  typename Loader::Pages next_pages{};
-  if (Tr::kStages - 1 < n_tiles) next_pages = loader.pages(tile_key(Tr::kStages - 1), tid);
-  pdl_launch_dependents();  // the next kernel's CTAs may take SM slots as this grid frees them
-  // This warpgroup's 64 rows of Q (A of S = Q K^T, K-major like K).
-  const uint32_t s_q_group = s_q + (warp / 4) * 64 * 128;
 
+  if (tid == 0) {
+    for (int i = 0; i < kS; ++i) {
+      mbar_init(full(i), Tr::kProducerThreads);
+      mbar_init(empty(i), Tr::kConsumerThreads);
+    }
+  }
+  __syncthreads();  // the last CTA-wide barrier: producer and consumers part here
+  pdl_launch_dependents();  // the next kernel's CTAs may take SM slots as this grid frees them
+
+  if (tid >= Tr::kConsumerThreads) {
+    // Producer: Q with tile 0, then tile t into stage t % kS once the consumers released the
+    // tile kS before it; a tile is announced once this thread's copies of it completed
+    // (cp.async.wait_group), made visible to the async proxy that wgmma reads through.
+    regs_dec<Tr::kProducerRegs>();
+    const int ptid = tid - Tr::kConsumerThreads;
+    Loader loader;
+    loader.k = {static_cast<const char*>(p.k_cache) + w.kv_head * p.k_stride_head, p.k_stride_block, p.k_stride_slot};
+    loader.v = {static_cast<const char*>(p.v_cache) + w.kv_head * p.v_stride_head, p.v_stride_block, p.v_stride_slot};
+    loader.block_row = p.block_table + static_cast<int64_t>(w.req) * p.max_blocks_per_req;
+    loader.block_size = p.block_size;
+    loader.seq_len = w.seq_len;
+    auto announce = [&](int tile) {
+      fence_proxy_async_smem();
+      mbar_arrive(full(tile % kS));
+    };
+    // Tile t - 1 is announced right after tile t is issued, so before the producer blocks on
+    // empty(t % kS) (released at the consumers' step t - kS + 1, which needs tile t - kS + 1)
+    // every tile up to t - 2 is announced: no cycle for kS >= 3.
+    static_assert(kS >= 3, "the producer announces one tile behind");
+    for (int t = 0; t < n_tiles; ++t) {
+      if (t >= kS) mbar_wait(empty(t % kS), ((t / kS) - 1) & 1);
+      if (t == 0) detail::load_q_tile<Tr, Swizzle128Tile<Tr::kBlockM>, Tr::kProducerThreads>(p, w, s_q, ptid);
+      loader.load(tile_key(t), stage_k(t), stage_k(t) + Tr::kTileBytes, ptid);
+      cp_async_commit();
+      if (t >= 1) {
+        cp_async_wait<1>();
+        announce(t - 1);
+      }
+    }
+    if (n_tiles > 0) {
+      cp_async_wait<0>();
+      announce(n_tiles - 1);
+    }
+    return;
+  }
+  regs_inc<Tr::kConsumerRegs>();
+
+  // Consumers: two warpgroups of 64 rows take turns at the tensor cores (named barriers 1, 2):
+  // a warpgroup issues O += P V of the previous tile and S = Q K^T of this one back to back,
+  // then runs its softmax while the other warpgroup's GEMMs run. A warpgroup whose rows are
+  // all padding computes on zero rows (no branch around wgmma) and writes nothing.
+  const int wg = warp / 4;
+  const int warp_row0 = warp * 16;
+  const bool warp_active = warp_row0 < w.rows;
+  const uint32_t s_q_group = s_q + wg * 64 * 128;
+  const int my_turn = 1 + wg, their_turn = 2 - wg;
   const ScoreMod mod{p.scale, p.softcap, p.alibi_slopes != nullptr};
   const float unit = mod.unit();
-  RowSoftmax softmax[1];
-  softmax[0].init();
-  FragC o[1][Tr::kOFrags];
+  RowSoftmax softmax;
+  softmax.init();
+  FragC o[Tr::kOFrags];
+  FragA pa[Tr::kSFrags / 2];
 
-  for (int it = 0; it < n_tiles; ++it) {
-    Ring::wait_oldest();
-    fence_proxy_async_smem();  // this thread's cp.async bytes -> visible to wgmma after the barrier
-    __syncthreads();           // tile `it` (and Q) landed for all; the stage of tile it-1 is free
-    const int ahead = it + Tr::kStages - 1;
-    if (ahead < n_tiles) loader.load(tile_key(ahead), next_pages, stage_k(ahead), stage_k(ahead) + Tr::kTileBytes, tid);
-    cp_async_commit();
-    if (ahead + 1 < n_tiles) next_pages = loader.pages(tile_key(ahead + 1), tid);
-    if (!group_active) continue;
-
-    const uint32_t s_k = stage_k(it), s_v = s_k + Tr::kTileBytes;
-    const int tile_key0 = (w.tile_begin + it) * Tr::kBlockN;
+  auto issue_pv = [&](int tile) {
+    const uint32_t s_v = stage_k(tile) + Tr::kTileBytes;
+#pragma unroll
+    for (int kk = 0; kk < Tr::kSFrags / 2; ++kk)
+      WgmmaRS<T, Tr::kHeadDim>::template run<1>(o, pa[kk], smem_desc_sw128(s_v + kk * 16 * 128, Tr::kBlockN * 128, 1024),
+                                                true);
+  };
+  auto step = [&](int it, auto with_pv) {
+    mbar_wait(full(it % kS), (it / kS) & 1);
+    named_bar_sync(my_turn, Tr::kConsumerThreads);
     FragC s[Tr::kSFrags];
     wgmma_fence();
+    if constexpr (decltype(with_pv)::value) issue_pv(it - 1);
+    const uint32_t s_k = stage_k(it);
 #pragma unroll
     for (int ks = 0; ks < Tr::kKSteps; ++ks) {
       const uint32_t a = s_q_group + (ks / 4) * (Tr::kBlockM * 128) + (ks % 4) * 32;
@@ -134,26 +173,32 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
       WgmmaSS<T, Tr::kBlockN>::run(s, smem_desc_sw128(a, 16, 1024), smem_desc_sw128(b, 16, 1024), ks > 0);
     }
     wgmma_commit();
+    // The other warpgroup's turn (warpgroup 1 gives none after its last tile: nobody waits).
+    if (wg == 0 || it + 1 < n_tiles) named_bar_arrive(their_turn, Tr::kConsumerThreads);
     wgmma_wait<0>();
     wgmma_hold(s);
+    wgmma_hold(o);
+    if constexpr (decltype(with_pv)::value) mbar_arrive(empty((it - 1) % kS));  // tile it-1 fully read
 
+    const int tile_key0 = tile_key(it);
     const bool whole_tile_visible = tile_key0 >= w.full_lo && tile_key0 + Tr::kBlockN <= w.full_hi;
-    softmax_tile(s, o[0], softmax[0], mod, unit, whole_tile_visible, p, w, warp_row0, tile_key0, lane);
-
-    FragA pa[Tr::kSFrags / 2];
+    softmax_tile(s, o, softmax, mod, unit, whole_tile_visible, p, w, warp_row0, tile_key0, lane);
 #pragma unroll
     for (int kk = 0; kk < Tr::kSFrags / 2; ++kk) pa[kk] = c_pair_to_a<T>(s[2 * kk], s[2 * kk + 1]);
+  };
+
+  if (n_tiles > 0) {
+    if (wg == 1) named_bar_arrive(1, Tr::kConsumerThreads);  // warpgroup 0 goes first
+    step(0, std::false_type{});
+    for (int it = 1; it < n_tiles; ++it) step(it, std::true_type{});
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < Tr::kSFrags / 2; ++kk)
-      WgmmaRS<T, Tr::kHeadDim>::template run<1>(o[0], pa[kk], smem_desc_sw128(s_v + kk * 16 * 128, Tr::kBlockN * 128, 1024), true);
+    issue_pv(n_tiles - 1);
     wgmma_commit();
     wgmma_wait<0>();
-    wgmma_hold(o[0]);
+    wgmma_hold(o);
+    mbar_arrive(empty((n_tiles - 1) % kS));
   }
-
-  Ring::drain();
-  if (warp_active) detail::register_epilogue<Tr>(p, w, o[0], softmax[0], unit, warp_row0, lane);
+  if (warp_active) detail::register_epilogue<Tr>(p, w, o, softmax, unit, warp_row0, lane);
 #else
   __trap();  // launched on a device or build without sm_90a code: the host must not get here
 #endif

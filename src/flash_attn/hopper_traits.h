@@ -21,8 +21,13 @@ struct HopperTraits {
   using MmaElem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kFp8Cache = false;
-  static constexpr int kWarpGroups = 2;
-  static constexpr int kThreads = 128 * kWarpGroups;
+  static constexpr int kWarpGroups = 2;  // consumers: 64 rows each
+  static constexpr int kConsumerThreads = 128 * kWarpGroups;
+  static constexpr int kProducerThreads = 128;  // the third warpgroup loads Q and K / V
+  static constexpr int kThreads = kConsumerThreads + kProducerThreads;
+  // Registers per thread after setmaxnreg (3 x 128 threads x 168 at launch = 64 K):
+  // (2 x 232 + 40) x 128 <= 64 K.
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
   static constexpr int kBlockM = 64 * kWarpGroups;
   static constexpr int kBlockN = 128;
   static constexpr int kSFrags = kBlockN / 8;
