@@ -78,109 +78,63 @@ struct WgmmaSS;
 #endif
 
 #if ATTNKIT_HAS_WGMMA
-#define ATTNKIT_WGMMA_RS_N64(CXX_TYPE, PTX_TYPE)                                                   \
-  template <>                                                                                    \
-  struct WgmmaRS<CXX_TYPE, 64> {                                                                 \
-    template <int kTransB>                                                                       \
-    __device__ __forceinline__ static void run(FragC (&d)[8], const FragA& a, uint64_t desc_b, \
-                                               bool accumulate) {                                \
-      asm volatile(                                                                              \
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                       \
-          "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX_TYPE "." PTX_TYPE " {"               \
-          "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                \
-          "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"                                \
-          "}, {%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"                                       \
-          : "+f"(d[0].c[0]), "+f"(d[0].c[1]), "+f"(d[0].c[2]), "+f"(d[0].c[3]), \
-            "+f"(d[1].c[0]), "+f"(d[1].c[1]), "+f"(d[1].c[2]), "+f"(d[1].c[3]), \
-            "+f"(d[2].c[0]), "+f"(d[2].c[1]), "+f"(d[2].c[2]), "+f"(d[2].c[3]), \
-            "+f"(d[3].c[0]), "+f"(d[3].c[1]), "+f"(d[3].c[2]), "+f"(d[3].c[3]), \
-            "+f"(d[4].c[0]), "+f"(d[4].c[1]), "+f"(d[4].c[2]), "+f"(d[4].c[3]), \
-            "+f"(d[5].c[0]), "+f"(d[5].c[1]), "+f"(d[5].c[2]), "+f"(d[5].c[3]), \
-            "+f"(d[6].c[0]), "+f"(d[6].c[1]), "+f"(d[6].c[2]), "+f"(d[6].c[3]), \
-            "+f"(d[7].c[0]), "+f"(d[7].c[1]), "+f"(d[7].c[2]), "+f"(d[7].c[3]) \
-          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(desc_b),                  \
-            "r"(static_cast<int>(accumulate)), "n"(kTransB));                                  \
-    }                                                                                            \
+// The accumulator operands of m64n64 / m64n128 (FragC d[8] / d[16]) and their register lists.
+#define ATTNKIT_WGMMA_F4(i) "+f"(d[i].c[0]), "+f"(d[i].c[1]), "+f"(d[i].c[2]), "+f"(d[i].c[3])
+#define ATTNKIT_WGMMA_D64                                                                          \
+  ATTNKIT_WGMMA_F4(0), ATTNKIT_WGMMA_F4(1), ATTNKIT_WGMMA_F4(2), ATTNKIT_WGMMA_F4(3), ATTNKIT_WGMMA_F4(4), \
+      ATTNKIT_WGMMA_F4(5), ATTNKIT_WGMMA_F4(6), ATTNKIT_WGMMA_F4(7)
+#define ATTNKIT_WGMMA_D128                                                                          \
+  ATTNKIT_WGMMA_D64, ATTNKIT_WGMMA_F4(8), ATTNKIT_WGMMA_F4(9), ATTNKIT_WGMMA_F4(10), ATTNKIT_WGMMA_F4(11), \
+      ATTNKIT_WGMMA_F4(12), ATTNKIT_WGMMA_F4(13), ATTNKIT_WGMMA_F4(14), ATTNKIT_WGMMA_F4(15)
+#define ATTNKIT_WGMMA_R64 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+#define ATTNKIT_WGMMA_R128 ATTNKIT_WGMMA_R64 ",%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+
+// One wgmma.mma_async with an N-wide fp32 accumulator: PRED is the operand number of the
+// accumulate flag, OPERANDS the instruction's text after the accumulator list.
+#define ATTNKIT_WGMMA_ASM(N, PTX_TYPE, PRED, OPERANDS)                                          \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %" PRED ", 0;\n"                                             \
+  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_TYPE "." PTX_TYPE " {" ATTNKIT_WGMMA_R##N \
+  "}, " OPERANDS ";\n}\n"
+
+// RS: A in four registers, B by descriptor, trans-B an immediate.
+#define ATTNKIT_WGMMA_RS(N, CXX_TYPE, PTX_TYPE, PRED, OPERANDS)                                   \
+  template <>                                                                                   \
+  struct WgmmaRS<CXX_TYPE, N> {                                                                 \
+    template <int kTransB>                                                                      \
+    __device__ __forceinline__ static void run(FragC (&d)[N / 8], const FragA& a, uint64_t desc_b, \
+                                               bool accumulate) {                               \
+      asm volatile(ATTNKIT_WGMMA_ASM(N, PTX_TYPE, PRED, OPERANDS)                                \
+                   : ATTNKIT_WGMMA_D##N                                                        \
+                   : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(desc_b),          \
+                     "r"(static_cast<int>(accumulate)), "n"(kTransB));                         \
+    }                                                                                           \
+  };
+// SS: A and B by descriptor, both K-major.
+#define ATTNKIT_WGMMA_SS(N, CXX_TYPE, PTX_TYPE, PRED, OPERANDS)                                   \
+  template <>                                                                                   \
+  struct WgmmaSS<CXX_TYPE, N> {                                                                 \
+    __device__ __forceinline__ static void run(FragC (&d)[N / 8], uint64_t desc_a, uint64_t desc_b, \
+                                               bool accumulate) {                               \
+      asm volatile(ATTNKIT_WGMMA_ASM(N, PTX_TYPE, PRED, OPERANDS)                                \
+                   : ATTNKIT_WGMMA_D##N                                                        \
+                   : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));             \
+    }                                                                                           \
   };
 
-#define ATTNKIT_WGMMA_RS_N128(CXX_TYPE, PTX_TYPE)                                                   \
-  template <>                                                                                    \
-  struct WgmmaRS<CXX_TYPE, 128> {                                                                 \
-    template <int kTransB>                                                                       \
-    __device__ __forceinline__ static void run(FragC (&d)[16], const FragA& a, uint64_t desc_b, \
-                                               bool accumulate) {                                \
-      asm volatile(                                                                              \
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                       \
-          "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX_TYPE "." PTX_TYPE " {"               \
-          "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                \
-          "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"                                \
-          "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"                                \
-          "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"                                \
-          "}, {%64,%65,%66,%67}, %68, p, 1, 1, %70;\n}\n"                                       \
-          : "+f"(d[0].c[0]), "+f"(d[0].c[1]), "+f"(d[0].c[2]), "+f"(d[0].c[3]), \
-            "+f"(d[1].c[0]), "+f"(d[1].c[1]), "+f"(d[1].c[2]), "+f"(d[1].c[3]), \
-            "+f"(d[2].c[0]), "+f"(d[2].c[1]), "+f"(d[2].c[2]), "+f"(d[2].c[3]), \
-            "+f"(d[3].c[0]), "+f"(d[3].c[1]), "+f"(d[3].c[2]), "+f"(d[3].c[3]), \
-            "+f"(d[4].c[0]), "+f"(d[4].c[1]), "+f"(d[4].c[2]), "+f"(d[4].c[3]), \
-            "+f"(d[5].c[0]), "+f"(d[5].c[1]), "+f"(d[5].c[2]), "+f"(d[5].c[3]), \
-            "+f"(d[6].c[0]), "+f"(d[6].c[1]), "+f"(d[6].c[2]), "+f"(d[6].c[3]), \
-            "+f"(d[7].c[0]), "+f"(d[7].c[1]), "+f"(d[7].c[2]), "+f"(d[7].c[3]), \
-            "+f"(d[8].c[0]), "+f"(d[8].c[1]), "+f"(d[8].c[2]), "+f"(d[8].c[3]), \
-            "+f"(d[9].c[0]), "+f"(d[9].c[1]), "+f"(d[9].c[2]), "+f"(d[9].c[3]), \
-            "+f"(d[10].c[0]), "+f"(d[10].c[1]), "+f"(d[10].c[2]), "+f"(d[10].c[3]), \
-            "+f"(d[11].c[0]), "+f"(d[11].c[1]), "+f"(d[11].c[2]), "+f"(d[11].c[3]), \
-            "+f"(d[12].c[0]), "+f"(d[12].c[1]), "+f"(d[12].c[2]), "+f"(d[12].c[3]), \
-            "+f"(d[13].c[0]), "+f"(d[13].c[1]), "+f"(d[13].c[2]), "+f"(d[13].c[3]), \
-            "+f"(d[14].c[0]), "+f"(d[14].c[1]), "+f"(d[14].c[2]), "+f"(d[14].c[3]), \
-            "+f"(d[15].c[0]), "+f"(d[15].c[1]), "+f"(d[15].c[2]), "+f"(d[15].c[3]) \
-          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(desc_b),                  \
-            "r"(static_cast<int>(accumulate)), "n"(kTransB));                                  \
-    }                                                                                            \
-  };
-
-#define ATTNKIT_WGMMA_SS_N128(CXX_TYPE, PTX_TYPE)                                              \
-  template <>                                                                               \
-  struct WgmmaSS<CXX_TYPE, 128> {                                                            \
-    __device__ __forceinline__ static void run(FragC (&d)[16], uint64_t desc_a, uint64_t desc_b, \
-                                               bool accumulate) {                           \
-      asm volatile(                                                                         \
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                  \
-          "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX_TYPE "." PTX_TYPE " {"          \
-          "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                \
-          "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"                                \
-          "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"                                \
-          "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"                                \
-          "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                         \
-          : "+f"(d[0].c[0]), "+f"(d[0].c[1]), "+f"(d[0].c[2]), "+f"(d[0].c[3]), \
-            "+f"(d[1].c[0]), "+f"(d[1].c[1]), "+f"(d[1].c[2]), "+f"(d[1].c[3]), \
-            "+f"(d[2].c[0]), "+f"(d[2].c[1]), "+f"(d[2].c[2]), "+f"(d[2].c[3]), \
-            "+f"(d[3].c[0]), "+f"(d[3].c[1]), "+f"(d[3].c[2]), "+f"(d[3].c[3]), \
-            "+f"(d[4].c[0]), "+f"(d[4].c[1]), "+f"(d[4].c[2]), "+f"(d[4].c[3]), \
-            "+f"(d[5].c[0]), "+f"(d[5].c[1]), "+f"(d[5].c[2]), "+f"(d[5].c[3]), \
-            "+f"(d[6].c[0]), "+f"(d[6].c[1]), "+f"(d[6].c[2]), "+f"(d[6].c[3]), \
-            "+f"(d[7].c[0]), "+f"(d[7].c[1]), "+f"(d[7].c[2]), "+f"(d[7].c[3]), \
-            "+f"(d[8].c[0]), "+f"(d[8].c[1]), "+f"(d[8].c[2]), "+f"(d[8].c[3]), \
-            "+f"(d[9].c[0]), "+f"(d[9].c[1]), "+f"(d[9].c[2]), "+f"(d[9].c[3]), \
-            "+f"(d[10].c[0]), "+f"(d[10].c[1]), "+f"(d[10].c[2]), "+f"(d[10].c[3]), \
-            "+f"(d[11].c[0]), "+f"(d[11].c[1]), "+f"(d[11].c[2]), "+f"(d[11].c[3]), \
-            "+f"(d[12].c[0]), "+f"(d[12].c[1]), "+f"(d[12].c[2]), "+f"(d[12].c[3]), \
-            "+f"(d[13].c[0]), "+f"(d[13].c[1]), "+f"(d[13].c[2]), "+f"(d[13].c[3]), \
-            "+f"(d[14].c[0]), "+f"(d[14].c[1]), "+f"(d[14].c[2]), "+f"(d[14].c[3]), \
-            "+f"(d[15].c[0]), "+f"(d[15].c[1]), "+f"(d[15].c[2]), "+f"(d[15].c[3]) \
-          : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));               \
-    }                                                                                       \
-  };
-
-
-ATTNKIT_WGMMA_RS_N64(__nv_bfloat16, "bf16")
-ATTNKIT_WGMMA_RS_N64(__half, "f16")
-ATTNKIT_WGMMA_RS_N128(__nv_bfloat16, "bf16")
-ATTNKIT_WGMMA_RS_N128(__half, "f16")
-ATTNKIT_WGMMA_SS_N128(__nv_bfloat16, "bf16")
-ATTNKIT_WGMMA_SS_N128(__half, "f16")
-#undef ATTNKIT_WGMMA_SS_N128
-#undef ATTNKIT_WGMMA_RS_N64
-#undef ATTNKIT_WGMMA_RS_N128
+ATTNKIT_WGMMA_RS(64, __nv_bfloat16, "bf16", "37", "{%32,%33,%34,%35}, %36, p, 1, 1, %38")
+ATTNKIT_WGMMA_RS(64, __half, "f16", "37", "{%32,%33,%34,%35}, %36, p, 1, 1, %38")
+ATTNKIT_WGMMA_RS(128, __nv_bfloat16, "bf16", "69", "{%64,%65,%66,%67}, %68, p, 1, 1, %70")
+ATTNKIT_WGMMA_RS(128, __half, "f16", "69", "{%64,%65,%66,%67}, %68, p, 1, 1, %70")
+ATTNKIT_WGMMA_SS(128, __nv_bfloat16, "bf16", "66", "%64, %65, p, 1, 1, 0, 0")
+ATTNKIT_WGMMA_SS(128, __half, "f16", "66", "%64, %65, p, 1, 1, 0, 0")
+#undef ATTNKIT_WGMMA_SS
+#undef ATTNKIT_WGMMA_RS
+#undef ATTNKIT_WGMMA_ASM
+#undef ATTNKIT_WGMMA_R128
+#undef ATTNKIT_WGMMA_R64
+#undef ATTNKIT_WGMMA_D128
+#undef ATTNKIT_WGMMA_D64
+#undef ATTNKIT_WGMMA_F4
 #endif  // ATTNKIT_HAS_WGMMA
 
 }  // namespace attnkit::cuda
