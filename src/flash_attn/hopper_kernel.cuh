@@ -109,9 +109,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
 
   const ScoreMod mod{p.scale, p.softcap, p.alibi_slopes != nullptr};
   const float unit = mod.unit();
-  RowSoftmax softmax[1];
-  softmax[0].init();
-  FragC o[1][Tr::kOFrags];
+  RowSoftmax softmax;
+  softmax.init();
+  FragC o[Tr::kOFrags];
 
   for (int it = 0; it < n_tiles; ++it) {
     Ring::wait_oldest();
@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
     if (!group_active) continue;
 
     const uint32_t s_k = stage_k(it), s_v = s_k + Tr::kTileBytes;
-    const int tile_key0 = (w.tile_begin + it) * Tr::kBlockN;
+    const int tile_key0 = tile_key(it);
     FragC s[Tr::kSFrags];
     wgmma_fence();
 #pragma unroll
@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
     wgmma_hold(s);
 
     const bool whole_tile_visible = tile_key0 >= w.full_lo && tile_key0 + Tr::kBlockN <= w.full_hi;
-    softmax_tile(s, o[0], softmax[0], mod, unit, whole_tile_visible, p, w, warp_row0, tile_key0, lane);
+    softmax_tile(s, o, softmax, mod, unit, whole_tile_visible, p, w, warp_row0, tile_key0, lane);
 
     FragA pa[Tr::kSFrags / 2];
 #pragma unroll
@@ -146,14 +146,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Tr::kSFrags / 2; ++kk)
-      WgmmaRS<T, Tr::kHeadDim>::template run<1>(o[0], pa[kk], smem_desc_sw128(s_v + kk * 16 * 128, Tr::kBlockN * 128, 1024), true);
+      WgmmaRS<T, Tr::kHeadDim>::template run<1>(o, pa[kk], smem_desc_sw128(s_v + kk * 16 * 128, Tr::kBlockN * 128, 1024), true);
     wgmma_commit();
     wgmma_wait<0>();
-    wgmma_hold(o[0]);
+    wgmma_hold(o);
   }
 
   Ring::drain();
-  if (warp_active) detail::register_epilogue<Tr>(p, w, o[0], softmax[0], unit, warp_row0, lane);
+  if (warp_active) detail::register_epilogue<Tr>(p, w, o, softmax, unit, warp_row0, lane);
 #else
   __trap();  // launched on a device or build without sm_90a code: the host must not get here
 #endif
