@@ -206,18 +206,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
 
 template <class Tr>
 void launch_hopper(const VarlenKernelParams& p, const VarlenLaunchShape& shape, cudaStream_t stream) {
-  const int64_t row_tiles = (static_cast<int64_t>(shape.max_query_len) * p.group + Tr::kBlockM - 1) / Tr::kBlockM;
-  if (row_tiles == 0 || p.num_reqs == 0) return;
   const char* where = "flash_attn varlen attention (hopper)";
   ATTNKIT_REQUIRE(p.num_splits == 1, where, "num_splits", p.num_splits,
                   "must be 1 (split launches run the mma_sync kernels)");
-  ATTNKIT_REQUIRE(row_tiles <= 0x7fffffff, where, "max_query_len * group", shape.max_query_len, "must fit one grid");
-  ATTNKIT_REQUIRE(p.num_reqs <= 65535, where, "num_reqs", p.num_reqs, "must be <= 65535 (grid z)");
-  const int64_t y = static_cast<int64_t>(p.num_kv_heads) * p.num_splits;
-  ATTNKIT_REQUIRE(y <= 65535, where, "num_kv_heads * num_splits", y, "must be <= 65535 (grid y)");
+  dim3 grid;
+  if (!varlen_grid(p, shape, Tr::kBlockM, Tr::kSmemBytes, where, grid)) return;
   auto kernel = hopper_varlen_kernel<Tr>;
   ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
-  const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(y), static_cast<unsigned>(p.num_reqs));
   cuda::launch_kernel(kernel, grid, dim3(Tr::kThreads), Tr::kSmemBytes, stream, shape.enable_pdl, p);
 }
 

@@ -455,25 +455,31 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   if (p.num_splits > 1) detail::combine_splits_if_last<Tr>(p);
 }
 
-template <class Tr>
-void launch_varlen(const VarlenKernelParams& p, const VarlenLaunchShape& shape, cudaStream_t stream) {
-  const int64_t row_tiles = (static_cast<int64_t>(shape.max_query_len) * p.group + Tr::kBlockM - 1) / Tr::kBlockM;
-  if (row_tiles == 0 || p.num_reqs == 0) return;
-  const char* where = "flash_attn varlen attention";
+// The grid of a varlen launch (x = packed-row tiles of kBlockM rows, y = KV head x split,
+// z = request), and the checks every generation's launcher makes: false = nothing to launch.
+inline bool varlen_grid(const VarlenKernelParams& p, const VarlenLaunchShape& shape, int block_m, size_t smem_bytes,
+                        const char* where, dim3& grid) {
+  const int64_t row_tiles = (static_cast<int64_t>(shape.max_query_len) * p.group + block_m - 1) / block_m;
+  if (row_tiles == 0 || p.num_reqs == 0) return false;
   ATTNKIT_REQUIRE(row_tiles <= 0x7fffffff, where, "max_query_len * group", shape.max_query_len,
                   "must fit one grid");
   ATTNKIT_REQUIRE(p.num_reqs <= 65535, where, "num_reqs", p.num_reqs, "must be <= 65535 (grid z)");
   const int64_t y = static_cast<int64_t>(p.num_kv_heads) * p.num_splits;
   ATTNKIT_REQUIRE(y <= 65535, where, "num_kv_heads * num_splits", y, "must be <= 65535 (grid y)");
-
-  auto kernel = varlen_attention_kernel<Tr>;
   const cuda::DeviceProps& dev = cuda::current_device_props();
-  ATTNKIT_REQUIRE(static_cast<size_t>(Tr::kSmemBytes) <= dev.smem_per_block_optin, where, "shared memory per block",
-                  Tr::kSmemBytes,
+  ATTNKIT_REQUIRE(smem_bytes <= dev.smem_per_block_optin, where, "shared memory per block", smem_bytes,
                   "must fit the device's opt-in limit of " + std::to_string(dev.smem_per_block_optin) + " bytes");
+  grid = dim3(static_cast<unsigned>(row_tiles), static_cast<unsigned>(y), static_cast<unsigned>(p.num_reqs));
+  return true;
+}
+
+template <class Tr>
+void launch_varlen(const VarlenKernelParams& p, const VarlenLaunchShape& shape, cudaStream_t stream) {
+  dim3 grid;
+  if (!varlen_grid(p, shape, Tr::kBlockM, Tr::kSmemBytes, "flash_attn varlen attention", grid)) return;
+  auto kernel = varlen_attention_kernel<Tr>;
   ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
-  const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(y), static_cast<unsigned>(p.num_reqs));
-  const bool pdl = shape.enable_pdl && dev.cc_major >= 9;
+  const bool pdl = shape.enable_pdl && cuda::current_device_props().cc_major >= 9;
   cuda::launch_kernel(kernel, grid, dim3(Tr::kThreads), Tr::kSmemBytes, stream, pdl, p);
 }
 
