@@ -82,12 +82,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
   const uint32_t s_base = smem_addr(smem);
   const uint32_t s_q = s_base + Tr::kQOffset;
 
-  Loader loader;
-  loader.k = {static_cast<const char*>(p.k_cache) + w.kv_head * p.k_stride_head, p.k_stride_block, p.k_stride_slot};
-  loader.v = {static_cast<const char*>(p.v_cache) + w.kv_head * p.v_stride_head, p.v_stride_block, p.v_stride_slot};
-  loader.block_row = p.block_table + static_cast<int64_t>(w.req) * p.max_blocks_per_req;
-  loader.block_size = p.block_size;
-  loader.seq_len = w.seq_len;
+  const Loader loader = kv_loader_for<Loader>(p, w);
   auto stage_k = [&](int tile) { return s_base + Ring::stage_of(tile) * Tr::kStageBytes; };
 
   const int n_tiles = w.tile_end - w.tile_begin;
