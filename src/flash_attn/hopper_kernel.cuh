@@ -104,12 +104,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
     // (cp.async.wait_group), made visible to the async proxy that wgmma reads through.
     regs_dec<Tr::kProducerRegs>();
     const int ptid = tid - Tr::kConsumerThreads;
-    Loader loader;
-    loader.k = {static_cast<const char*>(p.k_cache) + w.kv_head * p.k_stride_head, p.k_stride_block, p.k_stride_slot};
-    loader.v = {static_cast<const char*>(p.v_cache) + w.kv_head * p.v_stride_head, p.v_stride_block, p.v_stride_slot};
-    loader.block_row = p.block_table + static_cast<int64_t>(w.req) * p.max_blocks_per_req;
-    loader.block_size = p.block_size;
-    loader.seq_len = w.seq_len;
+    const Loader loader = kv_loader_for<Loader>(p, w);
     auto announce = [&](int tile) {
       fence_proxy_async_smem();
       mbar_arrive(full(tile % kS));

@@ -367,12 +367,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   const uint32_t s_stages = s_q + Tr::kStagesOffset;
   const Fp8Format fmt = static_cast<Fp8Format>(p.fp8_format);
 
-  Loader loader;
-  loader.k = {static_cast<const char*>(p.k_cache) + w.kv_head * p.k_stride_head, p.k_stride_block, p.k_stride_slot};
-  loader.v = {static_cast<const char*>(p.v_cache) + w.kv_head * p.v_stride_head, p.v_stride_block, p.v_stride_slot};
-  loader.block_row = p.block_table + static_cast<int64_t>(w.req) * p.max_blocks_per_req;
-  loader.block_size = p.block_size;
-  loader.seq_len = w.seq_len;
+  const Loader loader = kv_loader_for<Loader>(p, w);
   auto stage_k = [&](int tile) { return s_stages + Ring::stage_of(tile) * Tr::kStageBytes; };
 
   // Prologue: Q in its own group, then kStages - 1 K/V tiles (one group each, maybe empty).

@@ -59,6 +59,18 @@ __device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, WorkI
   return schedule_work<kBlockM, kBlockN>(p, blockIdx.x, blockIdx.y, blockIdx.z, w);
 }
 
+// A paged K/V tile loader (cuda/paged_kv_tile.h) over the work item's request and KV head.
+template <class Loader>
+__device__ __forceinline__ Loader kv_loader_for(const VarlenKernelParams& p, const WorkItem& w) {
+  Loader loader;
+  loader.k = {static_cast<const char*>(p.k_cache) + w.kv_head * p.k_stride_head, p.k_stride_block, p.k_stride_slot};
+  loader.v = {static_cast<const char*>(p.v_cache) + w.kv_head * p.v_stride_head, p.v_stride_block, p.v_stride_slot};
+  loader.block_row = p.block_table + static_cast<int64_t>(w.req) * p.max_blocks_per_req;
+  loader.block_size = p.block_size;
+  loader.seq_len = w.seq_len;
+  return loader;
+}
+
 // The row facts of the two rows a thread holds (rows g and g + 8 of its warp's m16 tile).
 __device__ __forceinline__ cuda::RowFacts row_facts(const VarlenKernelParams& p, const WorkItem& w,
                                                     int warp_row0, int lane) {
