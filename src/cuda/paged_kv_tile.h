@@ -86,15 +86,17 @@ struct PagedKVTileLoader {
   // The same with the pages read earlier by pages(first_key, tid).
   __device__ __forceinline__ void load(int first_key, const Pages& pg, uint32_t k_tile, uint32_t v_tile,
                                        int tid) const {
-    const int r0 = tid / kChunksPerRow, chunk = tid % kChunksPerRow;
-#pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      const int row = r0 + i * kRowsPerIter;
-      const int gi = i / kItersPerGroup;
-      const int kc = group_key(first_key, r0, gi);
-      const int slot0 = kc - block_size.div(kc) * block_size.divisor;
-      copy(row, chunk, pg.blk[gi], slot0 + (row & 15), first_key + row < seq_len, k_tile, v_tile);
-    }
+    for_each_chunk(first_key, pg, tid, [&](int row, int chunk, int32_t blk, int32_t slot, bool valid) {
+      copy_side(k, row, chunk, blk, slot, valid, k_tile);
+      copy_side(v, row, chunk, blk, slot, valid, v_tile);
+    });
+  }
+  // One side only (k or v of this loader), for pipelines that release K and V stages apart.
+  __device__ __forceinline__ void load_side(const PagedSideBytes& side, int first_key, const Pages& pg,
+                                            uint32_t tile, int tid) const {
+    for_each_chunk(first_key, pg, tid, [&](int row, int chunk, int32_t blk, int32_t slot, bool valid) {
+      copy_side(side, row, chunk, blk, slot, valid, tile);
+    });
   }
 
  private:
@@ -104,13 +106,24 @@ struct PagedKVTileLoader {
     return key < seq_len ? key : 0;
   }
 
-  __device__ __forceinline__ void copy(int row, int chunk, int32_t blk, int32_t slot, bool valid, uint32_t k_tile,
-                                       uint32_t v_tile) const {
-    const char* ks = k.head_base + static_cast<int64_t>(blk) * k.stride_block + (slot * k.stride_slot + chunk * 16);
-    const char* vs = v.head_base + static_cast<int64_t>(blk) * v.stride_block + (slot * v.stride_slot + chunk * 16);
-    const uint32_t dst = Layout::offset(row, chunk);
-    cp_async_16(k_tile + dst, ks, valid);
-    cp_async_16(v_tile + dst, vs, valid);
+  // Calls f(row, chunk, block, slot, valid) for each 16-byte chunk this thread copies (by groups).
+  template <class F>
+  __device__ __forceinline__ void for_each_chunk(int first_key, const Pages& pg, int tid, F&& f) const {
+    const int r0 = tid / kChunksPerRow, chunk = tid % kChunksPerRow;
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int row = r0 + i * kRowsPerIter;
+      const int gi = i / kItersPerGroup;
+      const int kc = group_key(first_key, r0, gi);
+      const int slot0 = kc - block_size.div(kc) * block_size.divisor;
+      f(row, chunk, pg.blk[gi], slot0 + (row & 15), first_key + row < seq_len);
+    }
+  }
+
+  __device__ __forceinline__ static void copy_side(const PagedSideBytes& side, int row, int chunk, int32_t blk,
+                                                   int32_t slot, bool valid, uint32_t tile) {
+    const char* src = side.head_base + static_cast<int64_t>(blk) * side.stride_block + (slot * side.stride_slot + chunk * 16);
+    cp_async_16(tile + Layout::offset(row, chunk), src, valid);
   }
 
   __device__ __forceinline__ void load_by_rows(int first_key, uint32_t k_tile, uint32_t v_tile, int tid) const {
@@ -129,7 +142,8 @@ struct PagedKVTileLoader {
       const int idx = tid + i * kThreads;
       if (kChunks % kThreads != 0 && idx >= kChunks) break;
       const int row = idx / kChunksPerRow;
-      copy(row, idx % kChunksPerRow, blk[i], slot[i], first_key + row < seq_len, k_tile, v_tile);
+      copy_side(k, row, idx % kChunksPerRow, blk[i], slot[i], first_key + row < seq_len, k_tile);
+      copy_side(v, row, idx % kChunksPerRow, blk[i], slot[i], first_key + row < seq_len, v_tile);
     }
   }
 };

@@ -15,6 +15,12 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
 }
 
+// One arrival of the calling thread that the hardware makes once all of this thread's earlier
+// cp.async copies have landed (the thread does not wait; the barrier's count includes it).
+__device__ __forceinline__ void mbar_arrive_on_cp_async(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
 // Waits until the phase with parity `parity` of the barrier has completed.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;

@@ -5,13 +5,15 @@
 // shared memory by descriptor) and the epilogue (straight from registers: without split
 // partials there is nothing to merge across warps).
 //
-//   start the Q tile and K/V tiles 0 .. kStages-2
-//   for each K/V tile of the work item:
-//     wait for it; start the tile kStages-1 ahead
-//     S = Q K^T      (wgmma m64n128k16, A = Q and B = K by descriptor)
-//     mask, online softmax, rescale O (varlen_tile_softmax.cuh)
-//     O += P V       (wgmma m64nDk16, A = P registers, B = V by descriptor, transposed)
-//   epilogue: normalise, sink, write O and LSE straight from registers
+// Warp-specialised: a producer warpgroup copies Q and the K/V tiles through the block table
+// (cp.async into two rings of stages, K and V apart, signalled by mbarriers); two consumer
+// warpgroups of 64 rows take turns at the tensor cores:
+//
+//   step j:  wait K_j, V_{j-1}; S_j = Q K_j^T; O += P_{j-1} V_{j-1}  (both async)
+//            -> the other warpgroup's turn
+//            S_j done: release K_j; mask, online softmax (P_j)
+//            P V done: release V_{j-1}; rescale O
+//   last:    O += P V of the last tile; epilogue: normalise, sink, write O and LSE
 #pragma once
 #include <type_traits>
 
@@ -70,9 +72,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
   constexpr int kS = Tr::kStages;
   using Loader = PagedKVTileLoader<Tr::kBlockN, 2 * Tr::kHeadDim, Swizzle128Tile<Tr::kBlockN>, Tr::kProducerThreads>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  // full[s]: the producer's threads arrive once the tile in stage s (and Q, with tile 0) landed;
-  // empty[s]: the 256 consumer threads arrive once they no longer read stage s.
-  __shared__ __align__(8) uint64_t bars[2 * kS];
+  // Two rings of kS stages, one of K tiles and one of V tiles, each stage with a "full" barrier
+  // (the 128 producer threads' copies landed: cp.async arrivals) and an "empty" one (the 256
+  // consumer threads no longer read it). K and V are separate so that a K stage frees as soon as
+  // S = Q K^T is done, while V is still needed for O += P V one step later.
+  __shared__ __align__(8) uint64_t bars[4 * kS];
 
   pdl_wait();  // everything below may read what the previous kernel wrote (metadata, q, cache)
   WorkItem w;
@@ -82,59 +86,59 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
   unsigned char* smem = smem_raw + ((Tr::kAlign - (smem_addr(smem_raw) & (Tr::kAlign - 1))) & (Tr::kAlign - 1));
   const uint32_t s_base = smem_addr(smem);
   const uint32_t s_q = s_base + Tr::kQOffset;
-  const uint32_t full0 = smem_addr(&bars[0]), empty0 = smem_addr(&bars[kS]);
-  auto full = [&](int stage) { return full0 + 8 * stage; };
-  auto empty = [&](int stage) { return empty0 + 8 * stage; };
-  auto stage_k = [&](int tile) { return s_base + (tile % kS) * Tr::kStageBytes; };
+  enum Ring { kFullK, kFullV, kEmptyK, kEmptyV };
+  const uint32_t bars0 = smem_addr(&bars[0]);
+  auto bar = [&](Ring r, int tile) { return bars0 + 8 * (r * kS + tile % kS); };
+  auto parity = [](int tile) { return static_cast<uint32_t>((tile / kS) & 1); };  // of tile's use of its stage
+  auto k_stage = [&](int tile) { return s_base + (tile % kS) * Tr::kTileBytes; };
+  auto v_stage = [&](int tile) { return s_base + (kS + tile % kS) * Tr::kTileBytes; };
   const int n_tiles = w.tile_end - w.tile_begin;
   auto tile_key = [&](int i) { return (w.tile_begin + i) * Tr::kBlockN; };
 
   if (tid == 0) {
     for (int i = 0; i < kS; ++i) {
-      mbar_init(full(i), Tr::kProducerThreads);
-      mbar_init(empty(i), Tr::kConsumerThreads);
+      mbar_init(bar(kFullK, i), Tr::kProducerThreads);
+      mbar_init(bar(kFullV, i), Tr::kProducerThreads);
+      mbar_init(bar(kEmptyK, i), Tr::kConsumerThreads);
+      mbar_init(bar(kEmptyV, i), Tr::kConsumerThreads);
     }
   }
   __syncthreads();  // the last CTA-wide barrier: producer and consumers part here
   pdl_launch_dependents();  // the next kernel's CTAs may take SM slots as this grid frees them
 
   if (tid >= Tr::kConsumerThreads) {
-    // Producer: Q with tile 0, then tile t into stage t % kS once the consumers released the
-    // tile kS before it; a tile is announced once this thread's copies of it completed
-    // (cp.async.wait_group), made visible to the async proxy that wgmma reads through.
+    // Producer: K of tile t (with Q, for t = 0), then V of tile t - 1, the order the consumers
+    // use them in; each into its stage once the consumers released the tile kS before it. The
+    // producer never waits for its own copies: the full barriers complete when they land.
     regs_dec<Tr::kProducerRegs>();
     const int ptid = tid - Tr::kConsumerThreads;
     const Loader loader = kv_loader_for<Loader>(p, w);
-    auto announce = [&](int tile) {
-      fence_proxy_async_smem();
-      mbar_arrive(full(tile % kS));
+    typename Loader::Pages prev_pages{};
+    auto load_v = [&](int t, const typename Loader::Pages& pg) {
+      if (t >= kS) mbar_wait(bar(kEmptyV, t), parity(t) ^ 1);
+      loader.load_side(loader.v, tile_key(t), pg, v_stage(t), ptid);
+      mbar_arrive_on_cp_async(bar(kFullV, t));
     };
-    // Tile t - 1 is announced right after tile t is issued, so before the producer blocks on
-    // empty(t % kS) (released at the consumers' step t - kS + 1, which needs tile t - kS + 1)
-    // every tile up to t - 2 is announced: no cycle for kS >= 3.
-    static_assert(kS >= 3, "the producer announces one tile behind");
     for (int t = 0; t < n_tiles; ++t) {
-      if (t >= kS) mbar_wait(empty(t % kS), ((t / kS) - 1) & 1);
+      const typename Loader::Pages pages = loader.pages(tile_key(t), ptid);
+      if (t >= kS) mbar_wait(bar(kEmptyK, t), parity(t) ^ 1);
       if (t == 0) detail::load_q_tile<Tr, Swizzle128Tile<Tr::kBlockM>, Tr::kProducerThreads>(p, w, s_q, ptid);
-      loader.load(tile_key(t), stage_k(t), stage_k(t) + Tr::kTileBytes, ptid);
-      cp_async_commit();
-      if (t >= 1) {
-        cp_async_wait<1>();
-        announce(t - 1);
-      }
+      loader.load_side(loader.k, tile_key(t), pages, k_stage(t), ptid);
+      mbar_arrive_on_cp_async(bar(kFullK, t));
+      if (t >= 1) load_v(t - 1, prev_pages);
+      prev_pages = pages;
     }
-    if (n_tiles > 0) {
-      cp_async_wait<0>();
-      announce(n_tiles - 1);
-    }
+    if (n_tiles > 0) load_v(n_tiles - 1, prev_pages);
+    cp_async_wait<0>();
     return;
   }
   regs_inc<Tr::kConsumerRegs>();
 
-  // Consumers: two warpgroups of 64 rows take turns at the tensor cores (named barriers 1, 2):
-  // a warpgroup issues O += P V of the previous tile and S = Q K^T of this one back to back,
-  // then runs its softmax while the other warpgroup's GEMMs run. A warpgroup whose rows are
-  // all padding computes on zero rows (no branch around wgmma) and writes nothing.
+  // Consumers: two warpgroups of 64 rows take turns at the tensor cores (named barriers 1, 2).
+  // Step j of a warpgroup issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, hands the tensor
+  // cores to the other warpgroup, and runs the softmax of S_j while its P V still runs; O is
+  // rescaled once that P V is done. A warpgroup whose rows are all padding computes on zero
+  // rows (no branch around wgmma) and writes nothing.
   const int wg = warp / 4;
   const int warp_row0 = warp * 16;
   const bool warp_active = warp_row0 < w.rows;
@@ -147,20 +151,28 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
   FragC o[Tr::kOFrags];
   FragA pa[Tr::kSFrags / 2];
 
+  // Data that cp.async wrote (generic proxy) is read by wgmma (async proxy).
+  auto wait_tile = [&](Ring r, int tile) {
+    mbar_wait(bar(r, tile), parity(tile));
+    fence_proxy_async_smem();
+  };
   auto issue_pv = [&](int tile) {
-    const uint32_t s_v = stage_k(tile) + Tr::kTileBytes;
+    const uint32_t s_v = v_stage(tile);
 #pragma unroll
     for (int kk = 0; kk < Tr::kSFrags / 2; ++kk)
       WgmmaRS<T, Tr::kHeadDim>::template run<1>(o, pa[kk], smem_desc_sw128(s_v + kk * 16 * 128, Tr::kBlockN * 128, 1024),
                                                 true);
+    wgmma_commit();
   };
   auto step = [&](int it, auto with_pv) {
-    mbar_wait(full(it % kS), (it / kS) & 1);
+    constexpr bool kPV = decltype(with_pv)::value;
+    wait_tile(kFullK, it);
+    // V_{j-1} too before any wgmma: a wait loop between wgmmas in flight makes ptxas serialise them.
+    if constexpr (kPV) wait_tile(kFullV, it - 1);
     named_bar_sync(my_turn, Tr::kConsumerThreads);
     FragC s[Tr::kSFrags];
     wgmma_fence();
-    if constexpr (decltype(with_pv)::value) issue_pv(it - 1);
-    const uint32_t s_k = stage_k(it);
+    const uint32_t s_k = k_stage(it);
 #pragma unroll
     for (int ks = 0; ks < Tr::kKSteps; ++ks) {
       const uint32_t a = s_q_group + (ks / 4) * (Tr::kBlockM * 128) + (ks % 4) * 32;
@@ -168,16 +180,28 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
       WgmmaSS<T, Tr::kBlockN>::run(s, smem_desc_sw128(a, 16, 1024), smem_desc_sw128(b, 16, 1024), ks > 0);
     }
     wgmma_commit();
+    if constexpr (kPV) issue_pv(it - 1);
     // The other warpgroup's turn (warpgroup 1 gives none after its last tile: nobody waits).
     if (wg == 0 || it + 1 < n_tiles) named_bar_arrive(their_turn, Tr::kConsumerThreads);
-    wgmma_wait<0>();
+    if constexpr (kPV) {
+      wgmma_wait<1>();  // S_j done; P V may still run
+    } else {
+      wgmma_wait<0>();
+    }
     wgmma_hold(s);
-    wgmma_hold(o);
-    if constexpr (decltype(with_pv)::value) mbar_arrive(empty((it - 1) % kS));  // tile it-1 fully read
+    mbar_arrive(bar(kEmptyK, it));
 
     const int tile_key0 = tile_key(it);
     const bool whole_tile_visible = tile_key0 >= w.full_lo && tile_key0 + Tr::kBlockN <= w.full_hi;
-    softmax_tile(s, o, softmax, mod, unit, whole_tile_visible, p, w, warp_row0, tile_key0, lane);
+    float rescale[2];
+    softmax_scores(s, softmax, mod, unit, whole_tile_visible, p, w, warp_row0, tile_key0, lane, rescale);
+    if constexpr (kPV) {
+      wgmma_wait<0>();
+      wgmma_hold(o);
+      wgmma_hold(pa);  // P_{j-1} is read by the P V just waited for: its registers stay until here
+      mbar_arrive(bar(kEmptyV, it - 1));
+    }
+    rescale_output(o, rescale);
 #pragma unroll
     for (int kk = 0; kk < Tr::kSFrags / 2; ++kk) pa[kk] = c_pair_to_a<T>(s[2 * kk], s[2 * kk + 1]);
   };
@@ -186,12 +210,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
     if (wg == 1) named_bar_arrive(1, Tr::kConsumerThreads);  // warpgroup 0 goes first
     step(0, std::false_type{});
     for (int it = 1; it < n_tiles; ++it) step(it, std::true_type{});
+    wait_tile(kFullV, n_tiles - 1);
     wgmma_fence();
     issue_pv(n_tiles - 1);
-    wgmma_commit();
     wgmma_wait<0>();
     wgmma_hold(o);
-    mbar_arrive(empty((n_tiles - 1) % kS));
+    wgmma_hold(pa);
+    mbar_arrive(bar(kEmptyV, n_tiles - 1));
   }
   if (warp_active) detail::register_epilogue<Tr>(p, w, o, softmax, unit, warp_row0, lane);
 #else
