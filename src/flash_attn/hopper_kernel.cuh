@@ -9,7 +9,7 @@
 // (cp.async into two rings of stages, K and V apart, signalled by mbarriers); two consumer
 // warpgroups of 64 rows take turns at the tensor cores:
 //
-//   step j:  wait K_j, V_{j-1}; S_j = Q K_j^T; O += P_{j-1} V_{j-1}  (both async)
+//   step j:  wait V_{j-1}, K_j; S_j = Q K_j^T; O += P_{j-1} V_{j-1}  (both async)
 //            -> the other warpgroup's turn
 //            S_j done: release K_j; mask, online softmax (P_j)
 //            P V done: release V_{j-1}; rescale O
@@ -107,28 +107,32 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
   pdl_launch_dependents();  // the next kernel's CTAs may take SM slots as this grid frees them
 
   if (tid >= Tr::kConsumerThreads) {
-    // Producer: K of tile t (with Q, for t = 0), then V of tile t - 1, the order the consumers
-    // use them in; each into its stage once the consumers released the tile kS before it. The
-    // producer never waits for its own copies: the full barriers complete when they land.
+    // Producer: V of tile t - 1, then K of tile t (with Q, for t = 0): each into its stage once
+    // the consumers released the tile kS before it. The producer never waits for its own
+    // copies: the full barriers complete when they land. K and V have the same strides here
+    // (the dispatcher's rule), so V reuses the page offsets computed for K a step earlier;
+    // the block-table entries are read one tile ahead.
     regs_dec<Tr::kProducerRegs>();
     const int ptid = tid - Tr::kConsumerThreads;
     const Loader loader = kv_loader_for<Loader>(p, w);
-    typename Loader::Pages prev_pages{};
-    auto load_v = [&](int t, const typename Loader::Pages& pg) {
+    typename Loader::Offsets prev{};
+    typename Loader::Pages pages{};
+    if (n_tiles > 0) pages = loader.pages(tile_key(0), ptid);
+    auto load_v = [&](int t) {
       if (t >= kS) mbar_wait(bar(kEmptyV, t), parity(t) ^ 1);
-      loader.load_side(loader.v, tile_key(t), pg, v_stage(t), ptid);
+      loader.copy_side(loader.v.head_base, prev, tile_key(t), v_stage(t), ptid);
       mbar_arrive_on_cp_async(bar(kFullV, t));
     };
     for (int t = 0; t < n_tiles; ++t) {
-      const typename Loader::Pages pages = loader.pages(tile_key(t), ptid);
+      if (t >= 1) load_v(t - 1);
+      prev = loader.offsets(loader.k, tile_key(t), pages, ptid);
+      if (t + 1 < n_tiles) pages = loader.pages(tile_key(t + 1), ptid);
       if (t >= kS) mbar_wait(bar(kEmptyK, t), parity(t) ^ 1);
       if (t == 0) detail::load_q_tile<Tr, Swizzle128Tile<Tr::kBlockM>, Tr::kProducerThreads>(p, w, s_q, ptid);
-      loader.load_side(loader.k, tile_key(t), pages, k_stage(t), ptid);
+      loader.copy_side(loader.k.head_base, prev, tile_key(t), k_stage(t), ptid);
       mbar_arrive_on_cp_async(bar(kFullK, t));
-      if (t >= 1) load_v(t - 1, prev_pages);
-      prev_pages = pages;
     }
-    if (n_tiles > 0) load_v(n_tiles - 1, prev_pages);
+    if (n_tiles > 0) load_v(n_tiles - 1);
     cp_async_wait<0>();
     return;
   }
@@ -166,9 +170,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
   };
   auto step = [&](int it, auto with_pv) {
     constexpr bool kPV = decltype(with_pv)::value;
+    // V_{j-1} and K_j (the order they are loaded in) before any wgmma: a wait loop between
+    // wgmmas in flight makes ptxas serialise them.
+    if constexpr (kPV) mbar_wait(bar(kFullV, it - 1), parity(it - 1));
     wait_tile(kFullK, it);
-    // V_{j-1} too before any wgmma: a wait loop between wgmmas in flight makes ptxas serialise them.
-    if constexpr (kPV) wait_tile(kFullV, it - 1);
     named_bar_sync(my_turn, Tr::kConsumerThreads);
     FragC s[Tr::kSFrags];
     wgmma_fence();
