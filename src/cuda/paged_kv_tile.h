@@ -21,6 +21,7 @@ struct PagedSideBytes {
 // Rows at a fixed pitch (padding keeps ldmatrix phases on distinct banks):
 template <int kPitchBytes>
 struct PitchedTile {
+  static constexpr int kRowStride = kPitchBytes;  // offset(row + d) = offset(row) + d * kRowStride
   __device__ __forceinline__ static uint32_t offset(int row, int chunk) {
     return static_cast<uint32_t>(row * kPitchBytes + chunk * 16);
   }
@@ -29,6 +30,7 @@ struct PitchedTile {
 // row are regions of kRows 128-byte lines, chunks XOR-swizzled by row % 8 inside a line.
 template <int kRows>
 struct Swizzle128Tile {
+  static constexpr int kRowStride = 128;  // for steps of whole swizzle periods (8 rows)
   __device__ __forceinline__ static uint32_t offset(int row, int chunk) {
     return static_cast<uint32_t>((chunk >> 3) * (kRows * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
   }
@@ -86,14 +88,56 @@ struct PagedKVTileLoader {
   // The same with the pages read earlier by pages(first_key, tid).
   __device__ __forceinline__ void load(int first_key, const Pages& pg, uint32_t k_tile, uint32_t v_tile,
                                        int tid) const {
+    const Offsets ko = offsets(k, first_key, pg, tid);
+    copy_side(k.head_base, ko, first_key, k_tile, tid);
+    if (same_strides()) {
+      copy_side(v.head_base, ko, first_key, v_tile, tid);
+    } else {
+      copy_side(v.head_base, offsets(v, first_key, pg, tid), first_key, v_tile, tid);
+    }
+  }
+
+  // Byte offsets from a side's head base of the 16-key groups this thread copies in a tile,
+  // with the thread's row and chunk folded in. K and V share them when their strides agree.
+  struct Offsets {
+    int64_t g[kGroups];
+    int32_t stride_slot;
+  };
+  __device__ __forceinline__ bool same_strides() const {
+    return k.stride_block == v.stride_block && k.stride_slot == v.stride_slot;
+  }
+  __device__ __forceinline__ Offsets offsets(const PagedSideBytes& side, int first_key, const Pages& pg,
+                                             int tid) const {
     const int r0 = tid / kChunksPerRow, chunk = tid % kChunksPerRow;
+    const int32_t thread_off = (r0 & 15) * side.stride_slot + chunk * 16;
+    Offsets o;
+    o.stride_slot = side.stride_slot;
+#pragma unroll
+    for (int gi = 0; gi < kGroups; ++gi) {
+      const int kc = group_key(first_key, r0, gi);  // block sizes are multiples of 16: one page
+      const int slot0 = kc - block_size.div(kc) * block_size.divisor;
+      o.g[gi] = static_cast<int64_t>(pg.blk[gi]) * side.stride_block + (slot0 * side.stride_slot + thread_off);
+    }
+    return o;
+  }
+  // Copies one side's tile (keys [first_key, first_key + kRows)) from its offsets.
+  __device__ __forceinline__ void copy_side(const char* head_base, const Offsets& o, int first_key, uint32_t tile,
+                                            int tid) const {
+    const int r0 = tid / kChunksPerRow, chunk = tid % kChunksPerRow;
+    const uint32_t dst0 = tile + Layout::offset(r0, chunk);
+    const int rows_left = seq_len - first_key;
+    const int32_t slot_step = kRowsPerIter * o.stride_slot;
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
       const int row = r0 + i * kRowsPerIter;
-      const int gi = i / kItersPerGroup;
-      const int kc = group_key(first_key, r0, gi);
-      const int slot0 = kc - block_size.div(kc) * block_size.divisor;
-      copy(row, chunk, pg.blk[gi], slot0 + (row & 15), first_key + row < seq_len, k_tile, v_tile);
+      const char* src = head_base + o.g[i / kItersPerGroup] + (i % kItersPerGroup) * slot_step;
+      uint32_t dst;
+      if constexpr (kRowsPerIter % 8 == 0) {
+        dst = dst0 + i * kRowsPerIter * Layout::kRowStride;  // same swizzle phase: a constant step
+      } else {
+        dst = tile + Layout::offset(row, chunk);
+      }
+      cp_async_16(dst, src, row < rows_left);
     }
   }
 
@@ -104,13 +148,10 @@ struct PagedKVTileLoader {
     return key < seq_len ? key : 0;
   }
 
-  __device__ __forceinline__ void copy(int row, int chunk, int32_t blk, int32_t slot, bool valid, uint32_t k_tile,
-                                       uint32_t v_tile) const {
-    const char* ks = k.head_base + static_cast<int64_t>(blk) * k.stride_block + (slot * k.stride_slot + chunk * 16);
-    const char* vs = v.head_base + static_cast<int64_t>(blk) * v.stride_block + (slot * v.stride_slot + chunk * 16);
-    const uint32_t dst = Layout::offset(row, chunk);
-    cp_async_16(k_tile + dst, ks, valid);
-    cp_async_16(v_tile + dst, vs, valid);
+  __device__ __forceinline__ static void copy_chunk(const PagedSideBytes& side, int row, int chunk, int32_t blk,
+                                                    int32_t slot, bool valid, uint32_t tile) {
+    const char* src = side.head_base + static_cast<int64_t>(blk) * side.stride_block + (slot * side.stride_slot + chunk * 16);
+    cp_async_16(tile + Layout::offset(row, chunk), src, valid);
   }
 
   __device__ __forceinline__ void load_by_rows(int first_key, uint32_t k_tile, uint32_t v_tile, int tid) const {
@@ -129,7 +170,8 @@ struct PagedKVTileLoader {
       const int idx = tid + i * kThreads;
       if (kChunks % kThreads != 0 && idx >= kChunks) break;
       const int row = idx / kChunksPerRow;
-      copy(row, idx % kChunksPerRow, blk[i], slot[i], first_key + row < seq_len, k_tile, v_tile);
+      copy_chunk(k, row, idx % kChunksPerRow, blk[i], slot[i], first_key + row < seq_len, k_tile);
+      copy_chunk(v, row, idx % kChunksPerRow, blk[i], slot[i], first_key + row < seq_len, v_tile);
     }
   }
 };

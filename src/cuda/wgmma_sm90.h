@@ -62,6 +62,14 @@ __device__ __forceinline__ void wgmma_hold(FragC (&d)[N]) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(d[i].c[j])::"memory");
 }
+// The same for A-operand registers of an RS wgmma: they must keep their values until the wait.
+template <int N>
+__device__ __forceinline__ void wgmma_hold(FragA (&a)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i].r[j])::"memory");
+}
 
 // D (m64 x kN, fp32) += A (m64 x k16, registers) * B (k16 x kN, descriptor); kTransB = 1
 // for an MN-major B. Defined for T = __nv_bfloat16 / __half and kN = 64 / 128.

@@ -5,16 +5,21 @@
 // shared memory by descriptor) and the epilogue (straight from registers: without split
 // partials there is nothing to merge across warps).
 //
-//   start the Q tile and K/V tiles 0 .. kStages-2
-//   for each K/V tile of the work item:
-//     wait for it; start the tile kStages-1 ahead
-//     S = Q K^T      (wgmma m64n128k16, A = Q and B = K by descriptor)
-//     mask, online softmax, rescale O (varlen_tile_softmax.cuh)
-//     O += P V       (wgmma m64nDk16, A = P registers, B = V by descriptor, transposed)
-//   epilogue: normalise, sink, write O and LSE straight from registers
+// Warp-specialised: a producer warpgroup copies Q and the K/V tiles through the block table
+// (cp.async into two rings of stages, K and V apart, signalled by mbarriers); two consumer
+// warpgroups of 64 rows take turns at the tensor cores:
+//
+//   step j:  wait V_{j-1}, K_j; S_j = Q K_j^T; O += P_{j-1} V_{j-1}  (both async)
+//            -> the other warpgroup's turn
+//            S_j done: release K_j; mask, online softmax (P_j)
+//            P V done: release V_{j-1}; rescale O
+//   last:    O += P V of the last tile; epilogue: normalise, sink, write O and LSE
 #pragma once
+#include <type_traits>
+
 #include "attnkit/detail/merge_rule.h"
 #include "cuda/pdl.h"
+#include "cuda/sync_sm90.h"
 #include "cuda/wgmma_sm90.h"
 #include "flash_attn/hopper_traits.h"
 #include "flash_attn/varlen_kernel.cuh"
@@ -64,64 +69,115 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
 #if ATTNKIT_HAS_WGMMA
   using namespace attnkit::cuda;
   using T = typename Tr::Elem;
-  using Ring = StageRing<Tr::kStages>;
-  using Loader = PagedKVTileLoader<Tr::kBlockN, 2 * Tr::kHeadDim, Swizzle128Tile<Tr::kBlockN>, Tr::kThreads>;
+  constexpr int kS = Tr::kStages;
+  using Loader = PagedKVTileLoader<Tr::kBlockN, 2 * Tr::kHeadDim, Swizzle128Tile<Tr::kBlockN>, Tr::kProducerThreads>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  // Two rings of kS stages, one of K tiles and one of V tiles, each stage with a "full" barrier
+  // (the 128 producer threads' copies landed: cp.async arrivals) and an "empty" one (the 256
+  // consumer threads no longer read it). K and V are separate so that a K stage frees as soon as
+  // S = Q K^T is done, while V is still needed for O += P V one step later.
+  __shared__ __align__(8) uint64_t bars[4 * kS];
 
   pdl_wait();  // everything below may read what the previous kernel wrote (metadata, q, cache)
   WorkItem w;
   if (!schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w)) return;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int warp_row0 = warp * 16;
-  const bool warp_active = warp_row0 < w.rows;
-  // wgmma is issued by whole warpgroups: a warpgroup runs while any of its rows is real.
-  const bool group_active = (warp / 4) * 64 < w.rows;
-
   unsigned char* smem = smem_raw + ((Tr::kAlign - (smem_addr(smem_raw) & (Tr::kAlign - 1))) & (Tr::kAlign - 1));
   const uint32_t s_base = smem_addr(smem);
   const uint32_t s_q = s_base + Tr::kQOffset;
-
-  const Loader loader = kv_loader_for<Loader>(p, w);
-  auto stage_k = [&](int tile) { return s_base + Ring::stage_of(tile) * Tr::kStageBytes; };
-
+  enum Ring { kFullK, kFullV, kEmptyK, kEmptyV };
+  const uint32_t bars0 = smem_addr(&bars[0]);
+  auto bar = [&](Ring r, int tile) { return bars0 + 8 * (r * kS + tile % kS); };
+  auto parity = [](int tile) { return static_cast<uint32_t>((tile / kS) & 1); };  // of tile's use of its stage
+  auto k_stage = [&](int tile) { return s_base + (tile % kS) * Tr::kTileBytes; };
+  auto v_stage = [&](int tile) { return s_base + (kS + tile % kS) * Tr::kTileBytes; };
   const int n_tiles = w.tile_end - w.tile_begin;
   auto tile_key = [&](int i) { return (w.tile_begin + i) * Tr::kBlockN; };
-  detail::load_q_tile<Tr, Swizzle128Tile<Tr::kBlockM>>(p, w, s_q, tid);
-  cp_async_commit();
-#pragma unroll
-  for (int s = 0; s < Tr::kStages - 1; ++s) {
-    if (s < n_tiles) loader.load(tile_key(s), stage_k(s), stage_k(s) + Tr::kTileBytes, tid);
-    cp_async_commit();
-  }
-  // Block-table entries of the next tile to load, read one iteration ahead: their latency
-  // then overlaps the GEMMs instead of stalling the copy issue after each barrier.
-  typename Loader::Pages next_pages{};
-  if (Tr::kStages - 1 < n_tiles) next_pages = loader.pages(tile_key(Tr::kStages - 1), tid);
-  pdl_launch_dependents();  // the next kernel's CTAs may take SM slots as this grid frees them
-  // This warpgroup's 64 rows of Q (A of S = Q K^T, K-major like K).
-  const uint32_t s_q_group = s_q + (warp / 4) * 64 * 128;
 
+  if (tid == 0) {
+    for (int i = 0; i < kS; ++i) {
+      mbar_init(bar(kFullK, i), Tr::kProducerThreads);
+      mbar_init(bar(kFullV, i), Tr::kProducerThreads);
+      mbar_init(bar(kEmptyK, i), Tr::kConsumerThreads);
+      mbar_init(bar(kEmptyV, i), Tr::kConsumerThreads);
+    }
+  }
+  __syncthreads();  // the last CTA-wide barrier: producer and consumers part here
+  pdl_launch_dependents();  // the next kernel's CTAs may take SM slots as this grid frees them
+
+  if (tid >= Tr::kConsumerThreads) {
+    // Producer: V of tile t - 1, then K of tile t (with Q, for t = 0): each into its stage once
+    // the consumers released the tile kS before it. The producer never waits for its own
+    // copies: the full barriers complete when they land. K and V have the same strides here
+    // (the dispatcher's rule), so V reuses the page offsets computed for K a step earlier;
+    // the block-table entries are read one tile ahead.
+    regs_dec<Tr::kProducerRegs>();
+    const int ptid = tid - Tr::kConsumerThreads;
+    const Loader loader = kv_loader_for<Loader>(p, w);
+    typename Loader::Offsets prev{};
+    typename Loader::Pages pages{};
+    if (n_tiles > 0) pages = loader.pages(tile_key(0), ptid);
+    auto load_v = [&](int t) {
+      if (t >= kS) mbar_wait(bar(kEmptyV, t), parity(t) ^ 1);
+      loader.copy_side(loader.v.head_base, prev, tile_key(t), v_stage(t), ptid);
+      mbar_arrive_on_cp_async(bar(kFullV, t));
+    };
+    for (int t = 0; t < n_tiles; ++t) {
+      if (t >= 1) load_v(t - 1);
+      prev = loader.offsets(loader.k, tile_key(t), pages, ptid);
+      if (t + 1 < n_tiles) pages = loader.pages(tile_key(t + 1), ptid);
+      if (t >= kS) mbar_wait(bar(kEmptyK, t), parity(t) ^ 1);
+      if (t == 0) detail::load_q_tile<Tr, Swizzle128Tile<Tr::kBlockM>, Tr::kProducerThreads>(p, w, s_q, ptid);
+      loader.copy_side(loader.k.head_base, prev, tile_key(t), k_stage(t), ptid);
+      mbar_arrive_on_cp_async(bar(kFullK, t));
+    }
+    if (n_tiles > 0) load_v(n_tiles - 1);
+    cp_async_wait<0>();
+    return;
+  }
+  regs_inc<Tr::kConsumerRegs>();
+
+  // Consumers: two warpgroups of 64 rows take turns at the tensor cores (named barriers 1, 2).
+  // Step j of a warpgroup issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, hands the tensor
+  // cores to the other warpgroup, and runs the softmax of S_j while its P V still runs; O is
+  // rescaled once that P V is done. A warpgroup whose rows are all padding computes on zero
+  // rows (no branch around wgmma) and writes nothing.
+  const int wg = warp / 4;
+  const int warp_row0 = warp * 16;
+  const bool warp_active = warp_row0 < w.rows;
+  const uint32_t s_q_group = s_q + wg * 64 * 128;
+  const int my_turn = 1 + wg, their_turn = 2 - wg;
   const ScoreMod mod{p.scale, p.softcap, p.alibi_slopes != nullptr};
   const float unit = mod.unit();
   RowSoftmax softmax;
   softmax.init();
   FragC o[Tr::kOFrags];
+  FragA pa[Tr::kSFrags / 2];
 
-  for (int it = 0; it < n_tiles; ++it) {
-    Ring::wait_oldest();
-    fence_proxy_async_smem();  // this thread's cp.async bytes -> visible to wgmma after the barrier
-    __syncthreads();           // tile `it` (and Q) landed for all; the stage of tile it-1 is free
-    const int ahead = it + Tr::kStages - 1;
-    if (ahead < n_tiles) loader.load(tile_key(ahead), next_pages, stage_k(ahead), stage_k(ahead) + Tr::kTileBytes, tid);
-    cp_async_commit();
-    if (ahead + 1 < n_tiles) next_pages = loader.pages(tile_key(ahead + 1), tid);
-    if (!group_active) continue;
-
-    const uint32_t s_k = stage_k(it), s_v = s_k + Tr::kTileBytes;
-    const int tile_key0 = tile_key(it);
+  // Data that cp.async wrote (generic proxy) is read by wgmma (async proxy).
+  auto wait_tile = [&](Ring r, int tile) {
+    mbar_wait(bar(r, tile), parity(tile));
+    fence_proxy_async_smem();
+  };
+  auto issue_pv = [&](int tile) {
+    const uint32_t s_v = v_stage(tile);
+#pragma unroll
+    for (int kk = 0; kk < Tr::kSFrags / 2; ++kk)
+      WgmmaRS<T, Tr::kHeadDim>::template run<1>(o, pa[kk], smem_desc_sw128(s_v + kk * 16 * 128, Tr::kBlockN * 128, 1024),
+                                                true);
+    wgmma_commit();
+  };
+  auto step = [&](int it, auto with_pv) {
+    constexpr bool kPV = decltype(with_pv)::value;
+    // V_{j-1} and K_j (the order they are loaded in) before any wgmma: a wait loop between
+    // wgmmas in flight makes ptxas serialise them.
+    if constexpr (kPV) mbar_wait(bar(kFullV, it - 1), parity(it - 1));
+    wait_tile(kFullK, it);
+    named_bar_sync(my_turn, Tr::kConsumerThreads);
     FragC s[Tr::kSFrags];
     wgmma_fence();
+    const uint32_t s_k = k_stage(it);
 #pragma unroll
     for (int ks = 0; ks < Tr::kKSteps; ++ks) {
       const uint32_t a = s_q_group + (ks / 4) * (Tr::kBlockM * 128) + (ks % 4) * 32;
@@ -129,25 +185,44 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
       WgmmaSS<T, Tr::kBlockN>::run(s, smem_desc_sw128(a, 16, 1024), smem_desc_sw128(b, 16, 1024), ks > 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
+    if constexpr (kPV) issue_pv(it - 1);
+    // The other warpgroup's turn (warpgroup 1 gives none after its last tile: nobody waits).
+    if (wg == 0 || it + 1 < n_tiles) named_bar_arrive(their_turn, Tr::kConsumerThreads);
+    if constexpr (kPV) {
+      wgmma_wait<1>();  // S_j done; P V may still run
+    } else {
+      wgmma_wait<0>();
+    }
     wgmma_hold(s);
+    mbar_arrive(bar(kEmptyK, it));
 
+    const int tile_key0 = tile_key(it);
     const bool whole_tile_visible = tile_key0 >= w.full_lo && tile_key0 + Tr::kBlockN <= w.full_hi;
-    softmax_tile(s, o, softmax, mod, unit, whole_tile_visible, p, w, warp_row0, tile_key0, lane);
-
-    FragA pa[Tr::kSFrags / 2];
+    float rescale[2];
+    softmax_scores(s, softmax, mod, unit, whole_tile_visible, p, w, warp_row0, tile_key0, lane, rescale);
+    if constexpr (kPV) {
+      wgmma_wait<0>();
+      wgmma_hold(o);
+      wgmma_hold(pa);  // P_{j-1} is read by the P V just waited for: its registers stay until here
+      mbar_arrive(bar(kEmptyV, it - 1));
+    }
+    rescale_output(o, rescale);
 #pragma unroll
     for (int kk = 0; kk < Tr::kSFrags / 2; ++kk) pa[kk] = c_pair_to_a<T>(s[2 * kk], s[2 * kk + 1]);
+  };
+
+  if (n_tiles > 0) {
+    if (wg == 1) named_bar_arrive(1, Tr::kConsumerThreads);  // warpgroup 0 goes first
+    step(0, std::false_type{});
+    for (int it = 1; it < n_tiles; ++it) step(it, std::true_type{});
+    wait_tile(kFullV, n_tiles - 1);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < Tr::kSFrags / 2; ++kk)
-      WgmmaRS<T, Tr::kHeadDim>::template run<1>(o, pa[kk], smem_desc_sw128(s_v + kk * 16 * 128, Tr::kBlockN * 128, 1024), true);
-    wgmma_commit();
+    issue_pv(n_tiles - 1);
     wgmma_wait<0>();
     wgmma_hold(o);
+    wgmma_hold(pa);
+    mbar_arrive(bar(kEmptyV, n_tiles - 1));
   }
-
-  Ring::drain();
   if (warp_active) detail::register_epilogue<Tr>(p, w, o, softmax, unit, warp_row0, lane);
 #else
   __trap();  // launched on a device or build without sm_90a code: the host must not get here

@@ -21,8 +21,15 @@ struct HopperTraits {
   using MmaElem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kFp8Cache = false;
-  static constexpr int kWarpGroups = 2;
-  static constexpr int kThreads = 128 * kWarpGroups;
+  static constexpr int kWarpGroups = 2;  // consumers: 64 rows each
+  static constexpr int kConsumerThreads = 128 * kWarpGroups;
+  static constexpr int kProducerThreads = 128;  // the third warpgroup loads Q and K / V
+  static constexpr int kThreads = kConsumerThreads + kProducerThreads;
+  // Registers per thread after setmaxnreg (3 x 128 threads x 168 at launch = 64 K):
+  // (2 x 208 + 88) x 128 <= 64 K. ptxas 13.0, head size 128: with K and V loaded apart the
+  // producer holds two tiles' page numbers and spilled 16 bytes at 72 registers, nothing at 88;
+  // the consumers fit 208 without spills.
+  static constexpr int kProducerRegs = 88, kConsumerRegs = 208;
   static constexpr int kBlockM = 64 * kWarpGroups;
   static constexpr int kBlockN = 128;
   static constexpr int kSFrags = kBlockN / 8;
@@ -30,8 +37,8 @@ struct HopperTraits {
   static constexpr int kKSteps = kHeadDim / 16;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma wrappers exist for N = 64 and 128");
 
-  // Shared memory (from a 1024-byte aligned base): kStages stages of [K tile | V tile], each
-  // tile kHeadDim / 64 regions of kBlockN 128-byte lines, then the Q tile in the same
+  // Shared memory (from a 1024-byte aligned base): a ring of kStages K tiles, a ring of
+  // kStages V tiles, each tile kHeadDim / 64 regions of kBlockN 128-byte lines, then the Q tile in the same
   // swizzled layout (kBlockM lines per region; warpgroup g reads lines 64g .. 64g+63).
   // Q is the A operand of S = Q K^T from shared memory: with Q in registers (the RS form),
   // ptxas 13.0 reused Q's registers for P inside the loop (seen in the SASS), which broke

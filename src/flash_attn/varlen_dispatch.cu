@@ -33,8 +33,10 @@ void launch_config(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
   }
   if constexpr (!kFp8 && (kHeadDim == 64 || kHeadDim == 128)) {
     // Split launches (decode-heavy batches with few requests) stay on the mma_sync kernel,
-    // whose epilogue writes and merges split partials.
-    if (generation == Generation::hopper && p.num_splits == 1 && hopper_kernels_available()) {
+    // whose epilogue writes and merges split partials; so do caches whose K and V strides
+    // differ (the hopper producer computes one set of page offsets for both).
+    const bool same_kv_strides = p.k_stride_block == p.v_stride_block && p.k_stride_slot == p.v_stride_slot;
+    if (generation == Generation::hopper && p.num_splits == 1 && same_kv_strides && hopper_kernels_available()) {
       launch_hopper<HopperTraits<Elem, kHeadDim>>(p, shape, stream);
       return;
     }

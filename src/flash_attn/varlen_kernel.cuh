@@ -44,13 +44,13 @@ namespace detail {
 using namespace attnkit::cuda;
 
 // Q rows of the tile -> shared memory laid out by Layout (zero rows past the tile's real rows).
-template <class Tr, class Layout = PitchedTile<Tr::kPitch * 2>>
+template <class Tr, class Layout = PitchedTile<Tr::kPitch * 2>, int kLoaders = Tr::kThreads>
 __device__ __forceinline__ void load_q_tile(const VarlenKernelParams& p, const WorkItem& w,
                                             uint32_t sq, int tid) {
   using T = typename Tr::Elem;
   constexpr int kChunksPerRow = Tr::kHeadDim / 8;
   const T* q = static_cast<const T*>(p.q);
-  for (int idx = tid; idx < Tr::kBlockM * kChunksPerRow; idx += Tr::kThreads) {
+  for (int idx = tid; idx < Tr::kBlockM * kChunksPerRow; idx += kLoaders) {
     const int m = idx / kChunksPerRow, chunk = idx % kChunksPerRow;
     const bool valid = m < w.rows;
     const T* src = q;

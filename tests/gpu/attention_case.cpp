@@ -10,6 +10,7 @@
 #include <numeric>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 
 #include "attnkit/reference.h"
 #include "cuda/cuda_check.h"
@@ -44,6 +45,7 @@ std::string Case::describe() const {
      << ", q_amp " << q_amp << ", splits " << num_splits << (want_lse ? "" : ", no lse")
      << ", " << flash_attn::generation_name(generation) << " preferred"
      << (pad_tokens ? ", " + std::to_string(pad_tokens) + " padding tokens" : "")
+     << (v_other_layout ? ", V with the other layout's strides" : "")
      << "; requests (q_len/seq_len):";
   for (size_t r = 0; r < q_lens.size(); ++r) {
     if (r == 12 && q_lens.size() > 14) {
@@ -114,7 +116,7 @@ Problem::Problem(const Case& c) : c_(c) {
   const int64_t cache_elems = spec_.total_bytes() / static_cast<int64_t>(dtype_size(storage));
   d_cache_.resize(spec_.total_bytes());
   fill_random_device(d_cache_.get(), storage, cache_elems, c.seed ^ 0xcac4e, is_fp8(storage) ? kFp8CodeAmp : 1.f);
-  d_kv_ = spec_.view(TensorView(d_cache_.get(), storage, {cache_elems}, Device::CUDA));
+  d_kv_ = cache_view(d_cache_.get(), Device::CUDA);
 
   const int64_t q_elems = (c.num_tokens() + c.pad_tokens) * c.num_heads() * c.head_size;
   d_q_.resize(std::max<int64_t>(q_elems * 2, 16));
@@ -132,6 +134,20 @@ Problem::Problem(const Case& c) : c_(c) {
   upload(d_seq_, seq_.data(), seq_.size() * 4);
   upload(d_table_, table_.data(), table_.size() * 4);
   ATTNKIT_CUDA_CHECK(cudaDeviceSynchronize());  // fills done before any other stream reads them
+}
+
+PagedKV Problem::cache_view(void* data, Device device) const {
+  const DType storage = spec_.storage_dtype();
+  const int64_t cache_elems = spec_.total_bytes() / static_cast<int64_t>(dtype_size(storage));
+  PagedKV kv = spec_.view(TensorView(data, storage, {cache_elems}, device));
+  if (c_.v_other_layout) {
+    if (c_.cache_dtype == DType::nvfp4) throw std::invalid_argument("v_other_layout: not for nvfp4 caches");
+    const int64_t nhd_slot = int64_t{c_.num_kv_heads} * c_.head_size, hnd_head = int64_t{c_.block_size} * c_.head_size;
+    const bool nhd = c_.layout == KVLayout::NHD;
+    kv.v.stride_slot = nhd ? c_.head_size : nhd_slot;
+    kv.v.stride_head = nhd ? hnd_head : c_.head_size;
+  }
+  return kv;
 }
 
 AttentionParams Problem::params_on(bool device) const {
@@ -227,9 +243,7 @@ Result Problem::run_cpu_reference() const {
     h_q_.resize(T * H * D * 2);
     if (!h_q_.empty()) ATTNKIT_CUDA_CHECK(cudaMemcpy(h_q_.data(), d_q_.get(), h_q_.size(), cudaMemcpyDeviceToHost));
   }
-  const DType storage = spec_.storage_dtype();
-  const int64_t cache_elems = spec_.total_bytes() / static_cast<int64_t>(dtype_size(storage));
-  const PagedKV kv = spec_.view(TensorView(h_cache_.data(), storage, {cache_elems}));
+  const PagedKV kv = cache_view(h_cache_.data(), Device::CPU);
   BatchView batch;
   batch.query_start_loc = cu_;
   batch.seq_lens = seq_;

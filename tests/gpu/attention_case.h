@@ -39,6 +39,9 @@ struct Case {
   // q / out / LSE rows past the batch's last token (CUDA-graph padding): the launch must
   // leave them unwritten.
   int pad_tokens = 0;
+  // V read with the other layout's strides over the same bytes (NHD <-> HND within a block):
+  // K and V strides differ, as separate key / value tensors may.
+  bool v_other_layout = false;
   uint64_t seed = 1;
 
   int num_heads() const { return num_kv_heads * group; }
@@ -83,6 +86,7 @@ class Problem {
 
  private:
   AttentionParams params_on(bool device) const;
+  PagedKV cache_view(void* data, Device device) const;  // with v_other_layout applied
 
   Case c_;
   std::vector<int32_t> cu_, seq_, table_;

@@ -154,6 +154,21 @@ TEST(VarlenEdges, WindowSmallerThanTileAndOnBlockBoundaries) {
   }
 }
 
+TEST(VarlenEdges, KAndVWithDifferentStrides) {
+  // The loaders share page offsets between K and V only when their strides agree (and the
+  // hopper generation needs that): here they do not, on decode and prefill tiles.
+  for (int i = 0; i < 8; ++i) {
+    Case c = edge_base(2550 + i);
+    if (c.cache_dtype == DType::nvfp4) c.cache_dtype = c.dtype;
+    c.v_other_layout = true;
+    c.head_size = i % 2 ? 64 : 128;
+    c.layout = i % 4 < 2 ? KVLayout::NHD : KVLayout::HND;
+    c.q_lens = {1, 70, 4};
+    c.seq_lens = {300, 200, 41};
+    check_against_cpu(c);
+  }
+}
+
 // ---- large shapes: sampled rows against the GPU fp32 reference ----------------------------
 
 class VarlenLargeGrid : public ::testing::TestWithParam<int> {};
