@@ -60,6 +60,7 @@ struct VarlenKernelParams {
 struct VarlenLaunchShape {
   int max_query_len = 0;
   bool enable_pdl = true;  // programmatic dependent launch where the device has it (sm90+)
+  int max_ctas = 0;        // hopper generation: CTAs of the persistent launch (0: one per SM)
 };
 
 struct VarlenArgs;
