@@ -226,6 +226,7 @@ void run_varlen_attention(const VarlenArgs& args) {
   VarlenLaunchShape shape;
   shape.max_query_len = args.max_query_len;
   shape.enable_pdl = args.enable_pdl;
+  shape.max_seq_len = args.max_seq_len;
   shape.max_ctas = args.max_ctas;
   const cudaStream_t stream = cuda::as_stream(args.stream);
   const bool fp8 = is_fp8(args.cache.dtype);
