@@ -220,11 +220,14 @@ void varlen_workspace_init(void* workspace, size_t bytes, void* stream) {
 }
 
 void run_varlen_attention(const VarlenArgs& args) {
+  ATTNKIT_REQUIRE(args.max_ctas >= 0, kWhere, "max_ctas", args.max_ctas, "must be >= 0 (0: one CTA per SM)");
   const VarlenKernelParams p = varlen_kernel_params(args);
   if (p.num_tokens == 0 || args.num_reqs == 0) return;
   VarlenLaunchShape shape;
   shape.max_query_len = args.max_query_len;
   shape.enable_pdl = args.enable_pdl;
+  shape.max_seq_len = args.max_seq_len;
+  shape.max_ctas = args.max_ctas;
   const cudaStream_t stream = cuda::as_stream(args.stream);
   const bool fp8 = is_fp8(args.cache.dtype);
   const int head_size = static_cast<int>(args.q.size(2));

@@ -42,6 +42,11 @@ struct VarlenArgs {
   // the previous kernel in the stream drains and waits for it before its first memory access;
   // it lets the next kernel do the same. Off = a plain stream-ordered launch.
   bool enable_pdl = true;
+  // Hopper generation: at most this many CTAs, each looping over work items (persistent);
+  // 0 = the launcher's choice (hopper_kernel.cuh: persistent with one CTA per SM when
+  // max_seq_len <= 2048, else one CTA per item). Tests use small counts to give every CTA
+  // many items.
+  int max_ctas = 0;
 };
 
 // Split-KV workspace contract (layout: cuda/split_workspace.h).

@@ -60,6 +60,8 @@ struct VarlenKernelParams {
 struct VarlenLaunchShape {
   int max_query_len = 0;
   bool enable_pdl = true;  // programmatic dependent launch where the device has it (sm90+)
+  int max_seq_len = 0;     // a hint (the launch's longest key range) for the hopper grid choice
+  int max_ctas = 0;        // hopper generation: CTAs of a persistent launch (0: the launcher's choice)
 };
 
 struct VarlenArgs;

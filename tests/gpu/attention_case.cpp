@@ -44,6 +44,7 @@ std::string Case::describe() const {
      << (sinks ? ", sinks" : "") << (per_head_kv_scale ? ", per-head kv scale" : "") << ", scale " << scale
      << ", q_amp " << q_amp << ", splits " << num_splits << (want_lse ? "" : ", no lse")
      << ", " << flash_attn::generation_name(generation) << " preferred"
+     << (max_ctas ? ", " + std::to_string(max_ctas) + " persistent CTAs" : "")
      << (pad_tokens ? ", " + std::to_string(pad_tokens) + " padding tokens" : "")
      << (v_other_layout ? ", V with the other layout's strides" : "")
      << "; requests (q_len/seq_len):";
@@ -189,6 +190,7 @@ flash_attn::VarlenArgs Problem::make_args(void* out, void* lse, void* workspace,
   if (lse) a.params.lse = TensorView(lse, DType::f32, {H, T}, Device::CUDA);
   a.num_splits = num_splits;
   a.generation = c_.generation;
+  a.max_ctas = c_.max_ctas;
   a.workspace = workspace;
   a.workspace_bytes = workspace_bytes;
   return a;

@@ -36,6 +36,8 @@ struct Case {
   // Preferred kernel generation (VarlenArgs::generation); hopper falls back to mma_sync where
   // no hopper kernel serves the launch.
   flash_attn::Generation generation = flash_attn::Generation::hopper;
+  // Hopper generation: CTAs of the persistent launch (VarlenArgs::max_ctas; 0 = one per SM).
+  int max_ctas = 0;
   // q / out / LSE rows past the batch's last token (CUDA-graph padding): the launch must
   // leave them unwritten.
   int pad_tokens = 0;
@@ -65,6 +67,7 @@ class Problem {
   explicit Problem(const Case& c);
   const Case& spec() const { return c_; }
   void set_generation(flash_attn::Generation g) { c_.generation = g; }
+  void set_max_ctas(int n) { c_.max_ctas = n; }
 
   // The kernel under test (out, lse and workspace poisoned with NaN first, then the workspace's
   // counters zeroed). Throws Error.

@@ -22,11 +22,16 @@ void check_against_cpu(const Case& c) {
   const Result ref = p.run_cpu_reference();
   const int64_t T = c.num_tokens();
   const int H = c.num_heads(), D = c.head_size;
-  std::vector<flash_attn::Generation> generations = {c.generation};
+  // (generation, persistent CTAs): the hopper kernel also with 1..3 CTAs, each looping over
+  // many work items.
+  std::vector<std::pair<flash_attn::Generation, int>> runs = {{c.generation, c.max_ctas}};
   if (c.hopper_eligible())
-    generations = {flash_attn::Generation::hopper, flash_attn::Generation::mma_sync};
-  for (flash_attn::Generation g : generations) {
+    runs = {{flash_attn::Generation::hopper, 0},
+            {flash_attn::Generation::hopper, 1 + static_cast<int>(c.seed % 3)},
+            {flash_attn::Generation::mma_sync, 0}};
+  for (const auto& [g, ctas] : runs) {
     p.set_generation(g);
+    p.set_max_ctas(ctas);
     SCOPED_TRACE(p.spec().describe());
     for (int splits : {1, c.num_splits}) {
       SCOPED_TRACE("num_splits " + std::to_string(splits));
@@ -307,6 +312,11 @@ TEST(VarlenErrors, RejectsInputsNoKernelServes) {
   {
     auto a = p.make_args(out.get(), lse.get(), nullptr, 0, 1);
     a.params.softcap = -1.f;
+    EXPECT_THROW(flash_attn::run_varlen_attention(a), Error);
+  }
+  {
+    auto a = p.make_args(out.get(), lse.get(), nullptr, 0, 1);
+    a.max_ctas = -1;
     EXPECT_THROW(flash_attn::run_varlen_attention(a), Error);
   }
   {
