@@ -86,6 +86,22 @@ struct HopperItems {
   }
 };
 
+// A position in a ring of kStages stages: the stage and the parity of this lap. Kept as running
+// state (no division by kStages per tile). Waiting on an "empty" barrier with the parity of
+// the lap before (phase ^ 1) returns at once on the first lap: a fresh barrier counts its
+// previous phase as complete.
+template <int kStages>
+struct RingPos {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const VarlenKernelParams p,
                                                                         const HopperItems items) {
@@ -99,8 +115,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
   // (the 128 producer threads' copies landed: cp.async arrivals) and an "empty" one (the 256
   // consumer threads no longer read it). K and V are separate so that a K stage frees as soon as
   // S = Q K^T is done, while V is still needed for O += P V one step later. The rings run on
-  // across the CTA's work items (tile g of the CTA: stage g % kS); Q has one buffer with its
-  // own full / empty pair.
+  // across the CTA's work items (RingPos); Q has one buffer with its own full / empty pair.
   __shared__ __align__(8) uint64_t bars[4 * kS + 2];
 
   pdl_wait();  // everything below may read what the previous kernel wrote (metadata, q, cache)
@@ -111,10 +126,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
   enum Ring { kFullK, kFullV, kEmptyK, kEmptyV };
   const uint32_t bars0 = smem_addr(&bars[0]);
   const uint32_t q_full = bars0 + 8 * 4 * kS, q_empty = q_full + 8;
-  auto bar = [&](Ring r, int g) { return bars0 + 8 * (r * kS + g % kS); };
-  auto parity = [](int g) { return static_cast<uint32_t>((g / kS) & 1); };  // of tile g's use of its stage
-  auto k_stage = [&](int g) { return s_base + (g % kS) * Tr::kTileBytes; };
-  auto v_stage = [&](int g) { return s_base + (kS + g % kS) * Tr::kTileBytes; };
+  using Pos = RingPos<kS>;
+  auto bar = [&](Ring r, int stage) { return bars0 + 8 * (r * kS + stage); };
+  auto k_stage = [&](const Pos& at) { return s_base + at.stage * Tr::kTileBytes; };
+  auto v_stage = [&](const Pos& at) { return s_base + (kS + at.stage) * Tr::kTileBytes; };
   auto tile_key = [](const WorkItem& w, int t) { return (w.tile_begin + t) * Tr::kBlockN; };
 
   if (tid == 0) {
@@ -146,7 +161,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
     // are read one tile ahead.
     regs_dec<Tr::kProducerRegs>();
     const int ptid = tid - Tr::kConsumerThreads;
-    int g = 0, q_loads = 0;
+    Pos k_at, v_at;  // the next K tile's stage; the next V tile's (one tile behind)
+    int q_loads = 0;
     WorkItem w;
     for (int64_t i = blockIdx.x; next_item(i, w); i += gridDim.x) {
       const int n = w.tile_end - w.tile_begin;
@@ -155,26 +171,27 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
       typename Loader::Offsets prev{};
       typename Loader::Pages pages = loader.pages(tile_key(w, 0), ptid);
       auto load_v = [&](int t) {
-        if (g + t >= kS) mbar_wait(bar(kEmptyV, g + t), parity(g + t) ^ 1);
-        loader.copy_side(loader.v.head_base, prev, tile_key(w, t), v_stage(g + t), ptid);
-        mbar_arrive_on_cp_async(bar(kFullV, g + t));
+        mbar_wait(bar(kEmptyV, v_at.stage), v_at.phase ^ 1);
+        loader.copy_side(loader.v.head_base, prev, tile_key(w, t), v_stage(v_at), ptid);
+        mbar_arrive_on_cp_async(bar(kFullV, v_at.stage));
+        v_at.advance();
       };
       for (int t = 0; t < n; ++t) {
         if (t >= 1) load_v(t - 1);
         prev = loader.offsets(loader.k, tile_key(w, t), pages, ptid);
         if (t + 1 < n) pages = loader.pages(tile_key(w, t + 1), ptid);
-        if (g + t >= kS) mbar_wait(bar(kEmptyK, g + t), parity(g + t) ^ 1);
-        loader.copy_side(loader.k.head_base, prev, tile_key(w, t), k_stage(g + t), ptid);
-        mbar_arrive_on_cp_async(bar(kFullK, g + t));
+        mbar_wait(bar(kEmptyK, k_at.stage), k_at.phase ^ 1);
+        loader.copy_side(loader.k.head_base, prev, tile_key(w, t), k_stage(k_at), ptid);
+        mbar_arrive_on_cp_async(bar(kFullK, k_at.stage));
+        k_at.advance();
         if (t == 0) {
-          if (q_loads > 0) mbar_wait(q_empty, (q_loads - 1) & 1);
+          mbar_wait(q_empty, (q_loads & 1) ^ 1);  // the previous item's Q is no longer read
           detail::load_q_tile<Tr, Swizzle128Tile<Tr::kBlockM>, Tr::kProducerThreads>(p, w, s_q, ptid);
           mbar_arrive_on_cp_async(q_full);
           ++q_loads;
         }
       }
       load_v(n - 1);
-      g += n;
     }
     cp_async_wait<0>();
     return;
@@ -195,30 +212,30 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
   RowSoftmax softmax;
   FragC o[Tr::kOFrags];
   FragA pa[Tr::kSFrags / 2];
-  int g = 0, q_loads = 0;
+  Pos at, prev_at;  // the stages of tile j (K) and of tile j - 1 (V): K and V rings move together
+  int q_loads = 0;
   WorkItem w;
 
-  auto issue_pv = [&](int gt) {
-    const uint32_t s_v = v_stage(gt);
+  auto issue_pv = [&](const Pos& v_at) {
+    const uint32_t s_v = v_stage(v_at);
 #pragma unroll
     for (int kk = 0; kk < Tr::kSFrags / 2; ++kk)
       WgmmaRS<T, Tr::kHeadDim>::template run<1>(o, pa[kk], smem_desc_sw128(s_v + kk * 16 * 128, Tr::kBlockN * 128, 1024),
                                                 true);
     wgmma_commit();
   };
-  auto step = [&](int it, int n, auto with_pv) {
+  auto step = [&](int it, auto with_pv) {
     constexpr bool kPV = decltype(with_pv)::value;
-    const int gt = g + it;
     // V_{j-1} and K_j (the order they are loaded in) before any wgmma: a wait loop between
     // wgmmas in flight makes ptxas serialise them. The fence: cp.async wrote the tiles
     // (generic proxy), wgmma reads them (async proxy).
-    if constexpr (kPV) mbar_wait(bar(kFullV, gt - 1), parity(gt - 1));
-    mbar_wait(bar(kFullK, gt), parity(gt));
+    if constexpr (kPV) mbar_wait(bar(kFullV, prev_at.stage), prev_at.phase);
+    mbar_wait(bar(kFullK, at.stage), at.phase);
     fence_proxy_async_smem();
     named_bar_sync(my_turn, Tr::kConsumerThreads);
     FragC s[Tr::kSFrags];
     wgmma_fence();
-    const uint32_t s_k = k_stage(gt);
+    const uint32_t s_k = k_stage(at);
 #pragma unroll
     for (int ks = 0; ks < Tr::kKSteps; ++ks) {
       const uint32_t a = s_q_group + (ks / 4) * (Tr::kBlockM * 128) + (ks % 4) * 32;
@@ -226,7 +243,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
       WgmmaSS<T, Tr::kBlockN>::run(s, smem_desc_sw128(a, 16, 1024), smem_desc_sw128(b, 16, 1024), ks > 0);
     }
     wgmma_commit();
-    if constexpr (kPV) issue_pv(gt - 1);
+    if constexpr (kPV) issue_pv(prev_at);
     named_bar_arrive(their_turn, Tr::kConsumerThreads);
     if constexpr (kPV) {
       wgmma_wait<1>();  // S_j done; P V may still run
@@ -234,8 +251,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
       wgmma_wait<0>();
     }
     wgmma_hold(s);
-    mbar_arrive(bar(kEmptyK, gt));
-    if (it == n - 1) mbar_arrive(q_empty);  // the item's last S: the producer may load the next Q
+    mbar_arrive(bar(kEmptyK, at.stage));
 
     const int tile_key0 = tile_key(w, it);
     const bool whole_tile_visible = tile_key0 >= w.full_lo && tile_key0 + Tr::kBlockN <= w.full_hi;
@@ -245,8 +261,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
       wgmma_wait<0>();
       wgmma_hold(o);
       wgmma_hold(pa);  // P_{j-1} is read by the P V just waited for: its registers stay until here
-      mbar_arrive(bar(kEmptyV, gt - 1));
+      mbar_arrive(bar(kEmptyV, prev_at.stage));
     }
+    prev_at = at;
+    at.advance();
     rescale_output(o, rescale);
 #pragma unroll
     for (int kk = 0; kk < Tr::kSFrags / 2; ++kk) pa[kk] = c_pair_to_a<T>(s[2 * kk], s[2 * kk + 1]);
@@ -261,17 +279,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
     if (n > 0) {
       mbar_wait(q_full, q_loads & 1);
       ++q_loads;
-      step(0, n, std::false_type{});
-      for (int it = 1; it < n; ++it) step(it, n, std::true_type{});
-      mbar_wait(bar(kFullV, g + n - 1), parity(g + n - 1));
+      step(0, std::false_type{});
+      for (int it = 1; it < n; ++it) step(it, std::true_type{});
+      mbar_arrive(q_empty);  // every S of the item is done: the producer may load the next Q
+      mbar_wait(bar(kFullV, prev_at.stage), prev_at.phase);
       fence_proxy_async_smem();
       wgmma_fence();
-      issue_pv(g + n - 1);
+      issue_pv(prev_at);
       wgmma_wait<0>();
       wgmma_hold(o);
       wgmma_hold(pa);
-      mbar_arrive(bar(kEmptyV, g + n - 1));
-      g += n;
+      mbar_arrive(bar(kEmptyV, prev_at.stage));
     }
     if (warp_row0 < w.rows) detail::register_epilogue<Tr>(p, w, o, softmax, unit, warp_row0, lane);
   }
