@@ -10,6 +10,12 @@
 #   SANITIZER_FILTER   gtest filter for memcheck (default '*Sanitizer*:*KvWrite*')
 #   GPU_TEST_FILTER    gtest filter for the GPU tests (default '*')
 #   STEPS              comma list of build,cpu,gpu,sanitizer,demo,python,bench (default: all)
+#                      and, on request only, profile: Nsight Compute on one kernel of the bench
+#   PROFILE_KERNEL     profile: kernel name regex (default hopper_varlen)
+#   PROFILE_LAUNCHES   profile: which launches of it to profile, counted from 0 (default '0 30':
+#                      with BENCH_ARGS='--quick --only prefill', 512 x 32 and 1 x 16k); the
+#                      per-instruction stall table goes to $LOG/sass<N>.csv, read it with
+#                      `python3 tools/ncu_stalls.py $LOG/sass<N>.csv`
 #   BENCH_ARGS         extra arguments of attnkit_bench (e.g. --quick)
 #   PEERS              1 (default) runs bench/peers.py; 0 skips it
 #   PY_CUDA            ON/OFF: CUDA in the Python extension when it has to be built by pip
@@ -17,7 +23,7 @@
 #   ATTNKIT_COMMIT     the commit measured (default: git rev-parse HEAD, if a repository)
 #   JOBS               build jobs (default: nproc)
 #   BUILD_TARGETS      build only these targets (default: all)
-#   T_BUILD T_TESTS T_SANITIZER T_PYTHON T_BENCH T_PEERS   per-step time limits in seconds
+#   T_BUILD T_TESTS T_SANITIZER T_PYTHON T_BENCH T_PEERS T_PROFILE   per-step time limits (s)
 #                      (GPU tests that run out of time skip the later GPU steps: a hang)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -214,6 +220,23 @@ if want bench; then
     echo; echo "---- benchmark table (also $LOG/table.md) ----"
     sed -n '/^| section/,/^$/p' "$LOG/table.md"
   fi
+fi
+
+# ---- on request: Nsight Compute source-level profile of one kernel of the bench -------------------
+if [[ ",$STEPS," == *",profile,"* ]] && [ -x "$BUILD/bench/attnkit_bench" ] && command -v ncu >/dev/null; then
+  for n in ${PROFILE_LAUNCHES:-0 30}; do
+    # shellcheck disable=SC2086
+    step "profile launch $n" "${T_PROFILE:-180}" "$LOG/profile$n.txt" ncu -k "regex:${PROFILE_KERNEL:-hopper_varlen}" \
+      --launch-skip "$n" --launch-count 1 --section SourceCounters --section SpeedOfLight \
+      --section ComputeWorkloadAnalysis --import-source no --export "$LOG/p$n" \
+      "$BUILD/bench/attnkit_bench" ${BENCH_ARGS:-} || FAILED=1
+    if [ -f "$LOG/p$n.ncu-rep" ]; then
+      ncu -i "$LOG/p$n.ncu-rep" --page source --csv --print-source sass >"$LOG/sass$n.csv" 2>&1
+      ncu -i "$LOG/p$n.ncu-rep" --page details >>"$LOG/profile$n.txt" 2>&1
+      rm -f "$LOG/p$n.ncu-rep"
+      SUMMARY+=("  profile launch $n: $(grep -E 'Duration' "$LOG/profile$n.txt" | head -1 | tr -s ' ')")
+    fi
+  done
 fi
 
 # ---- the short table, last -----------------------------------------------------------------------

@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Reads the per-instruction table of an Nsight Compute source page (`ncu -i rep --page source
+--csv --print-source sass`, written by tools/gpu-check.sh's profile step) and prints where the
+warps of the kernel stall: the stall reasons over all samples, the instructions with the most
+samples (with their top reasons and execution counts), and the samples per execution count,
+which separates the code of warp roles that run different loops (e.g. producer vs consumers).
+
+Usage: python3 tools/ncu_stalls.py sass30.csv [top_n]
+"""
+import csv
+import sys
+from collections import Counter
+
+
+def main() -> int:
+    if len(sys.argv) < 2:
+        print(__doc__)
+        return 2
+    top_n = int(sys.argv[2]) if len(sys.argv) > 2 else 20
+    with open(sys.argv[1], newline="") as f:
+        rows = list(csv.reader(f))
+    header_at = next((i for i, r in enumerate(rows) if "Address" in r and "Source" in r), None)
+    if header_at is None:
+        print(f"{sys.argv[1]}: no source table (expected an 'Address' / 'Source' header)")
+        return 1
+    hdr = rows[header_at]
+    ix = {h: i for i, h in enumerate(hdr)}
+    data = [r for r in rows[header_at + 1:] if len(r) >= len(hdr)]
+    samples_col = "Warp Stall Sampling (All Samples)"
+    stalls = [h for h in hdr if h.startswith("stall_") and "Not Issued" not in h]
+
+    def num(r, col):
+        v = r[ix[col]].replace(",", "")
+        return int(v) if v.isdigit() else 0
+
+    total = sum(num(r, samples_col) for r in data) or 1
+    print(f"{len(data)} instructions, {total} stall samples")
+    by_reason = Counter({s: sum(num(r, s) for r in data) for s in stalls})
+    for s, v in by_reason.most_common(8):
+        print(f"  {s[6:]:<20} {100 * v / total:5.1f}%")
+    print(f"top {top_n} instructions by samples:")
+    for r in sorted(data, key=lambda r: -num(r, samples_col))[:top_n]:
+        top = sorted(((num(r, s), s[6:]) for s in stalls), reverse=True)[:2]
+        reasons = ", ".join(f"{name} {v}" for v, name in top if v)
+        print(f"  {100 * num(r, samples_col) / total:5.1f}%  {r[ix['Address']][-5:]}  "
+              f"{r[ix['Source']][:58]:<58}  exec {num(r, 'Instructions Executed')}  ({reasons})")
+    per_exec = Counter()
+    count = Counter()
+    for r in data:
+        e = num(r, "Instructions Executed")
+        per_exec[e] += num(r, samples_col)
+        count[e] += 1
+    print("samples by execution count (one count per loop of one warp role):")
+    for e, v in per_exec.most_common(8):
+        print(f"  exec {e:>12}  {count[e]:5} instructions  {100 * v / total:5.1f}% of samples")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
