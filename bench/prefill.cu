@@ -2,11 +2,15 @@
 // query heads with 8 KV heads (GQA) and 32 (MHA), head sizes 64/128/256, causal and not, bf16.
 // Ours reads K/V from a paged cache (block 16, blocks shuffled) through run_varlen_attention;
 // FLOPs = 4 * tokens * seqlen * head_size * heads, halved for causal (the FlashAttention
-// convention, which bench/peers.py uses too). Keys match bench/peers.py's.
+// convention, which bench/peers.py uses too). Keys match bench/peers.py's. Section
+// prefill-grid: head size 128 causal shapes again with the hopper launch forced persistent and
+// forced one CTA per item, the data behind the launcher's choice.
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdio>
 #include <algorithm>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -15,6 +19,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_buffer.h"
 #include "cuda/device_props.h"
+#include "flash_attn/hopper_traits.h"
 #include "flash_attn/split_kv.h"
 
 namespace attnkit::bench {
@@ -72,6 +77,19 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
             const double flops = 4.0 * kTokens * seqlen * hd * kHeads * (causal ? 0.5 : 1.0);
             rec.add({"prefill", key, "attnkit", "TFLOP/s", flops / ms / 1e9, ms,
                      "paged KV, block 16" + (args.num_splits > 1 ? ", splits " + std::to_string(args.num_splits) : std::string())});
+            // The hopper launcher's grid choice (persistent for short sequences), both ways in
+            // the same run: one CTA per SM looping over the items vs one CTA per item.
+            if (hd == 128 && causal && args.num_splits == 1 && flash_attn::hopper_kernels_available()) {
+              const int sms = cuda::current_device_props().sm_count;
+              for (const auto& [name, ctas] : {std::pair<const char*, int>{"persistent", sms},
+                                               std::pair<const char*, int>{"per-item", INT_MAX}}) {
+                args.max_ctas = ctas;
+                const double t = time_ms([&] { flash_attn::run_varlen_attention(args); }, stream, 1, 5);
+                rec.add({"prefill-grid", "hopper grid " + key + " " + name, "attnkit", "TFLOP/s", flops / t / 1e9, t,
+                         std::string(name) + " launch (VarlenArgs::max_ctas " + std::to_string(ctas) + ")"});
+              }
+              args.max_ctas = 0;
+            }
           } catch (const std::exception& e) {
             rec.fail("prefill", key, e.what());
             cudaGetLastError();
