@@ -311,10 +311,11 @@ void launch_hopper(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
   // Short items (keys <= kPersistentMaxKeys): one CTA per SM loops over them, so one item's
   // epilogue and the next one's first loads overlap. Long ones: one CTA per item, which the
   // hardware hands out as SMs free up, where a static share per CTA leaves the slowest CTA
-  // behind. H200, head size 128 causal, 16k tokens (TFLOP/s, persistent at 4434a7e vs one CTA
-  // per item at e6a8918): 512 x 32: 206 vs 172, 2k x 8: 383 vs 372, 4k x 4: 450 vs 465,
-  // 16k x 1: 494 vs 552.
-  constexpr int kPersistentMaxKeys = 2048;
+  // behind. H200, head size 128, causal, 16k tokens, TFLOP/s persistent vs one CTA per item
+  // in the same run (bench section prefill-grid, 333f3bf), 32 / 8 heads: 512 x 32 200 vs 163,
+  // 1k x 16 293 vs 254, 2k x 8 385 vs 349, 4k x 4 451 vs 418, 8k x 2 467 vs 460, 16k x 1 466 vs
+  // 472; 32 / 32 heads: within 5% either way at every length (per item ahead up to 2k).
+  constexpr int kPersistentMaxKeys = 4096;
   const HopperItems items{static_cast<int>(grid.x), static_cast<int>(grid.y), static_cast<int>(grid.z),
                           static_cast<int64_t>(grid.x) * grid.y * grid.z};
   int64_t ctas = items.total;

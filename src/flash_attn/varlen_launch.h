@@ -44,7 +44,7 @@ struct VarlenArgs {
   bool enable_pdl = true;
   // Hopper generation: at most this many CTAs, each looping over work items (persistent);
   // 0 = the launcher's choice (hopper_kernel.cuh: persistent with one CTA per SM when
-  // max_seq_len <= 2048, else one CTA per item). Tests use small counts to give every CTA
+  // max_seq_len <= 4096, else one CTA per item). Tests use small counts to give every CTA
   // many items.
   int max_ctas = 0;
 };
