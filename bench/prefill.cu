@@ -20,7 +20,6 @@
 #include "cuda/device_buffer.h"
 #include "cuda/device_props.h"
 #include "flash_attn/hopper_traits.h"
-#include "flash_attn/split_kv.h"
 
 namespace attnkit::bench {
 
@@ -59,15 +58,8 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
             const UniformBatch b = make_uniform_batch(batch, seqlen, seqlen, kBlock, 0, seqlen + hd, stream);
             flash_attn::VarlenArgs args = varlen_args(b, cache, q.get(), out.get(), kHeads, hd, causal, stream);
             // The builder's split-KV rule (it splits only when the q tiles leave SMs idle).
-            std::vector<int32_t> qsl(batch + 1), seq(batch, seqlen);
-            for (int i = 0; i <= batch; ++i) qsl[i] = i * seqlen;
-            flash_attn::SplitKVInput split_in;
-            split_in.query_start_loc = qsl;
-            split_in.seq_lens = seq;
-            split_in.num_heads = kHeads;
-            split_in.num_kv_heads = hkv;
-            split_in.num_sms = cuda::current_device_props().sm_count;
-            args.num_splits = flash_attn::decide_num_splits(split_in).num_splits;
+            args.num_splits = builder_num_splits(batch, seqlen, seqlen, kHeads, hkv, DType::bf16,
+                                                 cuda::current_device_props().sm_count);
             cuda::DeviceBuffer workspace =
                 split_workspace(flash_attn::varlen_workspace_bytes(kTokens, kHeads, hd, args.num_splits), stream);
             args.workspace = workspace.get();
