@@ -145,10 +145,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
   __syncthreads();  // the last CTA-wide barrier: producer and consumers part here
   pdl_launch_dependents();  // the next kernel's CTAs may take SM slots as this grid frees them
 
-  // Both roles walk the same items (i = blockIdx.x, + gridDim.x, ...) and count the same tiles.
-  auto next_item = [&](int64_t& i, WorkItem& w) {
-    for (; i < items.total; i += gridDim.x)
-      if (items.template at<Tr::kBlockM, Tr::kBlockN>(p, i, w)) return true;
+  // Both roles walk the same items and count the same tiles. Round r gives CTA b item
+  // r * G + b (G CTAs), counted from the other end in odd rounds (r * G + G - 1 - b): a CTA that
+  // drew one of the longer items of a stretch draws one of the shorter ones next. (Plain
+  // striding by G gave every CTA the same row tile of each request when the row-tile count
+  // divides G: causal work then piles up on a quarter of the CTAs, e.g. 4 row tiles, 132 SMs.)
+  auto next_item = [&](int64_t& r, WorkItem& w) {
+    const int64_t G = gridDim.x, b = blockIdx.x;
+    for (; r * G < items.total; ++r) {
+      const int64_t i = r * G + ((r & 1) ? G - 1 - b : b);
+      if (i < items.total && items.template at<Tr::kBlockM, Tr::kBlockN>(p, i, w)) return true;
+    }
     return false;
   };
 
@@ -164,7 +171,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
     Pos k_at, v_at;  // the next K tile's stage; the next V tile's (one tile behind)
     int q_loads = 0;
     WorkItem w;
-    for (int64_t i = blockIdx.x; next_item(i, w); i += gridDim.x) {
+    for (int64_t r = 0; next_item(r, w); ++r) {
       const int n = w.tile_end - w.tile_begin;
       if (n == 0) continue;  // nothing to load: the consumers write the empty result
       const Loader loader = kv_loader_for<Loader>(p, w);
@@ -271,7 +278,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
   };
 
   if (wg == 1) named_bar_arrive(1, Tr::kConsumerThreads);  // warpgroup 0 goes first
-  for (int64_t i = blockIdx.x; next_item(i, w); i += gridDim.x) {
+  for (int64_t r = 0; next_item(r, w); ++r) {
     const int n = w.tile_end - w.tile_begin;
     softmax.init();
 #pragma unroll
