@@ -113,4 +113,20 @@ void fill_random_bytes(void* data, int64_t bytes, uint64_t seed, cudaStream_t st
   fill_random(data, bytes, DType::u8, seed, stream);
 }
 
+namespace {
+std::string g_key_match;
+}  // namespace
+
+void set_key_match(const std::string& substr) { g_key_match = substr; }
+bool key_selected(const std::string& key) {
+  size_t begin = 0;
+  while (true) {  // alternatives separated by '|'
+    const size_t end = g_key_match.find('|', begin);
+    const std::string alt = g_key_match.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+    if (key.find(alt) != std::string::npos) return true;
+    if (end == std::string::npos) return false;
+    begin = end + 1;
+  }
+}
+
 }  // namespace attnkit::bench

@@ -47,6 +47,11 @@ void fill_random(void* data, int64_t n, DType t, uint64_t seed, cudaStream_t str
 // Fills n raw bytes with hash bytes (for packed formats).
 void fill_random_bytes(void* data, int64_t bytes, uint64_t seed, cudaStream_t stream);
 
+// --match SUBSTR: the prefill and decode sections run only the shapes whose key contains it,
+// or one of its '|'-separated alternatives (to profile one shape); empty = all.
+void set_key_match(const std::string& substr);
+bool key_selected(const std::string& key);
+
 // Sections (each records what it measured; returns normally even when a part fails).
 struct Ceilings {
   double read_gbps = 0, copy_gbps = 0, gemm_tflops = 0;

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention_setup.h"
@@ -55,6 +56,7 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
       for (int L : kv_lens) {
         const std::string key = "decode " + std::string(cd == DType::bf16 ? "bf16" : "fp8") + " b" +
                                 std::to_string(B) + " kv" + std::to_string(L);
+        if (!key_selected(key)) continue;
         try {
           DecodeShape shape = make_decode_shape(B, L, spec, cache, q.get(), out.get(),
                                                 cd == DType::bf16 ? nullptr : scale.as<float>(), kHeads,
@@ -74,6 +76,23 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
                         t.graph ? "CUDA graph" : "eager launches", shape.calls, shape.args.size(),
                         shape.args.size() * shape.kv_bytes / 1e9, splits, read_gbps > 0 ? 100.0 * gbps / read_gbps : 0.0);
           rec.add({"decode", key, "attnkit", "GB/s", gbps, t.ms_per_call, note});
+          // What the launch overlap gives, same shapes, same run: the L2 prefetch before the
+          // PDL wait off, then PDL itself off (VarlenArgs::l2_prefetch / enable_pdl).
+          if ((B == 1 || B == 16 || B == 64) && (L == 4096 || L == 32768)) {
+            for (const auto& [name, prefetch, pdl] : {std::tuple<const char*, bool, bool>{"no L2 prefetch", false, true},
+                                                      std::tuple<const char*, bool, bool>{"no PDL", false, false}}) {
+              for (auto& a : shape.args) {
+                a.l2_prefetch = prefetch;
+                a.enable_pdl = pdl;
+              }
+              const GraphTiming v = time_rotating(shape.args, shape.calls, stream);
+              const double g = shape.bytes / v.ms_per_call / 1e6;
+              char ab[160];
+              std::snprintf(ab, sizeof ab, "%s: %.0f%% of read BW (default launch %.0f%%)", name,
+                            read_gbps > 0 ? 100.0 * g / read_gbps : 0.0, read_gbps > 0 ? 100.0 * gbps / read_gbps : 0.0);
+              rec.add({"decode-ab", key + " " + name, "attnkit", "GB/s", g, v.ms_per_call, ab});
+            }
+          }
         } catch (const std::exception& e) {
           rec.fail("decode", key, e.what());
           cudaGetLastError();

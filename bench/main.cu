@@ -1,5 +1,6 @@
 // attnkit_bench: ceilings, KV write, prefill and decode in one run (about two minutes on an
 // H200). Usage: attnkit_bench [--json results.jsonl] [--quick] [--only ceiling,kv_write,merge,prefill,decode]
+// [--match SUBSTR] (prefill / decode shapes whose key contains SUBSTR, e.g. "fp8 b16 kv4096")
 // Every number is the median of several event-timed samples after warm-up; decode is timed as
 // CUDA graphs of back-to-back calls over KV instances that together exceed the L2 8x.
 #include <cuda_runtime.h>
@@ -21,13 +22,15 @@ int main(int argc, char** argv) {
       json = argv[++i];
     } else if (a == "--only" && i + 1 < argc) {
       only = argv[++i];
+    } else if (a == "--match" && i + 1 < argc) {
+      set_key_match(argv[++i]);
     } else if (a == "--quick") {
       quick = true;
     } else if (a == "--split-sweep") {
       sweep = true;
       only = "ceiling";
     } else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--quick] [--only ceiling,kv_write,merge,prefill,decode] | --split-sweep\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--json PATH] [--quick] [--only ceiling,kv_write,merge,prefill,decode] [--match SUBSTR] | --split-sweep\n", argv[0]);
       return 2;
     }
   }

@@ -7,7 +7,7 @@ GQA runs through enable_gqa=True where the backend takes it, else K/V are expand
 repeat_interleave before timing; the note of each row says which. FLOPs are counted as in
 attnkit_bench (4*tokens*seqlen*dim*heads, halved for causal). Writes JSON lines like the bench.
 
-usage: peers.py [--json out.jsonl] [--quick]
+usage: peers.py [--json out.jsonl] [--quick] [--match SUBSTR]
 """
 import argparse
 import json
@@ -39,6 +39,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default="")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--match", default="", help="only the shapes whose key contains this or one of its |-separated alternatives")
     args = ap.parse_args()
     out = open(args.json, "w") if args.json else None
 
@@ -75,6 +76,9 @@ def main():
                 while seqlen <= TOKENS:
                     batch = TOKENS // seqlen
                     k_name = key(hd, hkv, causal, seqlen, batch)
+                    if not any(alt in k_name for alt in args.match.split("|")):
+                        seqlen *= 2
+                        continue
                     q = torch.randn(batch, seqlen, HEADS, hd, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
                     k = torch.randn(batch, seqlen, hkv, hd, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
                     v = torch.randn(batch, seqlen, hkv, hd, device="cuda", dtype=torch.bfloat16).transpose(1, 2)

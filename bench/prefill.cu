@@ -54,6 +54,7 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
         for (int seqlen = 512; seqlen <= kTokens; seqlen *= 2) {
           const int batch = kTokens / seqlen;
           const std::string key = prefill_key(hd, kHeads, hkv, causal, seqlen, batch);
+          if (!key_selected(key)) continue;
           try {
             const UniformBatch b = make_uniform_batch(batch, seqlen, seqlen, kBlock, 0, seqlen + hd, stream);
             flash_attn::VarlenArgs args = varlen_args(b, cache, q.get(), out.get(), kHeads, hd, causal, stream);

@@ -17,6 +17,9 @@
 #                      per-instruction stall table goes to $LOG/sass<N>.csv, read it with
 #                      `python3 tools/ncu_stalls.py $LOG/sass<N>.csv`
 #   BENCH_ARGS         extra arguments of attnkit_bench (e.g. --quick)
+#   BENCH_MATCH        only the prefill / decode shapes whose key contains this or one of its
+#                      |-separated alternatives (attnkit_bench and peers.py --match; e.g.
+#                      'd128 h32/32 causal|decode' or 'fp8 b16 kv4096')
 #   PEERS              1 (default) runs bench/peers.py; 0 skips it
 #   PY_CUDA            ON/OFF: CUDA in the Python extension when it has to be built by pip
 #                      (default ON; normally the extension is built with the CMake build above)
@@ -208,12 +211,14 @@ fi
 if want bench; then
   if [ -x "$BUILD/bench/attnkit_bench" ]; then
     # shellcheck disable=SC2086
-    step attnkit_bench "${T_BENCH:-240}" "$LOG/bench.log" "$BUILD/bench/attnkit_bench" --json "$LOG/bench.jsonl" ${BENCH_ARGS:-}
+    step attnkit_bench "${T_BENCH:-240}" "$LOG/bench.log" "$BUILD/bench/attnkit_bench" --json "$LOG/bench.jsonl" ${BENCH_ARGS:-} \
+      ${BENCH_MATCH:+--match "$BENCH_MATCH"}
   else
     SUMMARY+=("attnkit_bench          NOT BUILT")
   fi
   peer_args=()
   [[ " ${BENCH_ARGS:-} " == *" --quick "* ]] && peer_args=(--quick)
+  [ -n "${BENCH_MATCH:-}" ] && peer_args+=(--match "$BENCH_MATCH")
   [ "${PEERS:-1}" = 1 ] && step peers "${T_PEERS:-180}" "$LOG/bench.log" python3 bench/peers.py --json "$LOG/peers.jsonl" "${peer_args[@]}"
   if [ -s "$LOG/bench.jsonl" ] || [ -s "$LOG/peers.jsonl" ]; then
     python3 bench/report.py "$LOG/bench.jsonl" "$LOG/peers.jsonl" --commit "$COMMIT" --out "$LOG/table.md" >/dev/null
@@ -228,8 +233,9 @@ if [[ ",$STEPS," == *",profile,"* ]] && [ -x "$BUILD/bench/attnkit_bench" ] && c
     # shellcheck disable=SC2086
     step "profile launch $n" "${T_PROFILE:-180}" "$LOG/profile$n.txt" ncu -k "regex:${PROFILE_KERNEL:-hopper_varlen}" \
       --launch-skip "$n" --launch-count 1 --section SourceCounters --section SpeedOfLight \
-      --section ComputeWorkloadAnalysis --import-source no --export "$LOG/p$n" \
-      "$BUILD/bench/attnkit_bench" ${BENCH_ARGS:-} || FAILED=1
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section LaunchStats --section Occupancy --import-source no --export "$LOG/p$n" \
+      "$BUILD/bench/attnkit_bench" ${BENCH_ARGS:-} ${BENCH_MATCH:+--match "$BENCH_MATCH"} || FAILED=1
     if [ -f "$LOG/p$n.ncu-rep" ]; then
       ncu -i "$LOG/p$n.ncu-rep" --page source --csv --print-source sass >"$LOG/sass$n.csv" 2>&1
       ncu -i "$LOG/p$n.ncu-rep" --page details >>"$LOG/profile$n.txt" 2>&1

@@ -13,6 +13,14 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst_smem, const void* src, 
                "r"(src_bytes));
 }
 
+// Asks L2 to fetch `bytes` bytes (a multiple of 16) at a 16-byte aligned global address; no
+// data reaches the SM and nothing waits for it (sm90+; a no-op below).
+__device__ __forceinline__ void prefetch_l2_bulk(const void* src, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+#endif
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 // Waits until at most N of this thread's committed groups are still in flight.

@@ -141,6 +141,26 @@ struct PagedKVTileLoader {
     }
   }
 
+  // Asks L2 for the K and V rows of keys [first_key, first_key + kRows) (one row of one side per
+  // thread and step; no shared memory, no commit group). Made for the time before the kernel
+  // may read what the previous kernel wrote (pdl.h): block_row and seq_len may then be stale,
+  // so keys must lie in [0, seq_len) with seq_len clamped by the caller to the block-table row,
+  // and a page outside [0, num_blocks) is skipped: a stale entry costs a useless prefetch,
+  // never an access outside the cache.
+  __device__ __forceinline__ void prefetch_l2(int first_key, int64_t num_blocks, int tid) const {
+    for (int i = tid; i < 2 * kRows; i += kThreads) {
+      const int key = first_key + (i % kRows);
+      if (key < 0 || key >= seq_len) continue;
+      const int page = block_size.div(key);
+      const int32_t blk = block_row[page];
+      if (blk < 0 || blk >= num_blocks) continue;
+      const PagedSideBytes& side = i < kRows ? k : v;
+      const int32_t slot = key - page * block_size.divisor;
+      prefetch_l2_bulk(side.head_base + static_cast<int64_t>(blk) * side.stride_block + slot * side.stride_slot,
+                       kRowBytes);
+    }
+  }
+
  private:
   // The first key of this thread's group gi, or key 0 (always backed by a block) past seq_len.
   __device__ __forceinline__ int group_key(int first_key, int r0, int gi) const {

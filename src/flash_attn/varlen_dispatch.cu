@@ -150,6 +150,7 @@ VarlenKernelParams varlen_kernel_params(const VarlenArgs& a) {
   p.v_stride_slot = byte_stride(c.v.stride_slot, c.block_size, "cache.v.stride_slot");
   p.v_stride_head = byte_stride(c.v.stride_head, c.num_kv_heads, "cache.v.stride_head");
   p.block_size = cuda::FastDivmod(c.block_size);
+  p.num_blocks = c.num_blocks;
   p.fp8_format = static_cast<int>(c.dtype == DType::fp8_e5m2 ? cuda::Fp8Format::e5m2 : cuda::Fp8Format::e4m3);
   p.cu_seqlens_q = a.cu_seqlens_q;
   p.seqused_k = a.seqused_k;
@@ -191,6 +192,7 @@ VarlenKernelParams varlen_kernel_params(const VarlenArgs& a) {
   }
 
   p.num_splits = a.num_splits;
+  p.l2_prefetch = a.l2_prefetch && a.enable_pdl;
   const size_t need = varlen_workspace_bytes(q.size(0), a.num_heads, head_size, a.num_splits);
   if (need > 0) {  // (a batch without tokens needs none)
     ATTNKIT_REQUIRE(a.workspace != nullptr && a.workspace_bytes >= need && aligned16(a.workspace), kWhere,

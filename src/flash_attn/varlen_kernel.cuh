@@ -12,8 +12,10 @@
 //             split CTA of the work item then merges all splits into O and LSE)
 //
 // Programmatic dependent launch (cuda/pdl.h): the kernel waits for the kernels before it only
-// at its start, before its first global access, and lets the next kernel launch as soon as
-// its prologue loads are issued.
+// at its start, and lets the next kernel launch as soon as its prologue loads are issued. The
+// one thing before the wait is an L2 prefetch of the work item's first K/V tiles (reads of
+// the metadata that may be stale, clamped; no data is kept), which keeps HBM busy while the
+// previous kernel drains.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -202,6 +204,20 @@ __device__ __forceinline__ void pv_tile(FragC (&o)[Tr::kMFrags][Tr::kOFrags],
   }
 }
 
+// Before pdl_wait (VarlenKernelParams::l2_prefetch): L2 prefetch of the first kTiles K/V tiles
+// of this CTA's work item. The metadata may still be being written by the previous kernel, so
+// the item is only a guess: keys are clamped to the request's block-table row and page ids to
+// the cache (PagedKVTileLoader::prefetch_l2), and nothing here is kept.
+template <class Tr, class Loader, int kTiles>
+__device__ __forceinline__ void prefetch_first_tiles(const VarlenKernelParams& p, int tid) {
+  WorkItem w;
+  if (!schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w)) return;
+  Loader loader = kv_loader_for<Loader>(p, w);
+  loader.seq_len = min(w.seq_len, p.max_blocks_per_req * p.block_size.divisor);
+  const int n = min(w.tile_end - w.tile_begin, kTiles);
+  for (int i = 0; i < n; ++i) loader.prefetch_l2((w.tile_begin + i) * Tr::kBlockN, p.num_blocks, tid);
+}
+
 __device__ __forceinline__ float scale_of(const float* scale, int64_t stride, int kv_head) {
   return scale != nullptr ? scale[kv_head * stride] : 1.f;
 }
@@ -354,6 +370,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   using Loader = PagedKVTileLoader<Tr::kBlockN, Tr::kKvRowBytes, PitchedTile<Tr::kStagePitchBytes>, Tr::kThreads>;
   extern __shared__ __align__(16) unsigned char smem[];
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (p.l2_prefetch) detail::prefetch_first_tiles<Tr, Loader, Tr::kStages>(p, threadIdx.x);
+#endif
   pdl_wait();  // everything below may read what the previous kernel wrote (metadata, q, cache)
   WorkItem w;
   if (!schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w)) return;

@@ -22,6 +22,7 @@ struct VarlenKernelParams {
   int32_t k_stride_block = 0, k_stride_slot = 0, k_stride_head = 0;
   int32_t v_stride_block = 0, v_stride_slot = 0, v_stride_head = 0;
   cuda::FastDivmod block_size;
+  int64_t num_blocks = 0;  // blocks in the cache (bounds the early L2 prefetch's page ids)
   int fp8_format = 0;  // cuda::Fp8Format for fp8 caches
 
   // Batch: cu_seqlens_q [num_reqs + 1], seqused_k [num_reqs], block_table [num_reqs, max_blocks].
@@ -54,6 +55,10 @@ struct VarlenKernelParams {
   // CTA of each work item to finish merges them into out / lse (counters in the workspace).
   int num_splits = 1;
   cuda::SplitPartials partials;
+
+  // With programmatic dependent launch: before waiting for the previous kernel, each CTA of
+  // the mma_sync kernel asks L2 for its work item's first K/V tiles (VarlenArgs::l2_prefetch).
+  bool l2_prefetch = false;
 };
 
 // Host facts that size and configure the launch.
