@@ -178,14 +178,22 @@ TEST(DISABLED_VarlenTiming, PrefillVariants) {
   }
 }
 
+// Decode tile configurations on shapes that fill the GPU in one wave or several, each at one
+// split and at the builder's split count (the builder assumes the dispatch's configuration).
 TEST(DISABLED_VarlenTiming, DecodeVariants) {
   for (bool fp8 : {false, true}) {
-    double bytes = 0;
-    const auto ps = decode_problems(64, 8192, fp8 ? DType::fp8_e4m3 : DType::bf16, bytes);
-    for (const Variant& v : decode_variants_bf16_hd128(fp8)) {
-      const Timed t = time_launches(raw(ps), 1, 20, 5, variant_launch(v));
-      std::printf("TIMING variant decode batch 64 kv 8192 [%s]: %.1f us, %.0f GB/s\n", v.name, t.ms * 1e3,
-                  bytes / t.ms * 1e-6);
+    const DType cd = fp8 ? DType::fp8_e4m3 : DType::bf16;
+    for (const auto& [batch, kv] : {std::pair{16, 4096}, std::pair{64, 8192}, std::pair{128, 4096}}) {
+      double bytes = 0;
+      const auto ps = decode_problems(batch, kv, cd, bytes);
+      const int builder = builder_splits(batch, kv, cd);
+      for (const Variant& v : fp8 ? decode_variants_fp8_hd128() : decode_variants_bf16_hd128())
+        for (int splits : {1, builder}) {
+          const Timed t = time_launches(raw(ps), splits, 20, 5, variant_launch(v));
+          std::printf("TIMING variant decode %s batch %d kv %d splits %d [%s]: %.1f us, %.0f GB/s\n", dtype_name(cd).data(),
+                      batch, kv, splits, v.name, t.ms * 1e3, bytes / t.ms * 1e-6);
+          if (builder == 1) break;
+        }
     }
   }
 }

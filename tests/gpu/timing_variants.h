@@ -18,6 +18,7 @@ struct Variant {
 };
 
 std::vector<Variant> prefill_variants_bf16_hd128();       // timing_variants_prefill.cu
-std::vector<Variant> decode_variants_bf16_hd128(bool fp8);  // timing_variants_decode.cu
+std::vector<Variant> decode_variants_bf16_hd128();  // timing_variants_decode.cu
+std::vector<Variant> decode_variants_fp8_hd128();   // timing_variants_decode_fp8.cu
 
 }  // namespace attnkit::test
