@@ -19,17 +19,17 @@ namespace attnkit::cuda {
 
 enum class Fp8Format : int { e4m3 = 0, e5m2 = 1 };
 
-// Two fp8 codes (low byte first) -> two 16-bit values of T in one register.
-template <class T>
-__device__ __forceinline__ uint32_t fp8x2_to(uint32_t two_codes, Fp8Format fmt) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes & 0xffffu),
-                                                   fmt == Fp8Format::e4m3 ? __NV_E4M3 : __NV_E5M2);
-  if constexpr (std::is_same_v<T, __half>) {
-    return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+// Two fp8 codes (low byte first, in the low 16 bits) -> two f16 values in one register.
+// The format is a template parameter: with a runtime one the compiler emits both conversions,
+// predicated, and both cost issue slots in the decode loop. e5m2 is the high byte of an f16
+// (same exponent width and bias), so it is a byte move; e4m3 takes the hardware conversion.
+template <Fp8Format kFmt>
+__device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t two_codes) {
+  if constexpr (kFmt == Fp8Format::e5m2) {
+    return __byte_perm(two_codes, 0u, 0x1404);  // [0, b0, 0, b1] from the low byte up
   } else {
-    const float2 f = __half22float2(__half2(h));
-    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);  // exact: fp8 fits in bf16
-    return *reinterpret_cast<const uint32_t*>(&b);
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes & 0xffffu), __NV_E4M3);
+    return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
   }
 }
 
@@ -41,8 +41,9 @@ __device__ __forceinline__ uint32_t fp8x2_to(uint32_t two_codes, Fp8Format fmt) 
 // a b16 ldmatrix of 8 keys x 16 codes hands each lane exactly its 4 codes. Q's A fragments
 // must use the same permutation (a_frag_dim_permuted); S itself is unchanged.
 // b[0]: keys key0..+7 at k-step ks, b[1]: keys key0+8..+15 at ks, b[2] / b[3]: the same at ks+1.
+template <Fp8Format kFmt>
 __device__ __forceinline__ void k_frags_fp8(uint32_t tile, int pitch_bytes, int key0, int ks, int lane,
-                                            Fp8Format fmt, FragB (&b)[4]) {
+                                            FragB (&b)[4]) {
   const int m = lane >> 3;
   const uint32_t addr = tile + static_cast<uint32_t>((key0 + (lane & 7) + ((m & 1) << 3)) * pitch_bytes +
                                                      (ks + (m >> 1)) * 16);
@@ -50,8 +51,8 @@ __device__ __forceinline__ void k_frags_fp8(uint32_t tile, int pitch_bytes, int 
   ldmatrix_x4(r, addr);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    b[i].r[0] = fp8x2_to<__half>(r[i], fmt);
-    b[i].r[1] = fp8x2_to<__half>(r[i] >> 16, fmt);
+    b[i].r[0] = fp8x2_to_f16x2<kFmt>(r[i]);
+    b[i].r[1] = fp8x2_to_f16x2<kFmt>(r[i] >> 16);
   }
 }
 
@@ -71,8 +72,9 @@ __device__ __forceinline__ FragA a_frag_dim_permuted(const uint16_t* tile, int p
 // V, the B operand of O += P V, for k-step keys key0..key0+15 and the four n8 fragments of
 // the 32-dim group `group`, with O's columns permuted: column c of fragment e is dim
 // 32 * group + 4c + e (o_column_dim). Each lane reads one 32-bit word (4 codes) of 4 keys.
+template <Fp8Format kFmt>
 __device__ __forceinline__ void v_frags_fp8(const unsigned char* tile, int pitch_bytes, int key0, int group,
-                                            int lane, Fp8Format fmt, FragB (&b)[4]) {
+                                            int lane, FragB (&b)[4]) {
   const int g = lane >> 2, t = lane & 3;
   const unsigned char* base = tile + (key0 + 2 * t) * pitch_bytes + group * 32 + 4 * g;
   const uint32_t w0 = *reinterpret_cast<const uint32_t*>(base);
@@ -82,14 +84,14 @@ __device__ __forceinline__ void v_frags_fp8(const unsigned char* tile, int pitch
   // Byte e of the words of keys (2t, 2t+1) side by side: e = 0, 1 in p01, e = 2, 3 in p23.
   const uint32_t p01 = __byte_perm(w0, w1, 0x5140), p23 = __byte_perm(w0, w1, 0x7362);
   const uint32_t q01 = __byte_perm(w2, w3, 0x5140), q23 = __byte_perm(w2, w3, 0x7362);
-  b[0].r[0] = fp8x2_to<__half>(p01, fmt);
-  b[0].r[1] = fp8x2_to<__half>(q01, fmt);
-  b[1].r[0] = fp8x2_to<__half>(p01 >> 16, fmt);
-  b[1].r[1] = fp8x2_to<__half>(q01 >> 16, fmt);
-  b[2].r[0] = fp8x2_to<__half>(p23, fmt);
-  b[2].r[1] = fp8x2_to<__half>(q23, fmt);
-  b[3].r[0] = fp8x2_to<__half>(p23 >> 16, fmt);
-  b[3].r[1] = fp8x2_to<__half>(q23 >> 16, fmt);
+  b[0].r[0] = fp8x2_to_f16x2<kFmt>(p01);
+  b[0].r[1] = fp8x2_to_f16x2<kFmt>(q01);
+  b[1].r[0] = fp8x2_to_f16x2<kFmt>(p01 >> 16);
+  b[1].r[1] = fp8x2_to_f16x2<kFmt>(q01 >> 16);
+  b[2].r[0] = fp8x2_to_f16x2<kFmt>(p23);
+  b[2].r[1] = fp8x2_to_f16x2<kFmt>(q23);
+  b[3].r[0] = fp8x2_to_f16x2<kFmt>(p23 >> 16);
+  b[3].r[1] = fp8x2_to_f16x2<kFmt>(q23 >> 16);
 }
 
 // The head dimension held by C-fragment column `col` (0..7) of O fragment `frag` on the fp8 path.

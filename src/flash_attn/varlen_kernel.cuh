@@ -100,11 +100,11 @@ __device__ __forceinline__ float q_tile_to_f16(unsigned char* smem, int tid) {
 
 // S (this warp's kMFrags x 16 rows x kWarpKeys keys) = Q K^T. Each K fragment read from
 // shared memory feeds every row fragment.
-template <class Tr>
+template <class Tr, Fp8Format kFmt>
 __device__ __forceinline__ void qk_tile(FragC (&s)[Tr::kMFrags][Tr::kSFrags],
                                         const FragA (&q_regs)[Tr::kQInRegs ? Tr::kKSteps : 1],
                                         const unsigned char* smem, uint32_t sq, int warp_row0, uint32_t sk,
-                                        int key0, int lane, Fp8Format fmt) {
+                                        int key0, int lane) {
   using M = typename Tr::MmaElem;
 #pragma unroll
   for (int mf = 0; mf < Tr::kMFrags; ++mf)
@@ -129,7 +129,7 @@ __device__ __forceinline__ void qk_tile(FragC (&s)[Tr::kMFrags][Tr::kSFrags],
 #pragma unroll
       for (int nf = 0; nf < Tr::kSFrags; nf += 2) {
         FragB b[4];
-        k_frags_fp8(sk, Tr::kStagePitchBytes, key0 + nf * 8, ks, lane, fmt, b);
+        k_frags_fp8<kFmt>(sk, Tr::kStagePitchBytes, key0 + nf * 8, ks, lane, b);
 #pragma unroll
         for (int mf = 0; mf < Tr::kMFrags; ++mf) {
           mma_16816<M>(s[mf][nf], a[mf][0], b[0]);
@@ -167,10 +167,10 @@ __device__ __forceinline__ void qk_tile(FragC (&s)[Tr::kMFrags][Tr::kSFrags],
 }
 
 // O (kMFrags x 16 rows x head_dim) += P V, P taken from the softmaxed S fragments.
-template <class Tr>
+template <class Tr, Fp8Format kFmt>
 __device__ __forceinline__ void pv_tile(FragC (&o)[Tr::kMFrags][Tr::kOFrags],
                                         const FragC (&s)[Tr::kMFrags][Tr::kSFrags], const unsigned char* smem,
-                                        uint32_t s_base, uint32_t sv, int key0, int lane, Fp8Format fmt) {
+                                        uint32_t s_base, uint32_t sv, int key0, int lane) {
   using M = typename Tr::MmaElem;
 #pragma unroll
   for (int kk = 0; kk < Tr::kSFrags / 2; ++kk) {
@@ -183,7 +183,7 @@ __device__ __forceinline__ void pv_tile(FragC (&o)[Tr::kMFrags][Tr::kOFrags],
 #pragma unroll
       for (int group = 0; group < Tr::kHeadDim / 32; ++group) {
         FragB b[4];
-        v_frags_fp8(v_tile, Tr::kStagePitchBytes, key0 + kk * 16, group, lane, fmt, b);
+        v_frags_fp8<kFmt>(v_tile, Tr::kStagePitchBytes, key0 + kk * 16, group, lane, b);
 #pragma unroll
         for (int mf = 0; mf < Tr::kMFrags; ++mf)
 #pragma unroll
@@ -362,7 +362,10 @@ __device__ __forceinline__ void epilogue(const VarlenKernelParams& p, const Work
 
 }  // namespace detail
 
-template <class Tr>
+// kFmt: the fp8 cache format, a template parameter so the loop converts with one instruction
+// sequence (a runtime format costs both conversions' issue slots, fp8_dequant.h); ignored for
+// 16-bit caches. The launcher picks the instantiation from p.fp8_format.
+template <class Tr, cuda::Fp8Format kFmt>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_attention_kernel(const __grid_constant__ VarlenKernelParams p) {
   using namespace attnkit::cuda;
   using T = typename Tr::Elem;
@@ -384,7 +387,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
 
   const uint32_t s_q = smem_addr(smem);
   const uint32_t s_stages = s_q + Tr::kStagesOffset;
-  const Fp8Format fmt = static_cast<Fp8Format>(p.fp8_format);
 
   const Loader loader = kv_loader_for<Loader>(p, w);
   auto stage_k = [&](int tile) { return s_stages + Ring::stage_of(tile) * Tr::kStageBytes; };
@@ -454,13 +456,13 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
 
     const int tile_key0 = (w.tile_begin + it) * Tr::kBlockN;
     FragC s[Tr::kMFrags][Tr::kSFrags];
-    detail::qk_tile<Tr>(s, q_regs, smem, s_q, warp_row0, s_k, warp_key0, lane, fmt);
+    detail::qk_tile<Tr, kFmt>(s, q_regs, smem, s_q, warp_row0, s_k, warp_key0, lane);
     const bool whole_tile_visible = tile_key0 >= w.full_lo && tile_key0 + Tr::kBlockN <= w.full_hi;
 #pragma unroll
     for (int mf = 0; mf < Tr::kMFrags; ++mf)
       softmax_tile(s[mf], o[mf], softmax[mf], mod, unit, whole_tile_visible, p, w, warp_row0 + 16 * mf,
                    tile_key0 + warp_key0, lane);
-    detail::pv_tile<Tr>(o, s, smem, s_q, s_v, warp_key0, lane, fmt);
+    detail::pv_tile<Tr, kFmt>(o, s, smem, s_q, s_v, warp_key0, lane);
   }
 
   Ring::drain();
@@ -491,7 +493,9 @@ template <class Tr>
 void launch_varlen(const VarlenKernelParams& p, const VarlenLaunchShape& shape, cudaStream_t stream) {
   dim3 grid;
   if (!varlen_grid(p, shape, Tr::kBlockM, Tr::kSmemBytes, "flash_attn varlen attention", grid)) return;
-  auto kernel = varlen_attention_kernel<Tr>;
+  auto kernel = varlen_attention_kernel<Tr, cuda::Fp8Format::e4m3>;
+  if constexpr (Tr::kFp8Cache)
+    if (p.fp8_format == static_cast<int>(cuda::Fp8Format::e5m2)) kernel = varlen_attention_kernel<Tr, cuda::Fp8Format::e5m2>;
   ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
   const bool pdl = shape.enable_pdl && cuda::current_device_props().cc_major >= 9;
   cuda::launch_kernel(kernel, grid, dim3(Tr::kThreads), Tr::kSmemBytes, stream, pdl, p);

@@ -10,8 +10,7 @@ using E = __nv_bfloat16;
 std::vector<Variant> decode_variants_bf16_hd128() {
   return {
       {"16 rows, 4 warps on N, 64 keys, 3 stages, 2/SM", &launch_varlen<VarlenTraits<E, 128, false, 1, 1, 4, 64, 3, 2>>},
-      {"16 rows, 4 warps on N, 64 keys, 6 stages, 1/SM", &launch_varlen<VarlenTraits<E, 128, false, 1, 1, 4, 64, 6, 1>>},
-      {"16 rows, 8 warps on N, 128 keys, 3 stages, 1/SM", &launch_varlen<VarlenTraits<E, 128, false, 1, 1, 8, 128, 3, 1>>},
+      {"16 rows, 4 warps on N, 64 keys, 2 stages, 3/SM", &launch_varlen<VarlenTraits<E, 128, false, 1, 1, 4, 64, 2, 3>>},
   };
 }
 

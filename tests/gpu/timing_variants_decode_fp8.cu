@@ -11,8 +11,6 @@ std::vector<Variant> decode_variants_fp8_hd128() {
   return {
       {"fp8 16 rows, 4 warps on N, 64 keys, 3 stages, 3/SM", &launch_varlen<VarlenTraits<E, 128, true, 1, 1, 4, 64, 3, 3>>},
       {"fp8 16 rows, 4 warps on N, 64 keys, 5 stages, 2/SM", &launch_varlen<VarlenTraits<E, 128, true, 1, 1, 4, 64, 5, 2>>},
-      {"fp8 16 rows, 4 warps on N, 64 keys, 10 stages, 1/SM", &launch_varlen<VarlenTraits<E, 128, true, 1, 1, 4, 64, 10, 1>>},
-      {"fp8 16 rows, 8 warps on N, 128 keys, 4 stages, 1/SM", &launch_varlen<VarlenTraits<E, 128, true, 1, 1, 8, 128, 4, 1>>},
   };
 }
 
