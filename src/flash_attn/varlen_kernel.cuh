@@ -372,9 +372,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   using T = typename Tr::Elem;
   using Ring = StageRing<Tr::kStages>;
   using Loader = PagedKVTileLoader<Tr::kBlockN, Tr::kKvRowBytes, PitchedTile<Tr::kStagePitchBytes>, Tr::kThreads>;
-  using BulkLoader = std::conditional_t<Tr::kBulkRows,
-                                        PagedKVRowBulkLoader<Tr::kBlockN, Tr::kKvRowBytes, Tr::kStagePitchBytes, Tr::kThreads>,
-                                        Loader>;  // (only named, never used, without bulk rows)
+  using BulkLoader = PagedKVRowBulkLoader<Tr::kBlockN, Tr::kKvRowBytes, Tr::kStagePitchBytes, Tr::kThreads>;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr bool kBulk = Tr::kBulkRows;
 #else
