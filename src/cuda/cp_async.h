@@ -21,19 +21,6 @@ __device__ __forceinline__ void prefetch_l2_bulk(const void* src, uint32_t bytes
 #endif
 }
 
-// sm90: one bulk copy of `bytes` bytes (a multiple of 16, both addresses 16-byte aligned) from
-// global to shared memory that completes on the mbarrier `bar` (its expected byte count must
-// include them, sync_sm90.h mbar_expect_tx). One instruction moves a whole cache row.
-__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst_smem, const void* src, uint32_t bytes, uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst_smem),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-#else
-  __trap();  // callers select this path for sm90 only
-#endif
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 // Waits until at most N of this thread's committed groups are still in flight.

@@ -7,7 +7,6 @@
 
 #include "cuda/cp_async.h"
 #include "cuda/fast_divmod.h"
-#include "cuda/sync_sm90.h"
 
 namespace attnkit::cuda {
 
@@ -194,67 +193,6 @@ struct PagedKVTileLoader {
       copy_chunk(k, row, idx % kChunksPerRow, blk[i], slot[i], first_key + row < seq_len, k_tile);
       copy_chunk(v, row, idx % kChunksPerRow, blk[i], slot[i], first_key + row < seq_len, v_tile);
     }
-  }
-};
-
-// sm90: the same tiles (kRows keys of K and of V, rows at a pitch of kPitchBytes) with one bulk
-// copy (cp.async.bulk) per key row instead of kRowBytes / 16 cp.async: a row of one KV head is
-// contiguous in the cache. Copies complete on the stage's mbarrier, which counts one arrival
-// per thread and tile (init count kThreads) plus the bytes each thread announces. Rows at or
-// past seq_len are zero-filled with shared stores (their block-table entries are not read).
-// Thread tid covers rows tid, tid + kThreads, ... of the tile's 2 * kRows rows (K, then V),
-// each with its own page lookup, read ahead of load() by pages().
-template <int kRows, int kRowBytes, int kPitchBytes, int kThreads>
-struct PagedKVRowBulkLoader {
-  static_assert(kRowBytes % 16 == 0 && kPitchBytes % 16 == 0, "bulk copies move whole 16-byte chunks");
-  static_assert((2 * kRows) % kThreads == 0, "every thread covers the same number of rows");
-  static constexpr int kCopies = 2 * kRows / kThreads;
-
-  PagedSideBytes k, v;
-  const int32_t* block_row;  // this request's block-table row
-  FastDivmod block_size;
-  int seq_len;
-
-  struct Pages {
-    int32_t blk[kCopies];
-  };
-  __device__ __forceinline__ Pages pages(int first_key, int tid) const {
-    Pages pg;
-#pragma unroll
-    for (int c = 0; c < kCopies; ++c) {
-      const int key = first_key + (tid + c * kThreads) % kRows;
-      pg.blk[c] = key < seq_len ? __ldg(block_row + block_size.div(key)) : 0;
-    }
-    return pg;
-  }
-
-  // Keys [first_key, first_key + kRows) -> k_tile / v_tile; completes on `full` (this thread's
-  // arrival included). first_key must be < seq_len.
-  __device__ __forceinline__ void load(int first_key, const Pages& pg, uint32_t k_tile, uint32_t v_tile,
-                                       uint32_t full, int tid) const {
-    const int valid_rows = seq_len - first_key;
-    uint32_t bytes = 0;
-#pragma unroll
-    for (int c = 0; c < kCopies; ++c) bytes += (tid + c * kThreads) % kRows < valid_rows ? kRowBytes : 0;
-    if (bytes > 0) mbar_expect_tx(full, bytes);
-#pragma unroll
-    for (int c = 0; c < kCopies; ++c) {
-      const int i = tid + c * kThreads, row = i % kRows;
-      const bool is_v = i >= kRows;
-      const uint32_t dst = (is_v ? v_tile : k_tile) + row * kPitchBytes;
-      if (row < valid_rows) {
-        const PagedSideBytes& side = is_v ? v : k;
-        const int key = first_key + row;
-        const int32_t slot = key - block_size.div(key) * block_size.divisor;
-        bulk_copy_g2s(dst, side.head_base + static_cast<int64_t>(pg.blk[c]) * side.stride_block + slot * side.stride_slot,
-                      kRowBytes, full);
-      } else {
-#pragma unroll
-        for (int b = 0; b < kRowBytes; b += 16)
-          asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst + b), "r"(0u) : "memory");
-      }
-    }
-    mbar_arrive(full);  // release: the zero rows are visible to whoever waits on the phase
   }
 };
 

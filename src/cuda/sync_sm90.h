@@ -1,5 +1,5 @@
-// Synchronisation vocabulary of sm90 kernels: shared-memory mbarriers (producer -> consumer
-// "tile full" and consumer -> producer "stage empty" signals, bulk-copy byte counts) and named
+// Synchronisation vocabulary of warp-specialised kernels (sm90): shared-memory mbarriers
+// (producer -> consumer "tile full" and consumer -> producer "stage empty" signals) and named
 // barriers (two consumer warpgroups taking turns at the tensor cores).
 #pragma once
 #include <cstdint>
@@ -19,18 +19,6 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 // cp.async copies have landed (the thread does not wait; the barrier's count includes it).
 __device__ __forceinline__ void mbar_arrive_on_cp_async(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-
-// The calling thread announces `bytes` more bytes that async-proxy copies will complete on
-// the barrier's current phase (before it issues them; its own arrival comes after).
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-// Makes mbarrier initialisations visible to the async proxy (bulk copies that complete on
-// them); a CTA-wide barrier must follow before any thread uses them.
-__device__ __forceinline__ void mbar_init_fence() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
 // Waits until the phase with parity `parity` of the barrier has completed.

@@ -35,7 +35,6 @@
 #include "cuda/device_props.h"
 #include "cuda/pdl.h"
 #include "cuda/split_merge_row.cuh"
-#include "cuda/sync_sm90.h"
 #include "flash_attn/varlen_schedule.cuh"
 #include "flash_attn/varlen_tile_softmax.cuh"
 #include "flash_attn/varlen_traits.h"
@@ -372,14 +371,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   using T = typename Tr::Elem;
   using Ring = StageRing<Tr::kStages>;
   using Loader = PagedKVTileLoader<Tr::kBlockN, Tr::kKvRowBytes, PitchedTile<Tr::kStagePitchBytes>, Tr::kThreads>;
-  using BulkLoader = PagedKVRowBulkLoader<Tr::kBlockN, Tr::kKvRowBytes, Tr::kStagePitchBytes, Tr::kThreads>;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr bool kBulk = Tr::kBulkRows;
-#else
-  constexpr bool kBulk = false;
-#endif
   extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ __align__(8) uint64_t full_bars[kBulk ? Tr::kStages : 1];  // bulk loads: one per stage
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (p.l2_prefetch) detail::prefetch_first_tiles<Tr, Loader, Tr::kStages>(p, threadIdx.x);
@@ -397,56 +389,33 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   const uint32_t s_stages = s_q + Tr::kStagesOffset;
 
   const Loader loader = kv_loader_for<Loader>(p, w);
-  const BulkLoader bulk = kv_loader_for<BulkLoader>(p, w);
   auto stage_k = [&](int tile) { return s_stages + Ring::stage_of(tile) * Tr::kStageBytes; };
-  auto full_bar = [&](int tile) { return smem_addr(&full_bars[Ring::stage_of(tile)]); };
-  auto tile_key = [&](int i) { return (w.tile_begin + i) * Tr::kBlockN; };
-  if constexpr (kBulk) {
-    if (tid == 0) {
-#pragma unroll
-      for (int s = 0; s < Tr::kStages; ++s) mbar_init(smem_addr(&full_bars[s]), Tr::kThreads);
-      mbar_init_fence();
-    }
-    __syncthreads();
-  }
 
-  // Prologue: Q (cp.async, its own group), then kStages - 1 K/V tiles: cp.async groups (one
-  // per tile, maybe empty) or bulk copies on the stages' barriers.
+  // Prologue: Q in its own group, then kStages - 1 K/V tiles (one group each, maybe empty).
   const int n_tiles = w.tile_end - w.tile_begin;
   detail::load_q_tile<Tr>(p, w, s_q, tid);
   cp_async_commit();
 #pragma unroll
   for (int s = 0; s < Tr::kStages - 1; ++s) {
-    if constexpr (kBulk) {
-      if (s < n_tiles) bulk.load(tile_key(s), bulk.pages(tile_key(s), tid), stage_k(s), stage_k(s) + Tr::kStageTileBytes, full_bar(s), tid);
-    } else {
-      if (s < n_tiles) loader.load(tile_key(s), stage_k(s), stage_k(s) + Tr::kStageTileBytes, tid);
-      cp_async_commit();
-    }
+    if (s < n_tiles) loader.load((w.tile_begin + s) * Tr::kBlockN, stage_k(s), stage_k(s) + Tr::kStageTileBytes, tid);
+    cp_async_commit();
   }
   pdl_launch_dependents();  // the next kernel's CTAs may take SM slots as this grid frees them
   // Block-table entries of the next tile to load, read one iteration ahead (where the loader
-  // copies by 16-key groups, or by rows): their latency overlaps the MMAs instead of stalling
-  // the copy issue after each barrier.
-  constexpr bool kPagesAhead = kBulk || Loader::kByGroups;
-  using Pages = std::conditional_t<kBulk, typename BulkLoader::Pages, typename Loader::Pages>;
-  Pages next_pages{};
-  if constexpr (kPagesAhead) {
-    if (Tr::kStages - 1 < n_tiles) {
-      if constexpr (kBulk) next_pages = bulk.pages(tile_key(Tr::kStages - 1), tid);
-      else next_pages = loader.pages(tile_key(Tr::kStages - 1), tid);
-    }
-  }
+  // copies by 16-key groups): their latency overlaps the MMAs instead of stalling the copy
+  // issue after each barrier.
+  constexpr bool kPagesAhead = Loader::kByGroups;
+  auto tile_key = [&](int i) { return (w.tile_begin + i) * Tr::kBlockN; };
+  typename Loader::Pages next_pages{};
+  if constexpr (kPagesAhead)
+    if (Tr::kStages - 1 < n_tiles) next_pages = loader.pages(tile_key(Tr::kStages - 1), tid);
 
-  // Q: wait for its group when it is read before the loop (into registers, or converted);
-  // with bulk K/V loads the Q group is the only one, waited for here in any case.
+  // Q: wait for its group when it is read before the loop (into registers, or converted).
   constexpr bool kConvertQ = Tr::kFp8Cache && std::is_same_v<T, __nv_bfloat16>;
   float q_factor = 1.f;
   FragA q_regs[Tr::kQInRegs ? Tr::kKSteps : 1];
-  if constexpr (kBulk && !(Tr::kQInRegs || kConvertQ)) cp_async_wait<0>();  // (the loop's barrier publishes it)
   if constexpr (Tr::kQInRegs || kConvertQ) {
-    if constexpr (kBulk) cp_async_wait<0>();
-    else cp_async_wait<Tr::kStages - 1>();  // the Q group
+    cp_async_wait<Tr::kStages - 1>();  // the Q group
     __syncthreads();
     if constexpr (kConvertQ) q_factor = detail::q_tile_to_f16<Tr>(smem, tid);
     if constexpr (Tr::kQInRegs) {
@@ -470,14 +439,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   FragC o[Tr::kMFrags][Tr::kOFrags];
 
   for (int it = 0; it < n_tiles; ++it) {
-    if constexpr (kBulk) mbar_wait(full_bar(it), (it / Tr::kStages) & 1);
-    else Ring::wait_oldest();
+    Ring::wait_oldest();
     __syncthreads();  // tile `it` visible to all; the stage of tile it-1 is free again
     const int ahead = it + Tr::kStages - 1;
-    if constexpr (kBulk) {
-      if (ahead < n_tiles) bulk.load(tile_key(ahead), next_pages, stage_k(ahead), stage_k(ahead) + Tr::kStageTileBytes, full_bar(ahead), tid);
-      if (ahead + 1 < n_tiles) next_pages = bulk.pages(tile_key(ahead + 1), tid);
-    } else if constexpr (kPagesAhead) {
+    if constexpr (kPagesAhead) {
       if (ahead < n_tiles) loader.load(tile_key(ahead), next_pages, stage_k(ahead), stage_k(ahead) + Tr::kStageTileBytes, tid);
       cp_async_commit();
       if (ahead + 1 < n_tiles) next_pages = loader.pages(tile_key(ahead + 1), tid);
@@ -500,7 +465,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
     detail::pv_tile<Tr, kFmt>(o, s, smem, s_q, s_v, warp_key0, lane);
   }
 
-  if constexpr (!kBulk) Ring::drain();  // (bulk: every tile was waited for in the loop)
+  Ring::drain();
   __syncthreads();
   detail::epilogue<Tr>(p, w, smem, o, softmax, unit, warp_active, warp_m, warp_n, lane, tid);
   if (p.num_splits > 1) detail::combine_splits_if_last<Tr>(p);

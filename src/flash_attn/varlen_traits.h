@@ -27,7 +27,7 @@ constexpr int ceil_div_c(int a, int b) { return (a + b - 1) / b; }
 constexpr int max_c(int a, int b) { return a > b ? a : b; }
 
 template <class Elem_, int kHeadDim_, bool kFp8Cache_, int kMFrags_, int kWarpsM_, int kWarpsN_,
-          int kBlockN_, int kStages_, int kMinBlocksPerSm_, bool kBulkRows_ = false>
+          int kBlockN_, int kStages_, int kMinBlocksPerSm_>
 struct VarlenTraits {
   using Elem = Elem_;  // __nv_bfloat16 or __half: q and out
   // The MMA operand type: fp8 caches run both GEMMs in f16 (every fp8 value is exact in f16,
@@ -43,9 +43,6 @@ struct VarlenTraits {
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
-  // sm90: K/V tiles arrive by one bulk copy per key row (PagedKVRowBulkLoader, mbarrier per
-  // stage) instead of 16-byte cp.async; elsewhere the cp.async loader serves.
-  static constexpr bool kBulkRows = kBulkRows_;
 
   static constexpr int kWarpKeys = kBlockN / kWarpsN;  // keys per warp per tile
   static constexpr int kSFrags = kWarpKeys / 8;        // n8 fragments of a warp's S tile
@@ -88,7 +85,7 @@ using PrefillTraits = std::conditional_t<(kHeadDim <= 128),
 // 128-key tiles measured the same within run-to-run noise, 311-342 us).
 template <class Elem, int kHeadDim, bool kFp8Cache>
 using DecodeTraits =
-    VarlenTraits<Elem, kHeadDim, kFp8Cache, 1, 1, 4, 64, 3, ((kFp8Cache && kHeadDim <= 128) ? 3 : 2), true>;
+    VarlenTraits<Elem, kHeadDim, kFp8Cache, 1, 1, 4, 64, 3, ((kFp8Cache && kHeadDim <= 128) ? 3 : 2)>;
 
 // Launches the kernel of configuration Tr (defined in varlen_kernel.cuh, instantiated in
 // varlen_hd*.cu). Throws Error on launch failure or when the device lacks the shared memory.
