@@ -83,6 +83,11 @@ using PrefillTraits = std::conditional_t<(kHeadDim <= 128),
 // fp8 tiles are half the bytes: for head sizes <= 128 three CTAs fit per SM and hide more of
 // each tile's latency (H200, batch 64 x 8k keys: 319-331 us against 324-349 us at 2 CTAs/SM;
 // 128-key tiles measured the same within run-to-run noise, 311-342 us).
+// Tried and dropped (commit 22ef71a, DISABLED_VarlenTiming.DecodeVariants, H200): one
+// cp.async.bulk per K/V row (256 / 128 bytes in the NHD cache) completing on per-stage
+// mbarriers, instead of 16-byte cp.async: bf16 b128 x 4k 532 vs 523 us, fp8 438 vs 320 us
+// (small bulk copies queue on the SM's copy engine); 1 CTA per SM with 6 stages: b64 x 8k
+// 678 vs 525 us (the per-tile MMA / softmax chain needs two CTAs to overlap).
 template <class Elem, int kHeadDim, bool kFp8Cache>
 using DecodeTraits =
     VarlenTraits<Elem, kHeadDim, kFp8Cache, 1, 1, 4, 64, 3, ((kFp8Cache && kHeadDim <= 128) ? 3 : 2)>;
