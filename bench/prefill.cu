@@ -4,7 +4,7 @@
 // FLOPs = 4 * tokens * seqlen * head_size * heads, halved for causal (the FlashAttention
 // convention, which bench/peers.py uses too). Keys match bench/peers.py's. Section
 // prefill-grid: head size 128 causal shapes again with the hopper launch forced persistent and
-// forced one CTA per item, the data behind the launcher's choice.
+// forced one CTA per item, and with one and two Q buffers: the data behind the launcher's choices.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -70,17 +70,26 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
             const double flops = 4.0 * kTokens * seqlen * hd * kHeads * (causal ? 0.5 : 1.0);
             rec.add({"prefill", key, "attnkit", "TFLOP/s", flops / ms / 1e9, ms,
                      "paged KV, block 16" + (args.num_splits > 1 ? ", splits " + std::to_string(args.num_splits) : std::string())});
-            // The hopper launcher's grid choice (persistent for short sequences), both ways in
-            // the same run: one CTA per SM looping over the items vs one CTA per item.
+            // The hopper launcher's choices, each way in the same run: one CTA per SM looping
+            // over the items vs one CTA per item, and (persistent, up to 4k keys) one vs two Q
+            // buffers.
             if (hd == 128 && causal && args.num_splits == 1 && flash_attn::hopper_kernels_available()) {
               const int sms = cuda::current_device_props().sm_count;
-              for (const auto& [name, ctas] : {std::pair<const char*, int>{"persistent", sms},
-                                               std::pair<const char*, int>{"per-item", INT_MAX}}) {
+              struct GridChoice {
+                const char* name;
+                int ctas, q_buffers;
+              };
+              std::vector<GridChoice> choices = {{"persistent", sms, 0}, {"per-item", INT_MAX, 0}};
+              if (seqlen <= 4096) choices.insert(choices.end(), {{"persistent 1 Q", sms, 1}, {"persistent 2 Q", sms, 2}});
+              for (const auto& [name, ctas, q_buffers] : choices) {
                 args.max_ctas = ctas;
+                args.hopper_q_buffers = q_buffers;
                 const double t = time_ms([&] { flash_attn::run_varlen_attention(args); }, stream, 1, 5);
                 rec.add({"prefill-grid", "hopper grid " + key + " " + name, "attnkit", "TFLOP/s", flops / t / 1e9, t,
-                         std::string(name) + " launch (VarlenArgs::max_ctas " + std::to_string(ctas) + ")"});
+                         std::string(name) + " launch (VarlenArgs::max_ctas " + std::to_string(ctas) +
+                             ", hopper_q_buffers " + std::to_string(q_buffers) + ")"});
               }
+              args.hopper_q_buffers = 0;
               args.max_ctas = 0;
             }
           } catch (const std::exception& e) {

@@ -16,7 +16,8 @@
 //   last:    O += P V of the last tile; epilogue: normalise, sink, write O and LSE
 //
 // Persistent where items are short: one CTA per SM walks the list of work items; the producer loads the
-// next item's tiles and Q while the consumers finish the current one and write its output.
+// next item's tiles while the consumers finish the current one and write its output, and its Q
+// too where the configuration has two Q buffers (HopperShortItemTraits, items up to 1k keys).
 #pragma once
 #include <algorithm>
 #include <type_traits>
@@ -115,17 +116,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
   // (the 128 producer threads' copies landed: cp.async arrivals) and an "empty" one (the 256
   // consumer threads no longer read it). K and V are separate so that a K stage frees as soon as
   // S = Q K^T is done, while V is still needed for O += P V one step later. The rings run on
-  // across the CTA's work items (RingPos); Q has one buffer with its own full / empty pair.
-  __shared__ __align__(8) uint64_t bars[4 * kS + 2];
+  // across the CTA's work items (RingPos); so does the ring of Q buffers (one or two), each
+  // with its own full / empty pair.
+  constexpr int kQB = Tr::kQBuffers;
+  __shared__ __align__(8) uint64_t bars[4 * kS + 2 * kQB];
 
   pdl_wait();  // everything below may read what the previous kernel wrote (metadata, q, cache)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   unsigned char* smem = smem_raw + ((Tr::kAlign - (smem_addr(smem_raw) & (Tr::kAlign - 1))) & (Tr::kAlign - 1));
   const uint32_t s_base = smem_addr(smem);
-  const uint32_t s_q = s_base + Tr::kQOffset;
+  auto s_q = [&](int buffer) { return s_base + Tr::kQOffset + buffer * Tr::kQBytes; };
   enum Ring { kFullK, kFullV, kEmptyK, kEmptyV };
   const uint32_t bars0 = smem_addr(&bars[0]);
-  const uint32_t q_full = bars0 + 8 * 4 * kS, q_empty = q_full + 8;
+  auto q_full = [&](int buffer) { return bars0 + 8 * (4 * kS + buffer); };
+  auto q_empty = [&](int buffer) { return bars0 + 8 * (4 * kS + kQB + buffer); };
   using Pos = RingPos<kS>;
   auto bar = [&](Ring r, int stage) { return bars0 + 8 * (r * kS + stage); };
   auto k_stage = [&](const Pos& at) { return s_base + at.stage * Tr::kTileBytes; };
@@ -139,8 +143,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
       mbar_init(bar(kEmptyK, i), Tr::kConsumerThreads);
       mbar_init(bar(kEmptyV, i), Tr::kConsumerThreads);
     }
-    mbar_init(q_full, Tr::kProducerThreads);
-    mbar_init(q_empty, Tr::kConsumerThreads);
+    for (int i = 0; i < kQB; ++i) {
+      mbar_init(q_full(i), Tr::kProducerThreads);
+      mbar_init(q_empty(i), Tr::kConsumerThreads);
+    }
   }
   __syncthreads();  // the last CTA-wide barrier: producer and consumers part here
   pdl_launch_dependents();  // the next kernel's CTAs may take SM slots as this grid frees them
@@ -169,7 +175,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
     regs_dec<Tr::kProducerRegs>();
     const int ptid = tid - Tr::kConsumerThreads;
     Pos k_at, v_at;  // the next K tile's stage; the next V tile's (one tile behind)
-    int q_loads = 0;
+    RingPos<kQB> q_at;
     WorkItem w;
     for (int64_t r = 0; next_item(r, w); ++r) {
       const int n = w.tile_end - w.tile_begin;
@@ -192,10 +198,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
         mbar_arrive_on_cp_async(bar(kFullK, k_at.stage));
         k_at.advance();
         if (t == 0) {
-          mbar_wait(q_empty, (q_loads & 1) ^ 1);  // the previous item's Q is no longer read
-          detail::load_q_tile<Tr, Swizzle128Tile<Tr::kBlockM>, Tr::kProducerThreads>(p, w, s_q, ptid);
-          mbar_arrive_on_cp_async(q_full);
-          ++q_loads;
+          mbar_wait(q_empty(q_at.stage), q_at.phase ^ 1);  // the Q of kQB items back is no longer read
+          detail::load_q_tile<Tr, Swizzle128Tile<Tr::kBlockM>, Tr::kProducerThreads>(p, w, s_q(q_at.stage), ptid);
+          mbar_arrive_on_cp_async(q_full(q_at.stage));
+          q_at.advance();
         }
       }
       load_v(n - 1);
@@ -212,7 +218,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
   // computes on zero rows (no branch around wgmma) and writes nothing.
   const int wg = warp / 4;
   const int warp_row0 = warp * 16;
-  const uint32_t s_q_group = s_q + wg * 64 * 128;
   const int my_turn = 1 + wg, their_turn = 2 - wg;
   const ScoreMod mod{p.scale, p.softcap, p.alibi_slopes != nullptr};
   const float unit = mod.unit();
@@ -220,8 +225,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
   FragC o[Tr::kOFrags];
   FragA pa[Tr::kSFrags / 2];
   Pos at, prev_at;  // the stages of tile j (K) and of tile j - 1 (V): K and V rings move together
-  int q_loads = 0;
+  RingPos<kQB> q_at;
   WorkItem w;
+  // This warpgroup's 64 rows of the current item's Q buffer (a constant with one buffer).
+  // (The consumers sit at their register limit: computed per step, ptxas 13.0 spilled 80 bytes.)
+  const uint32_t s_q_group0 = s_q(0) + wg * 64 * 128;
+  auto s_q_group = [&] {
+    if constexpr (kQB == 1) return s_q_group0;
+    else return s_q_group0 + q_at.stage * Tr::kQBytes;
+  };
 
   auto issue_pv = [&](const Pos& v_at) {
     const uint32_t s_v = v_stage(v_at);
@@ -245,7 +257,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
     const uint32_t s_k = k_stage(at);
 #pragma unroll
     for (int ks = 0; ks < Tr::kKSteps; ++ks) {
-      const uint32_t a = s_q_group + (ks / 4) * (Tr::kBlockM * 128) + (ks % 4) * 32;
+      const uint32_t a = s_q_group() + (ks / 4) * (Tr::kBlockM * 128) + (ks % 4) * 32;
       const uint32_t b = s_k + (ks / 4) * (Tr::kBlockN * 128) + (ks % 4) * 32;
       WgmmaSS<T, Tr::kBlockN>::run(s, smem_desc_sw128(a, 16, 1024), smem_desc_sw128(b, 16, 1024), ks > 0);
     }
@@ -284,11 +296,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
 #pragma unroll
     for (int f = 0; f < Tr::kOFrags; ++f) o[f] = FragC{};
     if (n > 0) {
-      mbar_wait(q_full, q_loads & 1);
-      ++q_loads;
+      mbar_wait(q_full(q_at.stage), q_at.phase);
       step(0, std::false_type{});
       for (int it = 1; it < n; ++it) step(it, std::true_type{});
-      mbar_arrive(q_empty);  // every S of the item is done: the producer may load the next Q
+      mbar_arrive(q_empty(q_at.stage));  // every S of the item is done: the producer may reuse it
+      q_at.advance();
       mbar_wait(bar(kFullV, prev_at.stage), prev_at.phase);
       fence_proxy_async_smem();
       wgmma_fence();
@@ -308,13 +320,28 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
 #endif
 }
 
+namespace detail {
+
 template <class Tr>
+void launch_hopper_config(const VarlenKernelParams& p, const HopperItems& items, int64_t ctas, bool pdl,
+                          cudaStream_t stream) {
+  auto kernel = hopper_varlen_kernel<Tr>;
+  ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+  cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(ctas)), dim3(Tr::kThreads), Tr::kSmemBytes, stream, pdl,
+                      p, items);
+}
+
+}  // namespace detail
+
+template <class Elem, int kHeadDim>
 void launch_hopper(const VarlenKernelParams& p, const VarlenLaunchShape& shape, cudaStream_t stream) {
+  using Long = HopperTraits<Elem, kHeadDim>;
+  using Short = HopperShortItemTraits<Elem, kHeadDim>;
   const char* where = "flash_attn varlen attention (hopper)";
   ATTNKIT_REQUIRE(p.num_splits == 1, where, "num_splits", p.num_splits,
                   "must be 1 (split launches run the mma_sync kernels)");
   dim3 grid;
-  if (!varlen_grid(p, shape, Tr::kBlockM, Tr::kSmemBytes, where, grid)) return;
+  if (!varlen_grid(p, shape, Long::kBlockM, std::max(Long::kSmemBytes, Short::kSmemBytes), where, grid)) return;
   // Short items (keys <= kPersistentMaxKeys): one CTA per SM loops over them, so one item's
   // epilogue and the next one's first loads overlap. Long ones: one CTA per item, which the
   // hardware hands out as SMs free up, where a static share per CTA leaves the slowest CTA
@@ -322,7 +349,9 @@ void launch_hopper(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
   // in the same run (bench section prefill-grid, 333f3bf), 32 / 8 heads: 512 x 32 200 vs 163,
   // 1k x 16 293 vs 254, 2k x 8 385 vs 349, 4k x 4 451 vs 418, 8k x 2 467 vs 460, 16k x 1 466 vs
   // 472; 32 / 32 heads: within 5% either way at every length (per item ahead up to 2k).
-  constexpr int kPersistentMaxKeys = 4096;
+  // Persistent launches of items up to kDoubleQMaxKeys keys take two Q buffers
+  // (HopperShortItemTraits): there the wait for each item's Q is a visible share of the item.
+  constexpr int kPersistentMaxKeys = 4096, kDoubleQMaxKeys = 1024;
   const HopperItems items{static_cast<int>(grid.x), static_cast<int>(grid.y), static_cast<int>(grid.z),
                           static_cast<int64_t>(grid.x) * grid.y * grid.z};
   int64_t ctas = items.total;
@@ -332,14 +361,15 @@ void launch_hopper(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
     ctas = std::min<int64_t>(ctas, cuda::current_device_props().sm_count);
   }
   ATTNKIT_REQUIRE(ctas <= 0x7fffffff, where, "work items", ctas, "must fit one grid dimension");
-  auto kernel = hopper_varlen_kernel<Tr>;
-  ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
-  cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(ctas)), dim3(Tr::kThreads), Tr::kSmemBytes, stream,
-                      shape.enable_pdl, p, items);
+  const bool two_q = shape.q_buffers > 0 ? shape.q_buffers == 2 : (ctas < items.total && shape.max_seq_len <= kDoubleQMaxKeys);
+  if (two_q) {
+    detail::launch_hopper_config<Short>(p, items, ctas, shape.enable_pdl, stream);
+  } else {
+    detail::launch_hopper_config<Long>(p, items, ctas, shape.enable_pdl, stream);
+  }
 }
 
 }  // namespace attnkit::flash_attn
 
 #define ATTNKIT_HOPPER_INSTANTIATE(ELEM, HEAD_DIM)                                                  \
-  template void launch_hopper<HopperTraits<ELEM, HEAD_DIM>>(const VarlenKernelParams&, const VarlenLaunchShape&, \
-                                                            cudaStream_t);
+  template void launch_hopper<ELEM, HEAD_DIM>(const VarlenKernelParams&, const VarlenLaunchShape&, cudaStream_t);

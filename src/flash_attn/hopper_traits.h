@@ -15,7 +15,9 @@
 
 namespace attnkit::flash_attn {
 
-template <class Elem_, int kHeadDim_>
+// kStages_: depth of the K ring and of the V ring; kQBuffers_: Q tiles in shared memory (2: a
+// persistent CTA loads the next item's Q while it still computes on the current one).
+template <class Elem_, int kHeadDim_, int kStages_ = (kHeadDim_ <= 64 ? 4 : 3), int kQBuffers_ = 1>
 struct HopperTraits {
   using Elem = Elem_;
   using MmaElem = Elem_;
@@ -45,16 +47,27 @@ struct HopperTraits {
   // every work item of more than one K/V tile.
   static constexpr int kTileBytes = kBlockN * kHeadDim * 2;
   static constexpr int kStageBytes = 2 * kTileBytes;
-  static constexpr int kStages = kHeadDim <= 64 ? 4 : 3;
+  static constexpr int kStages = kStages_;
+  static constexpr int kQBuffers = kQBuffers_;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kQOffset = kStages * kStageBytes;
   static constexpr int kAlign = 1024;  // swizzle atoms
-  static constexpr int kSmemBytes = kQOffset + kQBytes + kAlign;
+  static constexpr int kSmemBytes = kQOffset + kQBuffers * kQBytes + kAlign;
+  static_assert(kSmemBytes <= 227 * 1024, "K/V rings and Q buffers must fit the opt-in shared memory");
 };
 
-// Launches the hopper kernel of configuration Tr (hopper_kernel.cuh). The caller checks the
-// device is sm90 and the build has sm_90a code (hopper_kernels_available()).
-template <class Tr>
+// Persistent launches over short items (hopper_kernel.cuh, launch_hopper): Q double-buffered,
+// so the next item's Q is in flight while the consumers finish the current item, where a
+// single buffer made them wait for it at every item start (ncu, MHA 512 x 32: 10% of the
+// consumer warps' stall samples). Head size 128 gives a K/V stage for it (2 x 32 KB).
+template <class Elem, int kHeadDim>
+using HopperShortItemTraits = HopperTraits<Elem, kHeadDim, (kHeadDim <= 64 ? 4 : 2), 2>;
+
+// Launches the hopper kernel for (Elem, kHeadDim), choosing the grid (persistent or one CTA
+// per item) and the configuration (HopperTraits, or HopperShortItemTraits for persistent
+// launches of short items) (hopper_kernel.cuh). The caller checks the device is sm90 and the
+// build has sm_90a code (hopper_kernels_available()).
+template <class Elem, int kHeadDim>
 void launch_hopper(const VarlenKernelParams& p, const VarlenLaunchShape& shape, cudaStream_t stream);
 
 // True when this build compiled the hopper kernels (sm_90a among its CUDA architectures) and

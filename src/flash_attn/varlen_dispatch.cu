@@ -37,7 +37,7 @@ void launch_config(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
     // differ (the hopper producer computes one set of page offsets for both).
     const bool same_kv_strides = p.k_stride_block == p.v_stride_block && p.k_stride_slot == p.v_stride_slot;
     if (generation == Generation::hopper && p.num_splits == 1 && same_kv_strides && hopper_kernels_available()) {
-      launch_hopper<HopperTraits<Elem, kHeadDim>>(p, shape, stream);
+      launch_hopper<Elem, kHeadDim>(p, shape, stream);
       return;
     }
   }
@@ -223,6 +223,8 @@ void varlen_workspace_init(void* workspace, size_t bytes, void* stream) {
 
 void run_varlen_attention(const VarlenArgs& args) {
   ATTNKIT_REQUIRE(args.max_ctas >= 0, kWhere, "max_ctas", args.max_ctas, "must be >= 0 (0: one CTA per SM)");
+  ATTNKIT_REQUIRE(args.hopper_q_buffers >= 0 && args.hopper_q_buffers <= 2, kWhere, "hopper_q_buffers",
+                  args.hopper_q_buffers, "must be 0 (the launcher's choice), 1 or 2");
   const VarlenKernelParams p = varlen_kernel_params(args);
   if (p.num_tokens == 0 || args.num_reqs == 0) return;
   VarlenLaunchShape shape;
@@ -230,6 +232,7 @@ void run_varlen_attention(const VarlenArgs& args) {
   shape.enable_pdl = args.enable_pdl;
   shape.max_seq_len = args.max_seq_len;
   shape.max_ctas = args.max_ctas;
+  shape.q_buffers = args.hopper_q_buffers;
   const cudaStream_t stream = cuda::as_stream(args.stream);
   const bool fp8 = is_fp8(args.cache.dtype);
   const int head_size = static_cast<int>(args.q.size(2));

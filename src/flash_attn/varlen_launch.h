@@ -53,6 +53,11 @@ struct VarlenArgs {
   // max_seq_len <= 4096, else one CTA per item). Tests use small counts to give every CTA
   // many items.
   int max_ctas = 0;
+  // Hopper generation: Q tiles in shared memory, 1 or 2 (two: the next work item's Q loads
+  // while a persistent CTA computes on the current one; K/V rings one stage shorter at head
+  // size 128); 0 = the launcher's choice (two for persistent launches with max_seq_len <= 1024).
+  // Tests set it to run both configurations on every shape.
+  int hopper_q_buffers = 0;
 };
 
 // Split-KV workspace contract (layout: cuda/split_workspace.h).

@@ -67,6 +67,7 @@ struct VarlenLaunchShape {
   bool enable_pdl = true;  // programmatic dependent launch where the device has it (sm90+)
   int max_seq_len = 0;     // a hint (the launch's longest key range) for the hopper grid choice
   int max_ctas = 0;        // hopper generation: CTAs of a persistent launch (0: the launcher's choice)
+  int q_buffers = 0;       // hopper generation: Q buffers, 1 or 2 (0: the launcher's choice)
 };
 
 struct VarlenArgs;

@@ -45,6 +45,7 @@ std::string Case::describe() const {
      << ", q_amp " << q_amp << ", splits " << num_splits << (want_lse ? "" : ", no lse")
      << ", " << flash_attn::generation_name(generation) << " preferred"
      << (max_ctas ? ", " + std::to_string(max_ctas) + " persistent CTAs" : "")
+     << (q_buffers ? ", " + std::to_string(q_buffers) + " Q buffers" : "")
      << (pad_tokens ? ", " + std::to_string(pad_tokens) + " padding tokens" : "")
      << (v_other_layout ? ", V with the other layout's strides" : "")
      << "; requests (q_len/seq_len):";
@@ -191,6 +192,7 @@ flash_attn::VarlenArgs Problem::make_args(void* out, void* lse, void* workspace,
   a.num_splits = num_splits;
   a.generation = c_.generation;
   a.max_ctas = c_.max_ctas;
+  a.hopper_q_buffers = c_.q_buffers;
   a.workspace = workspace;
   a.workspace_bytes = workspace_bytes;
   return a;

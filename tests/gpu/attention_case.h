@@ -38,6 +38,8 @@ struct Case {
   flash_attn::Generation generation = flash_attn::Generation::hopper;
   // Hopper generation: CTAs of the persistent launch (VarlenArgs::max_ctas; 0 = one per SM).
   int max_ctas = 0;
+  // Hopper generation: Q buffers (VarlenArgs::hopper_q_buffers; 0 = the launcher's choice).
+  int q_buffers = 0;
   // q / out / LSE rows past the batch's last token (CUDA-graph padding): the launch must
   // leave them unwritten.
   int pad_tokens = 0;
@@ -68,6 +70,7 @@ class Problem {
   const Case& spec() const { return c_; }
   void set_generation(flash_attn::Generation g) { c_.generation = g; }
   void set_max_ctas(int n) { c_.max_ctas = n; }
+  void set_q_buffers(int n) { c_.q_buffers = n; }
 
   // The kernel under test (out, lse and workspace poisoned with NaN first, then the workspace's
   // counters zeroed). Throws Error.

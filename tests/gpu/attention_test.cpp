@@ -22,16 +22,21 @@ void check_against_cpu(const Case& c) {
   const Result ref = p.run_cpu_reference();
   const int64_t T = c.num_tokens();
   const int H = c.num_heads(), D = c.head_size;
-  // (generation, persistent CTAs): the hopper kernel also with 1..3 CTAs, each looping over
-  // many work items.
-  std::vector<std::pair<flash_attn::Generation, int>> runs = {{c.generation, c.max_ctas}};
+  // (generation, persistent CTAs, Q buffers): the hopper kernel also with 1..3 CTAs, each
+  // looping over many work items, with one or two Q buffers whatever the sequence lengths.
+  struct Run {
+    flash_attn::Generation g;
+    int ctas, q_buffers;
+  };
+  std::vector<Run> runs = {{c.generation, c.max_ctas, c.q_buffers}};
   if (c.hopper_eligible())
-    runs = {{flash_attn::Generation::hopper, 0},
-            {flash_attn::Generation::hopper, 1 + static_cast<int>(c.seed % 3)},
-            {flash_attn::Generation::mma_sync, 0}};
-  for (const auto& [g, ctas] : runs) {
+    runs = {{flash_attn::Generation::hopper, 0, 0},
+            {flash_attn::Generation::hopper, 1 + static_cast<int>(c.seed % 3), 1 + static_cast<int>(c.seed / 3 % 2)},
+            {flash_attn::Generation::mma_sync, 0, 0}};
+  for (const auto& [g, ctas, q_buffers] : runs) {
     p.set_generation(g);
     p.set_max_ctas(ctas);
+    p.set_q_buffers(q_buffers);
     SCOPED_TRACE(p.spec().describe());
     for (int splits : {1, c.num_splits}) {
       SCOPED_TRACE("num_splits " + std::to_string(splits));
@@ -317,6 +322,11 @@ TEST(VarlenErrors, RejectsInputsNoKernelServes) {
   {
     auto a = p.make_args(out.get(), lse.get(), nullptr, 0, 1);
     a.max_ctas = -1;
+    EXPECT_THROW(flash_attn::run_varlen_attention(a), Error);
+  }
+  {
+    auto a = p.make_args(out.get(), lse.get(), nullptr, 0, 1);
+    a.hopper_q_buffers = 3;
     EXPECT_THROW(flash_attn::run_varlen_attention(a), Error);
   }
   {
