@@ -158,6 +158,8 @@ TEST(SplitKV, DocumentedConstants) {
   EXPECT_EQ(kQTileRows, 64);
   EXPECT_EQ(kKVTileTokens, 64);
   EXPECT_EQ(kMinKVPerSplit, 512);
+  EXPECT_EQ(kMaxWaveSplits, 4);
+  EXPECT_DOUBLE_EQ(kMinWaveFillGain, 0.15);
   EXPECT_EQ(kMinKVPerSplit % kKVTileTokens, 0);
   EXPECT_EQ(kMaxSplits, 32);
   EXPECT_EQ(kMaxUsefulSplits, 32);
@@ -235,9 +237,19 @@ TEST(SplitKV, WorkedExamples) {
       {16, 1, 32768, 32, 8, 132, 32, fp8, 3, "batch 16 fp8: one wave of 384 CTAs"},
       {16, 1, 32768, 32, 8, 132, 32, DType::fp8_e5m2, 3, "e5m2 is fp8 too"},
       {16, 1, 32768, 32, 8, 132, 32, DType::f16, 2, "f16 counts as 16-bit"},
-      // W = 64 * 8 = 512 > 396 / 2: the items fill the GPU.
+      // W = 64 * 8 = 512 > S / 2. bf16: 512 CTAs fill 97% of two waves of 264 slots: no split.
+      // fp8: 65% of two waves of 396; 2 splits fill 86%, 3 splits 97% (the wave-fill clause;
+      // sweep at d6c4eed: 3 splits 324.4 us vs 369.1 unsplit at 8k).
       {64, 1, 32768, 32, 8, 132, 32, bf16, 1, "enough work"},
-      {64, 1, 32768, 32, 8, 132, 32, fp8, 1, "enough work, fp8"},
+      {64, 1, 32768, 32, 8, 132, 32, fp8, 3, "fp8 batch 64: the last of two waves runs mostly empty"},
+      {64, 1, 32768, 32, 8, 132, 2, fp8, 2, "fp8 batch 64, caller cap 2"},
+      {64, 1, 1000, 32, 8, 132, 32, fp8, 1, "fp8 batch 64: KV too short to split"},
+      {128, 1, 32768, 32, 8, 132, 32, fp8, 1, "W = 1024 > two waves of 396: no split"},
+      {48, 1, 32768, 32, 8, 132, 32, fp8, 1, "W = 384 fills 97% of one wave"},
+      // Two prefills: W = 2 x 8 KV heads x 4 heads x ceil(100/64) = 128 > 132 / 2 fills 97% of
+      // one wave of 132 slots anyway; with a prefill the wave-fill clause never splits.
+      {2, 100, 5000, 32, 8, 132, 32, bf16, 1, "prefill batch past half a wave"},
+      {3, 100, 5000, 32, 8, 132, 32, bf16, 1, "prefill batch: W = 192 fills 73% of two waves, no split"},
       // A prefill in the batch: one CTA per SM. W = 8 KV heads x 4 heads x ceil(100/64) = 64,
       // floor(132 / 64) = 2.
       {1, 100, 5000, 32, 8, 132, 32, bf16, 2, "prefill: one CTA per SM"},
@@ -295,8 +307,22 @@ TEST(SplitKV, PropertiesOverARandomGrid) {
     EXPECT_EQ(d.work_items, split_kv_work_items(in));
     const int per_sm = prefill ? kCtasPerSmPrefill : cache == DType::bf16 ? kCtasPerSmDecode : kCtasPerSmDecodeFp8;
     EXPECT_EQ(d.cta_slots, int64_t{sms} * per_sm) << ctx;
-    if (2 * d.work_items > d.cta_slots) EXPECT_EQ(d.num_splits, 1) << ctx;
-    if (d.num_splits > 1) {
+    const bool one_wave_rule = 2 * d.work_items <= d.cta_slots;
+    if (!one_wave_rule) {
+      // Past half a wave: only decode-only batches of at most two waves split, into at most
+      // kMaxWaveSplits, and only for a real gain in wave fill.
+      if (prefill || d.work_items > 2 * d.cta_slots) EXPECT_EQ(d.num_splits, 1) << ctx;
+      EXPECT_LE(d.num_splits, kMaxWaveSplits) << ctx;
+      if (d.num_splits > 1) {
+        auto fill = [&](int64_t s) {
+          const int64_t ctas = d.work_items * s;
+          return double(ctas) / double((ctas + d.cta_slots - 1) / d.cta_slots * d.cta_slots);
+        };
+        EXPECT_GE(fill(d.num_splits), fill(1) + kMinWaveFillGain - 1e-9) << ctx;
+        EXPECT_GE(max_kv / d.num_splits, kMinKVPerSplit) << ctx;
+      }
+    }
+    if (one_wave_rule && d.num_splits > 1) {
       // Each split of the longest KV reads at least kMinKVPerSplit tokens.
       EXPECT_GE(max_kv / d.num_splits, kMinKVPerSplit) << ctx;
       // The split CTAs fit in one wave of slots.
@@ -306,19 +332,25 @@ TEST(SplitKV, PropertiesOverARandomGrid) {
       const int s = d.num_splits;
       EXPECT_GT((tiles + s - 2) / (s - 1), (tiles + s - 1) / s) << ctx;
     }
-    // Monotone: more SMs never mean fewer splits; more KV heads never mean more.
-    SplitKVInput more_sms = in;
-    more_sms.num_sms = sms * 2;
-    EXPECT_GE(decide_num_splits(more_sms).num_splits, d.num_splits) << ctx;
-    SplitKVInput more_heads = in;
-    more_heads.num_kv_heads = kv_heads * 2;
-    more_heads.num_heads = kv_heads * 2 * group;
-    EXPECT_LE(decide_num_splits(more_heads).num_splits, d.num_splits) << ctx;
-    // An fp8 cache never means fewer splits than a bf16 one.
-    SplitKVInput as_fp8 = in, as_bf16 = in;
-    as_fp8.cache_dtype = DType::fp8_e4m3;
-    as_bf16.cache_dtype = DType::bf16;
-    EXPECT_GE(decide_num_splits(as_fp8).num_splits, decide_num_splits(as_bf16).num_splits) << ctx;
+    // Monotone within the one-wave rule (the wave-fill clause is not: a batch past half a wave
+    // may split more than a smaller one): more SMs never mean fewer splits; more KV heads never
+    // mean more; an fp8 cache never means fewer splits than a bf16 one.
+    if (one_wave_rule) {
+      SplitKVInput more_sms = in;
+      more_sms.num_sms = sms * 2;
+      EXPECT_GE(decide_num_splits(more_sms).num_splits, d.num_splits) << ctx;
+      SplitKVInput more_heads = in;
+      more_heads.num_kv_heads = kv_heads * 2;
+      more_heads.num_heads = kv_heads * 2 * group;
+      const SplitKVDecision dh = decide_num_splits(more_heads);
+      if (2 * dh.work_items <= dh.cta_slots) EXPECT_LE(dh.num_splits, d.num_splits) << ctx;
+      SplitKVInput as_fp8 = in, as_bf16 = in;
+      as_fp8.cache_dtype = DType::fp8_e4m3;
+      as_bf16.cache_dtype = DType::bf16;
+      const SplitKVDecision db = decide_num_splits(as_bf16);
+      if (2 * db.work_items <= db.cta_slots)
+        EXPECT_GE(decide_num_splits(as_fp8).num_splits, db.num_splits) << ctx;
+    }
   }
 }
 

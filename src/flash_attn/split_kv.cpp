@@ -55,14 +55,32 @@ SplitKVDecision decide_num_splits(const SplitKVInput& in) {
     d.reason = "no query tokens: nothing to split";
     return d;
   }
-  if (2 * d.work_items > d.cta_slots) {
-    d.reason = std::to_string(d.work_items) + " work items fill more than half of " +
-               std::to_string(d.cta_slots) + " CTA slots";
-    return d;
-  }
   int32_t max_kv = 0;  // longest KV among requests that have queries
   for (size_t r = 0; r < in.seq_lens.size(); ++r)
     if (in.query_start_loc[r + 1] > in.query_start_loc[r]) max_kv = std::max(max_kv, in.seq_lens[r]);
+  if (2 * d.work_items > d.cta_slots) {
+    d.reason = std::to_string(d.work_items) + " work items fill more than half of " +
+               std::to_string(d.cta_slots) + " CTA slots";
+    // Decode-only batches of one to two waves: split when the last wave would run mostly empty.
+    const bool decode_only = split_kv_ctas_per_sm(in) != kCtasPerSmPrefill;
+    if (decode_only && d.work_items <= 2 * d.cta_slots) {
+      auto fill = [&](int64_t s) {  // busy share of the slot-waves W * s CTAs take
+        const int64_t ctas = d.work_items * s;
+        return static_cast<double>(ctas) / static_cast<double>(ceil_div(ctas, d.cta_slots) * d.cta_slots);
+      };
+      const int64_t cap = std::min<int64_t>(
+          {int64_t{kMaxWaveSplits}, int64_t{in.max_splits}, static_cast<int64_t>(max_kv / kMinKVPerSplit)});
+      int64_t best = 1;
+      for (int64_t s = 2; s <= cap; ++s)
+        if (fill(s) > fill(best) + 1e-9) best = s;
+      if (best > 1 && fill(best) >= fill(1) + kMinWaveFillGain) {
+        d.num_splits = static_cast<int>(best);
+        d.reason += ", but only " + std::to_string(static_cast<int>(100 * fill(1))) + "% of their waves: " +
+                    std::to_string(best) + " splits fill " + std::to_string(static_cast<int>(100 * fill(best))) + "%";
+      }
+    }
+    return d;
+  }
   const int64_t by_fill = d.cta_slots / d.work_items;  // at most one wave of CTAs
   const int64_t by_kv = max_kv / kMinKVPerSplit;
   int64_t s = std::min({by_fill, static_cast<int64_t>(kMaxUsefulSplits), static_cast<int64_t>(in.max_splits), by_kv});

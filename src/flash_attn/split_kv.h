@@ -15,6 +15,11 @@
 //   (floor: the W * s CTAs fill at most one wave of slots, never start a partial second one)
 //   then s drops to the smallest count giving the same longest split (in KV tiles), since more
 //   splits that do not shorten the longest one only add merge work; s <= 1 -> 1.
+//   Past half a wave (2W > S), a decode-only batch of at most two waves (W <= 2S) still splits
+//   when the waves would run mostly empty: s in 2..min(kMaxWaveSplits, max_splits,
+//   max_seq_len / kMinKVPerSplit) with the best fill W*s / (ceil(W*s / S) * S), the smallest on
+//   ties, if that fill beats one split's by kMinWaveFillGain. Batches with a prefill never do
+//   (the hopper kernel serves unsplit launches only).
 //
 // Measured on the H200 (132 SMs; attnkit_bench --split-sweep, 32/8 heads, hd 128, block 16,
 // us per call at forced split counts, commit 1ebe660):
@@ -35,6 +40,10 @@
 //   16: 42.8, 24: 40.6, 32: 41.0; batch 4 / 16 / 64 keep their best counts (8 / 2 / 1 for
 //   bf16): hence kMaxUsefulSplits = kMaxSplits = 32.
 //   batch 64 (W = 512 > S / 2): 1 split is best for bf16 and within 3% for fp8.
+//   Same sweep at d6c4eed (fp8 format as a template parameter, more of the fp8 time is now HBM):
+//   fp8 batch 64, 1 / 2 / 3 splits: 192.3 / 184.1 / 185.6 us at KV 4k, 369.1 / 329.7 / 324.4 at
+//   8k, 1366 / 1249 / 1296 at 32k -- W = 512 on 396 slots fills 65% of two waves, 3 splits 97%;
+//   bf16 batch 64 (97% of two waves of 264) stays best unsplit: hence the wave-fill clause.
 // Prefill tiles (64 query rows) were not swept: a batch with one keeps one CTA per SM, the
 // count the earlier rule used for everything.
 //
@@ -59,6 +68,8 @@ inline constexpr int kMaxUsefulSplits = 32;                // the rule never pic
 inline constexpr int kCtasPerSmDecode = 2;                 // decode-only batch, 16-bit cache
 inline constexpr int kCtasPerSmDecodeFp8 = 3;              // decode-only batch, fp8 cache
 inline constexpr int kCtasPerSmPrefill = 1;                // batch with any prefill request
+inline constexpr int kMaxWaveSplits = 4;                   // the wave-fill clause's largest count
+inline constexpr double kMinWaveFillGain = 0.15;           // ... and the fill it must add
 
 struct SplitKVInput {
   std::span<const int32_t> query_start_loc;  // num_reqs + 1
