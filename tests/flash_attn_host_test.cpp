@@ -160,6 +160,7 @@ TEST(SplitKV, DocumentedConstants) {
   EXPECT_EQ(kMinKVPerSplit, 512);
   EXPECT_EQ(kMaxWaveSplits, 4);
   EXPECT_DOUBLE_EQ(kMinWaveFillGain, 0.15);
+  EXPECT_EQ(kMinKVPerWaveSplit, 2048);
   EXPECT_EQ(kMinKVPerSplit % kKVTileTokens, 0);
   EXPECT_EQ(kMaxSplits, 32);
   EXPECT_EQ(kMaxUsefulSplits, 32);
@@ -243,7 +244,8 @@ TEST(SplitKV, WorkedExamples) {
       {64, 1, 32768, 32, 8, 132, 32, bf16, 1, "enough work"},
       {64, 1, 32768, 32, 8, 132, 32, fp8, 3, "fp8 batch 64: the last of two waves runs mostly empty"},
       {64, 1, 32768, 32, 8, 132, 2, fp8, 2, "fp8 batch 64, caller cap 2"},
-      {64, 1, 1000, 32, 8, 132, 32, fp8, 1, "fp8 batch 64: KV too short to split"},
+      {64, 1, 1024, 32, 8, 132, 32, fp8, 1, "fp8 batch 64 x 1k: splits under kMinKVPerWaveSplit"},
+      {64, 1, 4096, 32, 8, 132, 32, fp8, 2, "fp8 batch 64 x 4k: 2 splits of 2048 keys"},
       {128, 1, 32768, 32, 8, 132, 32, fp8, 1, "W = 1024 > two waves of 396: no split"},
       {48, 1, 32768, 32, 8, 132, 32, fp8, 1, "W = 384 fills 97% of one wave"},
       // Two prefills: W = 2 x 8 KV heads x 4 heads x ceil(100/64) = 128 > 132 / 2 fills 97% of
@@ -319,7 +321,7 @@ TEST(SplitKV, PropertiesOverARandomGrid) {
           return double(ctas) / double((ctas + d.cta_slots - 1) / d.cta_slots * d.cta_slots);
         };
         EXPECT_GE(fill(d.num_splits), fill(1) + kMinWaveFillGain - 1e-9) << ctx;
-        EXPECT_GE(max_kv / d.num_splits, kMinKVPerSplit) << ctx;
+        EXPECT_GE(max_kv / d.num_splits, kMinKVPerWaveSplit) << ctx;
       }
     }
     if (one_wave_rule && d.num_splits > 1) {

@@ -69,7 +69,7 @@ SplitKVDecision decide_num_splits(const SplitKVInput& in) {
         return static_cast<double>(ctas) / static_cast<double>(ceil_div(ctas, d.cta_slots) * d.cta_slots);
       };
       const int64_t cap = std::min<int64_t>(
-          {int64_t{kMaxWaveSplits}, int64_t{in.max_splits}, static_cast<int64_t>(max_kv / kMinKVPerSplit)});
+          {int64_t{kMaxWaveSplits}, int64_t{in.max_splits}, static_cast<int64_t>(max_kv / kMinKVPerWaveSplit)});
       int64_t best = 1;
       for (int64_t s = 2; s <= cap; ++s)
         if (fill(s) > fill(best) + 1e-9) best = s;

@@ -17,7 +17,7 @@
 //   splits that do not shorten the longest one only add merge work; s <= 1 -> 1.
 //   Past half a wave (2W > S), a decode-only batch of at most two waves (W <= 2S) still splits
 //   when the waves would run mostly empty: s in 2..min(kMaxWaveSplits, max_splits,
-//   max_seq_len / kMinKVPerSplit) with the best fill W*s / (ceil(W*s / S) * S), the smallest on
+//   max_seq_len / kMinKVPerWaveSplit) with the best fill W*s / (ceil(W*s / S) * S), the smallest on
 //   ties, if that fill beats one split's by kMinWaveFillGain. Batches with a prefill never do
 //   (the hopper kernel serves unsplit launches only).
 //
@@ -43,7 +43,9 @@
 //   Same sweep at d6c4eed (fp8 format as a template parameter, more of the fp8 time is now HBM):
 //   fp8 batch 64, 1 / 2 / 3 splits: 192.3 / 184.1 / 185.6 us at KV 4k, 369.1 / 329.7 / 324.4 at
 //   8k, 1366 / 1249 / 1296 at 32k -- W = 512 on 396 slots fills 65% of two waves, 3 splits 97%;
-//   bf16 batch 64 (97% of two waves of 264) stays best unsplit: hence the wave-fill clause.
+//   bf16 batch 64 (97% of two waves of 264) stays best unsplit: hence the wave-fill clause. With
+//   splits of 512 keys it lost (48d7893, fp8 batch 64 x 1k: 2 splits 39% of read BW, unsplit
+//   47% the run before): hence kMinKVPerWaveSplit.
 // Prefill tiles (64 query rows) were not swept: a batch with one keeps one CTA per SM, the
 // count the earlier rule used for everything.
 //
@@ -69,7 +71,8 @@ inline constexpr int kCtasPerSmDecode = 2;                 // decode-only batch,
 inline constexpr int kCtasPerSmDecodeFp8 = 3;              // decode-only batch, fp8 cache
 inline constexpr int kCtasPerSmPrefill = 1;                // batch with any prefill request
 inline constexpr int kMaxWaveSplits = 4;                   // the wave-fill clause's largest count
-inline constexpr double kMinWaveFillGain = 0.15;           // ... and the fill it must add
+inline constexpr double kMinWaveFillGain = 0.15;           // ... the fill it must add
+inline constexpr int kMinKVPerWaveSplit = 2048;            // ... and the KV each split keeps
 
 struct SplitKVInput {
   std::span<const int32_t> query_start_loc;  // num_reqs + 1
