@@ -1,5 +1,5 @@
 // Split-KV sweep (attnkit_bench --split-sweep, not part of the default run): decode shapes
-// (bf16 and fp8 e4m3 caches; batch 1, 4, 16, 64; KV 4k, 8k, 32k; 32/8 heads, head size 128,
+// (bf16 and fp8 e4m3 caches; batch 1, 4, 16, 64 at KV 4k, 8k, 32k, batch 128, 256 at 4k, 8k; 32/8 heads, head size 128,
 // block 16) timed at forced split counts, with the same method as the decode section (a CUDA
 // graph of back-to-back calls rotating over KV instances >= 8x the L2). Counts that leave a
 // split under kMinKVPerSplit tokens are skipped. Prints one table: shape x splits -> us and %
@@ -40,13 +40,14 @@ void run_split_sweep(Recorder& rec, cudaStream_t stream, double read_gbps) {
     return;
   }
   cuda::DeviceBuffer pool(pool_bytes);
-  const int64_t qo_bytes = int64_t{64} * kHeads * kHeadSize * 2;
+  constexpr int kMaxBatch = 256;
+  const int64_t qo_bytes = int64_t{kMaxBatch} * kHeads * kHeadSize * 2;
   cuda::DeviceBuffer q(qo_bytes), out(qo_bytes), scale(4);
   fill_random(q.get(), qo_bytes / 2, DType::bf16, 31, stream);
   const float kv_scale = 1.f / 16;
   ATTNKIT_CUDA_CHECK(cudaMemcpyAsync(scale.get(), &kv_scale, 4, cudaMemcpyHostToDevice, stream));
   // One workspace for every shape and split count of the sweep (its counters zeroed once).
-  cuda::DeviceBuffer workspace = split_workspace(flash_attn::varlen_workspace_bytes(64, kHeads, kHeadSize, kSplitCounts.back()), stream);
+  cuda::DeviceBuffer workspace = split_workspace(flash_attn::varlen_workspace_bytes(kMaxBatch, kHeads, kHeadSize, kSplitCounts.back()), stream);
 
   std::printf("\nsplit sweep: us per call / %% of read BW (%.0f GB/s); '-' = split under %d KV tokens\n", read_gbps,
               flash_attn::kMinKVPerSplit);
@@ -57,8 +58,9 @@ void run_split_sweep(Recorder& rec, cudaStream_t stream, double read_gbps) {
     const KVCacheSpec spec = decode_pool_spec(cd, pool_bytes, kBlock, kKvHeads, kHeadSize);
     fill_random(pool.get(), spec.total_bytes() / static_cast<int64_t>(dtype_size(cd)), cd, 41, stream);
     const PagedKV cache = pool_view(spec, pool.get());
-    for (int B : {1, 4, 16, 64})
+    for (int B : {1, 4, 16, 64, 128, 256})
       for (int L : {4096, 8192, 32768}) {
+        if (B >= 128 && L > 8192) continue;  // (the 12 GB pool; batch 128 / 256 are multi-wave shapes)
         char shape_name[64];
         std::snprintf(shape_name, sizeof shape_name, "%s b%d kv%dk", cd == DType::bf16 ? "bf16" : "fp8", B, L / 1024);
         try {
