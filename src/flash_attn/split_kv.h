@@ -45,7 +45,10 @@
 //   8k, 1366 / 1249 / 1296 at 32k -- W = 512 on 396 slots fills 65% of two waves, 3 splits 97%;
 //   bf16 batch 64 (97% of two waves of 264) stays best unsplit: hence the wave-fill clause. With
 //   splits of 512 keys it lost (48d7893, fp8 batch 64 x 1k: 2 splits 39% of read BW, unsplit
-//   47% the run before): hence kMinKVPerWaveSplit.
+//   47% the run before): hence kMinKVPerWaveSplit. The sweep at 18652a5 (batch 128 / 256 added)
+//   agrees with the rule on every row but fp8 64 x 32k (rule 3 splits 1207 us, best 2 1183):
+//   past two waves splitting only loses (fp8 256 x 4k: 615.8 us unsplit, 683.7 at 2 splits;
+//   bf16 256 x 4k 1029.1 vs 1049.1), hence the W <= 2S bound.
 // Prefill tiles (64 query rows) were not swept: a batch with one keeps one CTA per SM, the
 // count the earlier rule used for everything.
 //
