@@ -71,10 +71,11 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
           }
           const GraphTiming t = time_rotating(shape.args, shape.calls, stream);
           const double gbps = shape.bytes / t.ms_per_call / 1e6;
+          auto pct = [&](double g) { return read_gbps > 0 ? 100.0 * g / read_gbps : 0.0; };
           char note[200];
           std::snprintf(note, sizeof note, "%s of %d calls over %zu KV instances (%.2f GB), builder splits %d, %.0f%% of read BW",
                         t.graph ? "CUDA graph" : "eager launches", shape.calls, shape.args.size(),
-                        shape.args.size() * shape.kv_bytes / 1e9, splits, read_gbps > 0 ? 100.0 * gbps / read_gbps : 0.0);
+                        shape.args.size() * shape.kv_bytes / 1e9, splits, pct(gbps));
           rec.add({"decode", key, "attnkit", "GB/s", gbps, t.ms_per_call, note});
           // What the launch overlap gives, same shapes, same run: the L2 prefetch before the
           // PDL wait off, then PDL itself off (VarlenArgs::l2_prefetch / enable_pdl).
@@ -89,7 +90,7 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
               const double g = shape.bytes / v.ms_per_call / 1e6;
               char ab[160];
               std::snprintf(ab, sizeof ab, "%s: %.0f%% of read BW (default launch %.0f%%)", name,
-                            read_gbps > 0 ? 100.0 * g / read_gbps : 0.0, read_gbps > 0 ? 100.0 * gbps / read_gbps : 0.0);
+                            pct(g), pct(gbps));
               rec.add({"decode-ab", key + " " + name, "attnkit", "GB/s", g, v.ms_per_call, ab});
             }
           }

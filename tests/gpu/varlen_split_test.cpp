@@ -148,6 +148,11 @@ class VarlenSplitReuse : public GpuTest {
     a.enable_pdl = pdl;
     flash_attn::run_varlen_attention(a);
   }
+  // The workspace a launch of case c needs (its padding rows included).
+  static size_t workspace_bytes(const Case& c) {
+    return flash_attn::varlen_workspace_bytes(c.num_tokens() + c.pad_tokens, c.num_heads(), c.head_size,
+                                              c.num_splits);
+  }
   cuda::DeviceBuffer fresh_workspace(size_t bytes) {
     cuda::DeviceBuffer ws(std::max<size_t>(bytes, 16));
     poison_device(ws.get(), static_cast<int64_t>(bytes), stream_);
@@ -161,8 +166,7 @@ TEST_F(VarlenSplitReuse, RepeatedLaunchesOnOneWorkspaceGiveIdenticalResults) {
     const Case c = split_case(100 + i, i % 2 == 0, i < 2 ? 16 : 3 + i);
     SCOPED_TRACE(c.describe());
     Problem p(c);
-    const size_t ws_bytes = flash_attn::varlen_workspace_bytes(c.num_tokens() + c.pad_tokens, c.num_heads(),
-                                                               c.head_size, c.num_splits);
+    const size_t ws_bytes = workspace_bytes(c);
     const cuda::DeviceBuffer ws = fresh_workspace(ws_bytes);
     LaunchBuffers b(c);
     std::vector<uint8_t> first;
@@ -190,11 +194,7 @@ TEST_F(VarlenSplitReuse, ShapesSharingOneWorkspace) {
   large.q_lens = {90, 130, 60};
   large.seq_lens = {400, 1200, 60};
   const Problem ps(small), pl(large);
-  const auto need = [](const Case& c) {
-    return flash_attn::varlen_workspace_bytes(c.num_tokens() + c.pad_tokens, c.num_heads(), c.head_size,
-                                              c.num_splits);
-  };
-  const size_t ws_bytes = std::max(need(small), need(large));
+  const size_t ws_bytes = std::max(workspace_bytes(small), workspace_bytes(large));
   const cuda::DeviceBuffer ws = fresh_workspace(ws_bytes);
   LaunchBuffers bs(small), bl(large);
   std::vector<uint8_t> first_small, first_large;
@@ -223,11 +223,7 @@ TEST_F(VarlenSplitReuse, ShapesSharingOneWorkspace) {
 TEST_F(VarlenSplitReuse, CudaGraphCaptureAndReplay) {
   const Case ca = split_case(300, true, 8), cb = split_case(301, false, 4);
   const Problem pa(ca), pb(cb);
-  const auto need = [](const Case& c) {
-    return flash_attn::varlen_workspace_bytes(c.num_tokens() + c.pad_tokens, c.num_heads(), c.head_size,
-                                              c.num_splits);
-  };
-  const size_t ws_bytes = std::max(need(ca), need(cb));
+  const size_t ws_bytes = std::max(workspace_bytes(ca), workspace_bytes(cb));
   const cuda::DeviceBuffer ws = fresh_workspace(ws_bytes);
   LaunchBuffers ba(ca), bb(cb);
   ba.poison(stream_);
@@ -278,7 +274,7 @@ TEST_F(VarlenSplitReuse, ChainOfDependentLaunchesWithAndWithoutPdl) {
     Problem p(c);
     const int64_t T = c.num_tokens() + c.pad_tokens;
     const int H = c.num_heads(), D = c.head_size;
-    const size_t ws_bytes = flash_attn::varlen_workspace_bytes(T, H, D, c.num_splits);
+    const size_t ws_bytes = workspace_bytes(c);
     const cuda::DeviceBuffer ws = fresh_workspace(ws_bytes);
     constexpr int kChain = 4;
     std::vector<std::vector<uint8_t>> results;
