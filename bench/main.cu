@@ -1,6 +1,7 @@
 // attnkit_bench: ceilings, KV write, prefill and decode in one run (about two minutes on an
 // H200). Usage: attnkit_bench [--json results.jsonl] [--quick] [--only ceiling,kv_write,merge,prefill,decode]
 // [--match SUBSTR] (prefill / decode shapes whose key contains SUBSTR, e.g. "fp8 b16 kv4096")
+// | --split-sweep (split_sweep.cu) | --decode-trace (decode_trace.cu): diagnostics, with the ceilings
 // Every number is the median of several event-timed samples after warm-up; decode is timed as
 // CUDA graphs of back-to-back calls over KV instances that together exceed the L2 8x.
 #include <cuda_runtime.h>
@@ -15,7 +16,7 @@
 int main(int argc, char** argv) {
   using namespace attnkit::bench;
   std::string json, only = "ceiling,kv_write,merge,prefill,decode";
-  bool quick = false, sweep = false;
+  bool quick = false, sweep = false, trace = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) {
@@ -29,8 +30,11 @@ int main(int argc, char** argv) {
     } else if (a == "--split-sweep") {
       sweep = true;
       only = "ceiling";
+    } else if (a == "--decode-trace") {
+      trace = true;
+      only = "ceiling";
     } else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--quick] [--only ceiling,kv_write,merge,prefill,decode] [--match SUBSTR] | --split-sweep\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--json PATH] [--quick] [--only ceiling,kv_write,merge,prefill,decode] [--match SUBSTR] | --split-sweep | --decode-trace\n", argv[0]);
       return 2;
     }
   }
@@ -50,10 +54,12 @@ int main(int argc, char** argv) {
     if (wanted("decode")) rec.fail("decode", "all decode shapes", why);
     if (quick) std::printf("--quick: no attention sections to shorten in this build\n");
     if (sweep) rec.fail("sweep", "split sweep", why);
+    if (trace) rec.fail("trace", "decode trace", why);
 #else
     if (wanted("prefill")) run_prefill(rec, stream, quick);
     if (wanted("decode")) run_decode(rec, stream, c.read_gbps, quick);
     if (sweep) run_split_sweep(rec, stream, c.read_gbps);
+    if (trace) run_decode_trace(rec, stream, c.read_gbps);
 #endif
     ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
     cudaStreamDestroy(stream);

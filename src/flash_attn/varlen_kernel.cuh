@@ -26,6 +26,7 @@
 #include "attnkit/error.h"
 #include "cuda/attention_mask.h"
 #include "cuda/cp_async.h"
+#include "cuda/cta_trace.h"
 #include "cuda/cuda_check.h"
 #include "cuda/fp8_dequant.h"
 #include "cuda/mma_sm80.h"
@@ -251,6 +252,7 @@ __device__ __forceinline__ void combine_splits_if_last(const VarlenKernelParams&
   }
   __syncthreads();
   if (!s_last) return;
+  cta_trace_flag(p.cta_trace, 1);
   for (int m = tid >> 5; m < w.rows; m += Tr::kThreads / 32) {
     const int gm = w.m0 + m;
     const int64_t token = w.q_start + gm / p.group;
@@ -373,10 +375,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   using Loader = PagedKVTileLoader<Tr::kBlockN, Tr::kKvRowBytes, PitchedTile<Tr::kStagePitchBytes>, Tr::kThreads>;
   extern __shared__ __align__(16) unsigned char smem[];
 
+  cta_trace_mark(p.cta_trace, kTraceEntry);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (p.l2_prefetch) detail::prefetch_first_tiles<Tr, Loader, Tr::kStages>(p, threadIdx.x);
 #endif
   pdl_wait();  // everything below may read what the previous kernel wrote (metadata, q, cache)
+  cta_trace_mark(p.cta_trace, kTraceReleased);
   WorkItem w;
   if (!schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w)) return;
 
@@ -441,6 +445,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   for (int it = 0; it < n_tiles; ++it) {
     Ring::wait_oldest();
     __syncthreads();  // tile `it` visible to all; the stage of tile it-1 is free again
+    if (it == 0) cta_trace_mark(p.cta_trace, kTraceFirstTile);
     const int ahead = it + Tr::kStages - 1;
     if constexpr (kPagesAhead) {
       if (ahead < n_tiles) loader.load(tile_key(ahead), next_pages, stage_k(ahead), stage_k(ahead) + Tr::kStageTileBytes, tid);
@@ -467,8 +472,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
 
   Ring::drain();
   __syncthreads();
+  cta_trace_mark(p.cta_trace, kTraceLoopDone);
   detail::epilogue<Tr>(p, w, smem, o, softmax, unit, warp_active, warp_m, warp_n, lane, tid);
+  cta_trace_mark(p.cta_trace, kTraceEpilogue);
   if (p.num_splits > 1) detail::combine_splits_if_last<Tr>(p);
+  cta_trace_mark(p.cta_trace, kTraceExit);
 }
 
 // The grid of a varlen launch (x = packed-row tiles of kBlockM rows, y = KV head x split,

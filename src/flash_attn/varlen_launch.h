@@ -58,6 +58,10 @@ struct VarlenArgs {
   // size 128); 0 = the launcher's choice (two for persistent launches with max_seq_len <= 1024).
   // Tests set it to run both configurations on every shape.
   int hopper_q_buffers = 0;
+  // Diagnostics (mma_sync kernel): a device buffer of grid-CTAs x cuda::kCtaTraceSlots uint64
+  // that receives per-CTA timestamps (cuda/cta_trace.h; attnkit_bench --decode-trace); the
+  // grid is (row tiles, num_kv_heads * num_splits, num_reqs). nullptr (default) = off.
+  uint64_t* cta_trace = nullptr;
 };
 
 // Split-KV workspace contract (layout: cuda/split_workspace.h).

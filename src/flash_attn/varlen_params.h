@@ -59,6 +59,9 @@ struct VarlenKernelParams {
   // With programmatic dependent launch: before waiting for the previous kernel, each CTA of
   // the mma_sync kernel asks L2 for its work item's first K/V tiles (VarlenArgs::l2_prefetch).
   bool l2_prefetch = false;
+
+  // Diagnostics: per-CTA timestamps (cuda/cta_trace.h), [grid CTAs][kCtaTraceSlots]; nullptr = off.
+  uint64_t* cta_trace = nullptr;
 };
 
 // Host facts that size and configure the launch.
