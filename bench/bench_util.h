@@ -63,7 +63,8 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick);
 void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick);
 // attnkit_bench --split-sweep: decode shapes x forced split-KV counts, one printed table.
 void run_split_sweep(Recorder& rec, cudaStream_t stream, double read_gbps);
-// Per-CTA timeline of a few decode shapes (decode_trace.cu; attnkit_bench --decode-trace).
-void run_decode_trace(Recorder& rec, cudaStream_t stream, double read_gbps);
+// Per-CTA timeline of a few decode shapes (decode_trace.cu; attnkit_bench --decode-trace [DIR]:
+// with DIR, every CTA's stamps also go to DIR/trace_<shape>.csv).
+void run_decode_trace(Recorder& rec, cudaStream_t stream, double read_gbps, const std::string& dump_dir);
 
 }  // namespace attnkit::bench

@@ -65,7 +65,7 @@ CallTrace call_trace(const uint64_t* rec, int ctas, uint64_t origin) {
 
 }  // namespace
 
-void run_decode_trace(Recorder& rec, cudaStream_t stream, double read_gbps) {
+void run_decode_trace(Recorder& rec, cudaStream_t stream, double read_gbps, const std::string& dump_dir) {
   const auto& props = cuda::current_device_props();
   size_t free_bytes = 0, total_bytes = 0;
   ATTNKIT_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -81,7 +81,7 @@ void run_decode_trace(Recorder& rec, cudaStream_t stream, double read_gbps) {
   const float kv_scale = 1.f / 16;
   ATTNKIT_CUDA_CHECK(cudaMemcpyAsync(scale.get(), &kv_scale, 4, cudaMemcpyHostToDevice, stream));
   const std::vector<TraceShape> shapes = {
-      {DType::bf16, 16, 4096, 0},  {DType::bf16, 16, 4096, 1},  {DType::bf16, 16, 32768, 0},
+      {DType::bf16, 16, 4096, 0},  {DType::bf16, 16, 4096, 1},  {DType::bf16, 16, 4096, 4},  {DType::bf16, 16, 32768, 0},
       {DType::bf16, 64, 4096, 0},  {DType::fp8_e4m3, 16, 4096, 0}, {DType::fp8_e4m3, 16, 32768, 0},
       {DType::fp8_e4m3, 64, 4096, 0}};
   std::printf("\ndecode trace: us from R_k (call k's first CTA past its PDL wait), medians over calls 2..%d; read BW %.0f GB/s\n",
@@ -124,6 +124,27 @@ void run_decode_trace(Recorder& rec, cudaStream_t stream, double read_gbps) {
       std::vector<uint64_t> host(static_cast<size_t>(kCalls) * ctas * cuda::kCtaTraceSlots);
       ATTNKIT_CUDA_CHECK(cudaMemcpy(host.data(), trace.get(), host.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
 
+      if (!dump_dir.empty()) {  // every CTA of every call, ns from the first call's first release
+        std::string name = key.substr(7) + "_s" + std::to_string(splits);  // (CTA = kv_head * splits + split + z * ...)
+        for (char& ch : name) if (ch == ' ') ch = '_';
+        const std::string path = dump_dir + "/trace_" + name + ".csv";
+        if (FILE* f = std::fopen(path.c_str(), "w")) {
+          uint64_t origin = ~uint64_t{0};
+          for (int i = 0; i < ctas; ++i) origin = std::min(origin, host[i * cuda::kCtaTraceSlots + cuda::kTraceReleased]);
+          std::fprintf(f, "call,cta,sm,entry,released,first,loop_done,epilogue,exit,merged\n");
+          for (int k = 0; k < kCalls; ++k)
+            for (int i = 0; i < ctas; ++i) {
+              const uint64_t* r = host.data() + (static_cast<size_t>(k) * ctas + i) * cuda::kCtaTraceSlots;
+              auto rel = [&](int slot) { return static_cast<long long>(r[slot] - origin); };
+              std::fprintf(f, "%d,%d,%llu,%lld,%lld,%lld,%lld,%lld,%lld,%llu\n", k, i,
+                           static_cast<unsigned long long>(r[cuda::kTraceSm]), rel(cuda::kTraceEntry),
+                           rel(cuda::kTraceReleased), rel(cuda::kTraceFirstTile), rel(cuda::kTraceLoopDone),
+                           rel(cuda::kTraceEpilogue), rel(cuda::kTraceExit),
+                           static_cast<unsigned long long>(r[cuda::kTraceFlags]));
+            }
+          std::fclose(f);
+        }
+      }
       std::vector<double> call_us, first50, first_mx, loop0, loop50, loopmx, epi, merge, exit_mx, nxt0, nxt50, r_next, gap;
       for (int k = 2; k <= kCalls - 3; ++k) {
         const uint64_t* rk = host.data() + static_cast<size_t>(k) * ctas * cuda::kCtaTraceSlots;

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   using namespace attnkit::bench;
   std::string json, only = "ceiling,kv_write,merge,prefill,decode";
   bool quick = false, sweep = false, trace = false;
+  std::string trace_dir;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) {
@@ -33,8 +34,9 @@ int main(int argc, char** argv) {
     } else if (a == "--decode-trace") {
       trace = true;
       only = "ceiling";
+      if (i + 1 < argc && argv[i + 1][0] != '-') trace_dir = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--quick] [--only ceiling,kv_write,merge,prefill,decode] [--match SUBSTR] | --split-sweep | --decode-trace\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--json PATH] [--quick] [--only ceiling,kv_write,merge,prefill,decode] [--match SUBSTR] | --split-sweep | --decode-trace [DIR]\n", argv[0]);
       return 2;
     }
   }
@@ -59,7 +61,7 @@ int main(int argc, char** argv) {
     if (wanted("prefill")) run_prefill(rec, stream, quick);
     if (wanted("decode")) run_decode(rec, stream, c.read_gbps, quick);
     if (sweep) run_split_sweep(rec, stream, c.read_gbps);
-    if (trace) run_decode_trace(rec, stream, c.read_gbps);
+    if (trace) run_decode_trace(rec, stream, c.read_gbps, trace_dir);
 #endif
     ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
     cudaStreamDestroy(stream);
