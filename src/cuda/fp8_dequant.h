@@ -71,7 +71,7 @@ __device__ __forceinline__ FragA a_frag_dim_permuted(const uint16_t* tile, int p
 
 // V, the B operand of O += P V, for k-step keys key0..key0+15 and the four n8 fragments of
 // the 32-dim group `group`, with O's columns permuted: column c of fragment e is dim
-// 32 * group + 4c + e (o_column_dim). Each lane reads one 32-bit word (4 codes) of 4 keys.
+// 32 * group + 4c + e (the epilogue puts them back). Each lane reads one 32-bit word (4 codes) of 4 keys.
 template <Fp8Format kFmt>
 __device__ __forceinline__ void v_frags_fp8(const unsigned char* tile, int pitch_bytes, int key0, int group,
                                             int lane, FragB (&b)[4]) {
@@ -93,8 +93,5 @@ __device__ __forceinline__ void v_frags_fp8(const unsigned char* tile, int pitch
   b[3].r[0] = fp8x2_to_f16x2<kFmt>(p23 >> 16);
   b[3].r[1] = fp8x2_to_f16x2<kFmt>(q23 >> 16);
 }
-
-// The head dimension held by C-fragment column `col` (0..7) of O fragment `frag` on the fp8 path.
-__device__ __forceinline__ int o_column_dim(int frag, int col) { return 32 * (frag >> 2) + 4 * col + (frag & 3); }
 
 }  // namespace attnkit::cuda

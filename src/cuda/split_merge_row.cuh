@@ -21,46 +21,92 @@
 
 namespace attnkit::cuda {
 
+// Adds part `s`'s values (weight w) to the lane's chunks of the row.
+template <int kMaxChunks>
+__device__ __forceinline__ void merge_part_values(float (&acc)[kMaxChunks][4], const float4 (&v)[kMaxChunks], float w,
+                                                  int chunks, int lane) {
+#pragma unroll
+  for (int i = 0; i < kMaxChunks; ++i) {
+    if (lane + 32 * i >= chunks) break;
+    acc[i][0] = merge_value(acc[i][0], 1.f, v[i].x, w);
+    acc[i][1] = merge_value(acc[i][1], 1.f, v[i].y, w);
+    acc[i][2] = merge_value(acc[i][2], 1.f, v[i].z, w);
+    acc[i][3] = merge_value(acc[i][3], 1.f, v[i].w, w);
+  }
+}
+
+template <int kMaxChunks>
+__device__ __forceinline__ void load_part_values(float4 (&v)[kMaxChunks], const float* o_row, int chunks, int lane) {
+  const float4* o = reinterpret_cast<const float4*>(o_row);
+#pragma unroll
+  for (int i = 0; i < kMaxChunks; ++i)
+    if (lane + 32 * i < chunks) v[i] = __ldcg(o + lane + 32 * i);
+}
+
 // kMaxChunks: float4 chunks per lane, head_size <= 128 * kMaxChunks. `sink`: nullptr or the
 // head's sink logit; `lse_out`: nullptr or where the row's LSE goes (written by lane 0).
-template <class T, int kMaxChunks>
+// Latency matters here (the varlen kernel's last split CTA runs this at the end of the launch):
+// with <= 32 splits, lane s loads split s's LSE and the first kPrefetch splits' values are
+// loaded alongside, so the common merge of 2-4 splits waits for one round trip to L2.
+template <class T, int kMaxChunks, int kPrefetch = 4>
 __device__ __forceinline__ void merge_split_row(const SplitPartials& parts, int64_t token, int head,
                                                 const float* sink, T* out_row, float* lse_out, int lane) {
   const int num_splits = parts.num_splits;
   const float* lse = parts.lse + parts.lse_index(0, token, head);
   const int64_t lse_split_stride = static_cast<int64_t>(parts.num_heads) * parts.num_tokens;
   const float sink_lse = sink != nullptr ? sanitize_lse(*sink) : -INFINITY;
-
-  // Largest LSE over the parts, then the sum of their exponentials (lanes stride the splits).
-  float mx = sink_lse;
-  for (int s = lane; s < num_splits; s += 32) mx = fmaxf(mx, sanitize_lse(__ldcg(lse + s * lse_split_stride)));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  const int chunks = parts.head_size / 4;
+  auto part_row = [&](int s) { return parts.o + parts.o_index(s, token, head); };
   float acc[kMaxChunks][4] = {};
   float row_lse = -INFINITY;
-  const int chunks = parts.head_size / 4;
-  if (mx != -INFINITY) {  // warp-uniform
-    float sum = 0.f;
-    for (int s = lane; s < num_splits; s += 32) sum += expf(sanitize_lse(__ldcg(lse + s * lse_split_stride)) - mx);
+
+  if (num_splits <= 32) {
+    const float my_lse = lane < num_splits ? sanitize_lse(__ldcg(lse + lane * lse_split_stride)) : -INFINITY;
+    float4 pre[kPrefetch][kMaxChunks];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    sum += expf(sink_lse - mx);  // exp(-inf) = 0 without a sink
-    row_lse = mx + logf(sum);
-    const float inv_sum = 1.f / sum;
-    // Every split's loads are independent of the others: unrolled, they overlap in flight.
+    for (int s = 0; s < kPrefetch; ++s)
+      if (s < num_splits) load_part_values<kMaxChunks>(pre[s], part_row(s), chunks, lane);
+    float mx = fmaxf(my_lse, sink_lse);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (mx != -INFINITY) {  // warp-uniform
+      float e = expf(my_lse - mx);  // 0 for lanes past num_splits
+      float sum = e;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      sum += expf(sink_lse - mx);  // exp(-inf) = 0 without a sink
+      row_lse = mx + logf(sum);
+      e *= 1.f / sum;  // this lane's split's weight
+#pragma unroll
+      for (int s = 0; s < kPrefetch; ++s)
+        if (s < num_splits) merge_part_values<kMaxChunks>(acc, pre[s], __shfl_sync(0xffffffffu, e, s), chunks, lane);
+      for (int s = kPrefetch; s < num_splits; ++s) {
+        float4 v[kMaxChunks];
+        load_part_values<kMaxChunks>(v, part_row(s), chunks, lane);
+        merge_part_values<kMaxChunks>(acc, v, __shfl_sync(0xffffffffu, e, s), chunks, lane);
+      }
+    }
+  } else {
+    // Largest LSE over the parts, then the sum of their exponentials (lanes stride the splits).
+    float mx = sink_lse;
+    for (int s = lane; s < num_splits; s += 32) mx = fmaxf(mx, sanitize_lse(__ldcg(lse + s * lse_split_stride)));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (mx != -INFINITY) {  // warp-uniform
+      float sum = 0.f;
+      for (int s = lane; s < num_splits; s += 32) sum += expf(sanitize_lse(__ldcg(lse + s * lse_split_stride)) - mx);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      sum += expf(sink_lse - mx);
+      row_lse = mx + logf(sum);
+      const float inv_sum = 1.f / sum;
+      // Every split's loads are independent of the others: unrolled, they overlap in flight.
 #pragma unroll 4
-    for (int s = 0; s < num_splits; ++s) {
-      const float w = expf(sanitize_lse(__ldcg(lse + s * lse_split_stride)) - mx) * inv_sum;
-      const float4* o = reinterpret_cast<const float4*>(parts.o + parts.o_index(s, token, head));
-#pragma unroll
-      for (int i = 0; i < kMaxChunks; ++i) {
-        const int c = lane + 32 * i;
-        if (c >= chunks) break;
-        const float4 v = __ldcg(o + c);
-        acc[i][0] = merge_value(acc[i][0], 1.f, v.x, w);
-        acc[i][1] = merge_value(acc[i][1], 1.f, v.y, w);
-        acc[i][2] = merge_value(acc[i][2], 1.f, v.z, w);
-        acc[i][3] = merge_value(acc[i][3], 1.f, v.w, w);
+      for (int s = 0; s < num_splits; ++s) {
+        const float w = expf(sanitize_lse(__ldcg(lse + s * lse_split_stride)) - mx) * inv_sum;
+        float4 v[kMaxChunks];
+        load_part_values<kMaxChunks>(v, part_row(s), chunks, lane);
+        merge_part_values<kMaxChunks>(acc, v, w, chunks, lane);
       }
     }
   }

@@ -24,6 +24,7 @@
 
 #include "attnkit/detail/merge_rule.h"
 #include "attnkit/error.h"
+#include "cuda/atomic_order.h"
 #include "cuda/attention_mask.h"
 #include "cuda/cp_async.h"
 #include "cuda/cta_trace.h"
@@ -238,19 +239,16 @@ __device__ __forceinline__ void combine_splits_if_last(const VarlenKernelParams&
   const int tid = threadIdx.x;
   WorkItem w;
   schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w);  // (true: this CTA has a tile)
-  __threadfence();  // this thread's partials are visible device-wide before the count says so
-  __syncthreads();
+  __syncthreads();  // every thread's partials are written before thread 0 releases them
   if (tid == 0) {
     unsigned int* counter =
         p.partials.counters + (static_cast<int64_t>(w.kv_head) * p.num_tokens + w.q_start) * p.group + w.m0;
-    const unsigned int arrived = atomicAdd(counter, 1u);
+    // Releases this CTA's partials; the last arrival acquires everybody's.
+    const unsigned int arrived = atomic_add_acq_rel_gpu(counter, 1u);
     s_last = arrived == static_cast<unsigned int>(p.num_splits - 1);
-    if (s_last) {
-      atomicExch(counter, 0u);  // every split has counted: nobody else touches it this launch
-      __threadfence();          // the others' partials (ordered before their counts) before our reads
-    }
+    if (s_last) atomicExch(counter, 0u);  // every split has counted: nobody else touches it this launch
   }
-  __syncthreads();
+  __syncthreads();  // (the other threads' reads below are ordered after thread 0's acquire)
   if (!s_last) return;
   cta_trace_flag(p.cta_trace, 1);
   for (int m = tid >> 5; m < w.rows; m += Tr::kThreads / 32) {
@@ -285,16 +283,23 @@ __device__ __forceinline__ void epilogue(const VarlenKernelParams& p, const Work
       softmax[mf].finish(unit, max_log2, sum);
       const int row = warp_m * Tr::kWarpRows + 16 * mf + (lane >> 2);
       float* base = s_o + (warp_n * Tr::kBlockM + row) * Tr::kOPitch + 2 * (lane & 3);
+      if constexpr (Tr::kFp8Cache) {
+        // Undo the column permutation of the fp8 P V (v_frags_fp8): in each 32-dim group the
+        // lane's columns are the 8 consecutive dims 32 g + 8 t .. + 7, c[0] / c[2] of the group's
+        // four fragments the first four, c[1] / c[3] the next: two float4 stores per row.
+        float* row_lo = base - 2 * (lane & 3) + 8 * (lane & 3);
 #pragma unroll
-      for (int dn = 0; dn < Tr::kOFrags; ++dn) {
-        if constexpr (Tr::kFp8Cache) {  // undo the column permutation of the fp8 P V
-          float* row_lo = base - 2 * (lane & 3);
-          const int d0 = o_column_dim(dn, 2 * (lane & 3)), d1 = o_column_dim(dn, 2 * (lane & 3) + 1);
-          row_lo[d0] = o[mf][dn].c[0];
-          row_lo[d1] = o[mf][dn].c[1];
-          row_lo[8 * Tr::kOPitch + d0] = o[mf][dn].c[2];
-          row_lo[8 * Tr::kOPitch + d1] = o[mf][dn].c[3];
-        } else {
+        for (int g = 0; g < Tr::kOFrags / 4; ++g) {
+          const FragC* f = &o[mf][4 * g];
+          float* d = row_lo + 32 * g;
+          *reinterpret_cast<float4*>(d) = make_float4(f[0].c[0], f[1].c[0], f[2].c[0], f[3].c[0]);
+          *reinterpret_cast<float4*>(d + 4) = make_float4(f[0].c[1], f[1].c[1], f[2].c[1], f[3].c[1]);
+          *reinterpret_cast<float4*>(d + 8 * Tr::kOPitch) = make_float4(f[0].c[2], f[1].c[2], f[2].c[2], f[3].c[2]);
+          *reinterpret_cast<float4*>(d + 8 * Tr::kOPitch + 4) = make_float4(f[0].c[3], f[1].c[3], f[2].c[3], f[3].c[3]);
+        }
+      } else {
+#pragma unroll
+        for (int dn = 0; dn < Tr::kOFrags; ++dn) {
           *reinterpret_cast<float2*>(base + dn * 8) = make_float2(o[mf][dn].c[0], o[mf][dn].c[1]);
           *reinterpret_cast<float2*>(base + 8 * Tr::kOPitch + dn * 8) = make_float2(o[mf][dn].c[2], o[mf][dn].c[3]);
         }
