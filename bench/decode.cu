@@ -77,14 +77,19 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
                         t.graph ? "CUDA graph" : "eager launches", shape.calls, shape.args.size(),
                         shape.args.size() * shape.kv_bytes / 1e9, splits, pct(gbps));
           rec.add({"decode", key, "attnkit", "GB/s", gbps, t.ms_per_call, note});
-          // What the launch overlap gives, same shapes, same run: the L2 prefetch before the
-          // PDL wait off, then PDL itself off (VarlenArgs::l2_prefetch / enable_pdl).
+          // What the launch options give, same shapes, same run: split merge through the workspace
+          // instead of the cluster, the L2 prefetch before the PDL wait off, then PDL itself off
+          // (VarlenArgs::cluster_split_merge / l2_prefetch / enable_pdl).
           if ((B == 1 || B == 16 || B == 64) && (L == 4096 || L == 32768)) {
-            for (const auto& [name, prefetch, pdl] : {std::tuple<const char*, bool, bool>{"no L2 prefetch", false, true},
-                                                      std::tuple<const char*, bool, bool>{"no PDL", false, false}}) {
+            using Variant = std::tuple<const char*, bool, bool, bool>;  // name, L2 prefetch, PDL, cluster merge
+            for (const auto& [name, prefetch, pdl, cluster] :
+                 {Variant{"workspace merge", true, true, false}, Variant{"no L2 prefetch", false, true, true},
+                  Variant{"no PDL", false, false, true}}) {
+              if (!cluster && splits == 1) continue;
               for (auto& a : shape.args) {
                 a.l2_prefetch = prefetch;
                 a.enable_pdl = pdl;
+                a.cluster_split_merge = cluster;
               }
               const GraphTiming v = time_rotating(shape.args, shape.calls, stream);
               const double g = shape.bytes / v.ms_per_call / 1e6;

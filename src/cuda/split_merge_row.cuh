@@ -35,79 +35,104 @@ __device__ __forceinline__ void merge_part_values(float (&acc)[kMaxChunks][4], c
   }
 }
 
-template <int kMaxChunks>
-__device__ __forceinline__ void load_part_values(float4 (&v)[kMaxChunks], const float* o_row, int chunks, int lane) {
-  const float4* o = reinterpret_cast<const float4*>(o_row);
+// The partials of one (token, head) row in the workspace, read through L2 (__ldcg).
+struct WorkspaceRowParts {
+  const SplitPartials* parts;
+  int64_t token;
+  int head;
+  __device__ __forceinline__ float lse(int s) const {
+    return __ldcg(parts->lse + parts->lse_index(s, token, head));
+  }
+  template <int kMaxChunks>
+  __device__ __forceinline__ void values(int s, float4 (&v)[kMaxChunks], int chunks, int lane) const {
+    const float4* o = reinterpret_cast<const float4*>(parts->o + parts->o_index(s, token, head));
 #pragma unroll
-  for (int i = 0; i < kMaxChunks; ++i)
-    if (lane + 32 * i < chunks) v[i] = __ldcg(o + lane + 32 * i);
+    for (int i = 0; i < kMaxChunks; ++i)
+      if (lane + 32 * i < chunks) v[i] = __ldcg(o + lane + 32 * i);
+  }
+};
+
+// One warp merges num_parts (<= 32) parts of a row (Parts: lse(s), values<kMaxChunks>(s, v,
+// chunks, lane)) and an optional sink into out_row / lse_out. Latency matters here (it runs at
+// the end of a launch, on its critical path): lane s loads part s's LSE and the first kPrefetch
+// parts' values are loaded alongside, so the common merge of 2-4 parts waits for one round trip.
+template <class T, int kMaxChunks, int kPrefetch = 4, class Parts>
+__device__ __forceinline__ void merge_parts_row(const Parts& parts, int num_parts, int head_size, const float* sink,
+                                                T* out_row, float* lse_out, int lane) {
+  const float sink_lse = sink != nullptr ? sanitize_lse(*sink) : -INFINITY;
+  const int chunks = head_size / 4;
+  float acc[kMaxChunks][4] = {};
+  float row_lse = -INFINITY;
+  const float my_lse = lane < num_parts ? sanitize_lse(parts.lse(lane)) : -INFINITY;
+  float4 pre[kPrefetch][kMaxChunks];
+#pragma unroll
+  for (int s = 0; s < kPrefetch; ++s)
+    if (s < num_parts) parts.template values<kMaxChunks>(s, pre[s], chunks, lane);
+  float mx = fmaxf(my_lse, sink_lse);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if (mx != -INFINITY) {  // warp-uniform
+    float e = expf(my_lse - mx);  // 0 for lanes past num_parts
+    float sum = e;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    sum += expf(sink_lse - mx);  // exp(-inf) = 0 without a sink
+    row_lse = mx + logf(sum);
+    e *= 1.f / sum;  // this lane's part's weight
+#pragma unroll
+    for (int s = 0; s < kPrefetch; ++s)
+      if (s < num_parts) merge_part_values<kMaxChunks>(acc, pre[s], __shfl_sync(0xffffffffu, e, s), chunks, lane);
+    for (int s = kPrefetch; s < num_parts; ++s) {
+      float4 v[kMaxChunks];
+      parts.template values<kMaxChunks>(s, v, chunks, lane);
+      merge_part_values<kMaxChunks>(acc, v, __shfl_sync(0xffffffffu, e, s), chunks, lane);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxChunks; ++i) {
+    const int c = lane + 32 * i;
+    if (c >= chunks) break;
+    store4(out_row + 4 * c, acc[i]);
+  }
+  if (lse_out != nullptr && lane == 0) *lse_out = row_lse;
 }
 
 // kMaxChunks: float4 chunks per lane, head_size <= 128 * kMaxChunks. `sink`: nullptr or the
 // head's sink logit; `lse_out`: nullptr or where the row's LSE goes (written by lane 0).
-// Latency matters here (the varlen kernel's last split CTA runs this at the end of the launch):
-// with <= 32 splits, lane s loads split s's LSE and the first kPrefetch splits' values are
-// loaded alongside, so the common merge of 2-4 splits waits for one round trip to L2.
-template <class T, int kMaxChunks, int kPrefetch = 4>
+template <class T, int kMaxChunks>
 __device__ __forceinline__ void merge_split_row(const SplitPartials& parts, int64_t token, int head,
                                                 const float* sink, T* out_row, float* lse_out, int lane) {
   const int num_splits = parts.num_splits;
-  const float* lse = parts.lse + parts.lse_index(0, token, head);
-  const int64_t lse_split_stride = static_cast<int64_t>(parts.num_heads) * parts.num_tokens;
+  if (num_splits <= 32) {
+    merge_parts_row<T, kMaxChunks>(WorkspaceRowParts{&parts, token, head}, num_splits, parts.head_size, sink,
+                                   out_row, lse_out, lane);
+    return;
+  }
+  // More splits than lanes: the LSE pass strides the splits.
+  const WorkspaceRowParts row{&parts, token, head};
   const float sink_lse = sink != nullptr ? sanitize_lse(*sink) : -INFINITY;
   const int chunks = parts.head_size / 4;
-  auto part_row = [&](int s) { return parts.o + parts.o_index(s, token, head); };
   float acc[kMaxChunks][4] = {};
   float row_lse = -INFINITY;
-
-  if (num_splits <= 32) {
-    const float my_lse = lane < num_splits ? sanitize_lse(__ldcg(lse + lane * lse_split_stride)) : -INFINITY;
-    float4 pre[kPrefetch][kMaxChunks];
+  float mx = sink_lse;
+  for (int s = lane; s < num_splits; s += 32) mx = fmaxf(mx, sanitize_lse(row.lse(s)));
 #pragma unroll
-    for (int s = 0; s < kPrefetch; ++s)
-      if (s < num_splits) load_part_values<kMaxChunks>(pre[s], part_row(s), chunks, lane);
-    float mx = fmaxf(my_lse, sink_lse);
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if (mx != -INFINITY) {  // warp-uniform
+    float sum = 0.f;
+    for (int s = lane; s < num_splits; s += 32) sum += expf(sanitize_lse(row.lse(s)) - mx);
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if (mx != -INFINITY) {  // warp-uniform
-      float e = expf(my_lse - mx);  // 0 for lanes past num_splits
-      float sum = e;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      sum += expf(sink_lse - mx);  // exp(-inf) = 0 without a sink
-      row_lse = mx + logf(sum);
-      e *= 1.f / sum;  // this lane's split's weight
-#pragma unroll
-      for (int s = 0; s < kPrefetch; ++s)
-        if (s < num_splits) merge_part_values<kMaxChunks>(acc, pre[s], __shfl_sync(0xffffffffu, e, s), chunks, lane);
-      for (int s = kPrefetch; s < num_splits; ++s) {
-        float4 v[kMaxChunks];
-        load_part_values<kMaxChunks>(v, part_row(s), chunks, lane);
-        merge_part_values<kMaxChunks>(acc, v, __shfl_sync(0xffffffffu, e, s), chunks, lane);
-      }
-    }
-  } else {
-    // Largest LSE over the parts, then the sum of their exponentials (lanes stride the splits).
-    float mx = sink_lse;
-    for (int s = lane; s < num_splits; s += 32) mx = fmaxf(mx, sanitize_lse(__ldcg(lse + s * lse_split_stride)));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if (mx != -INFINITY) {  // warp-uniform
-      float sum = 0.f;
-      for (int s = lane; s < num_splits; s += 32) sum += expf(sanitize_lse(__ldcg(lse + s * lse_split_stride)) - mx);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      sum += expf(sink_lse - mx);
-      row_lse = mx + logf(sum);
-      const float inv_sum = 1.f / sum;
-      // Every split's loads are independent of the others: unrolled, they overlap in flight.
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    sum += expf(sink_lse - mx);
+    row_lse = mx + logf(sum);
+    const float inv_sum = 1.f / sum;
+    // Every split's loads are independent of the others: unrolled, they overlap in flight.
 #pragma unroll 4
-      for (int s = 0; s < num_splits; ++s) {
-        const float w = expf(sanitize_lse(__ldcg(lse + s * lse_split_stride)) - mx) * inv_sum;
-        float4 v[kMaxChunks];
-        load_part_values<kMaxChunks>(v, part_row(s), chunks, lane);
-        merge_part_values<kMaxChunks>(acc, v, w, chunks, lane);
-      }
+    for (int s = 0; s < num_splits; ++s) {
+      const float w = expf(sanitize_lse(row.lse(s)) - mx) * inv_sum;
+      float4 v[kMaxChunks];
+      row.values<kMaxChunks>(s, v, chunks, lane);
+      merge_part_values<kMaxChunks>(acc, v, w, chunks, lane);
     }
   }
 #pragma unroll

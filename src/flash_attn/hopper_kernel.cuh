@@ -327,7 +327,7 @@ void launch_hopper_config(const VarlenKernelParams& p, const HopperItems& items,
                           cudaStream_t stream) {
   auto kernel = hopper_varlen_kernel<Tr>;
   ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
-  cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(ctas)), dim3(Tr::kThreads), Tr::kSmemBytes, stream, pdl,
+  cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(ctas)), dim3(Tr::kThreads), Tr::kSmemBytes, stream, pdl, dim3(1, 1, 1),
                       p, items);
 }
 

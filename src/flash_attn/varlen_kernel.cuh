@@ -26,6 +26,7 @@
 #include "attnkit/error.h"
 #include "cuda/atomic_order.h"
 #include "cuda/attention_mask.h"
+#include "cuda/cluster_sm90.h"
 #include "cuda/cp_async.h"
 #include "cuda/cta_trace.h"
 #include "cuda/cuda_check.h"
@@ -262,6 +263,48 @@ __device__ __forceinline__ void combine_splits_if_last(const VarlenKernelParams&
   }
 }
 
+// One row's split partials in the shared memory of each CTA of the cluster (rank = split).
+struct ClusterRowParts {
+  uint32_t o_addr, lse_addr;  // shared::cta addresses of the row's values and LSE (same in every CTA)
+  __device__ __forceinline__ float lse(int s) const { return cluster_load_f32(cluster_map(lse_addr, s)); }
+  template <int kMaxChunks>
+  __device__ __forceinline__ void values(int s, float4 (&v)[kMaxChunks], int chunks, int lane) const {
+    const uint32_t a = cluster_map(o_addr, s);
+#pragma unroll
+    for (int i = 0; i < kMaxChunks; ++i)
+      if (lane + 32 * i < chunks) v[i] = cluster_load_f32x4(a + 16 * (lane + 32 * i));
+  }
+};
+
+// Split-KV with cluster_merge, after the epilogue left this CTA's partials in its shared
+// memory: rank 0 merges every split's rows (one warp per row, the workspace merge's rule) into
+// out / LSE; the second barrier keeps the other CTAs' shared memory alive until it has read them.
+// Every thread of every CTA of the cluster calls this (cluster barriers are aligned).
+template <class Tr>
+__device__ __forceinline__ void merge_splits_in_cluster(const VarlenKernelParams& p, const unsigned char* smem) {
+  using T = typename Tr::Elem;
+  constexpr int kMaxChunks = (Tr::kHeadDim / 4 + 31) / 32;
+  cluster_sync();  // every split's partials are in its shared memory
+  if (cluster_rank() == 0) {
+    WorkItem w;
+    schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w);  // (the item, taken again: see combine_splits_if_last)
+    const int tid = threadIdx.x;
+    const uint32_t parts = smem_addr(smem + Tr::kClusterPartOffset);
+    for (int m = tid >> 5; m < w.rows; m += Tr::kThreads / 32) {
+      const int gm = w.m0 + m;
+      const int64_t token = w.q_start + gm / p.group;
+      const int head = w.kv_head * p.group + gm % p.group;
+      T* out = static_cast<T*>(p.out) + token * p.out_stride_token + head * p.out_stride_head;
+      float* lse = p.lse != nullptr ? p.lse + head * p.lse_stride_head + token * p.lse_stride_token : nullptr;
+      const float* sink = p.sinks != nullptr ? p.sinks + head * p.sinks_stride : nullptr;
+      const ClusterRowParts row{parts + m * Tr::kHeadDim * 4, parts + Tr::kBlockM * Tr::kHeadDim * 4 + m * 4};
+      merge_parts_row<T, kMaxChunks>(row, p.num_splits, Tr::kHeadDim, sink, out, lse, tid & 31);
+    }
+    cta_trace_flag(p.cta_trace, 1);
+  }
+  cluster_sync();
+}
+
 // Epilogue: the warps' partial (O, max, sum) -> normalised output rows and LSE, or split
 // partials (then merged by the work item's last split CTA). Runs after the pipeline has
 // drained; reuses all shared memory.
@@ -334,7 +377,9 @@ __device__ __forceinline__ void epilogue(const VarlenKernelParams& p, const Work
     }
 #pragma unroll
     for (int n = 0; n < kN; ++n) s_weight[m * kN + n] = wt[n] * v_scale * sink_weight;
-    if (split) {
+    if (split && p.cluster_merge) {
+      reinterpret_cast<float*>(smem + Tr::kClusterPartOffset + Tr::kBlockM * Tr::kHeadDim * 4)[m] = lse;
+    } else if (split) {
       p.partials.lse[p.partials.lse_index(w.split, token, head)] = lse;
     } else if (p.lse != nullptr) {
       p.lse[head * p.lse_stride_head + token * p.lse_stride_token] = lse;
@@ -359,7 +404,11 @@ __device__ __forceinline__ void epilogue(const VarlenKernelParams& p, const Work
     const int gm = w.m0 + m;
     const int64_t token = w.q_start + gm / p.group;
     const int head = w.kv_head * p.group + gm % p.group;
-    if (split) {
+    if (split && p.cluster_merge) {
+      float4* dst = reinterpret_cast<float4*>(smem + Tr::kClusterPartOffset) + (m * Tr::kHeadDim + c) / 4;
+      dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+      dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+    } else if (split) {
       store8(p.partials.o + p.partials.o_index(w.split, token, head) + c, v);
     } else {
       store8(static_cast<T*>(p.out) + token * p.out_stride_token + head * p.out_stride_head + c, v);
@@ -480,7 +529,15 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   cta_trace_mark(p.cta_trace, kTraceLoopDone);
   detail::epilogue<Tr>(p, w, smem, o, softmax, unit, warp_active, warp_m, warp_n, lane, tid);
   cta_trace_mark(p.cta_trace, kTraceEpilogue);
-  if (p.num_splits > 1) detail::combine_splits_if_last<Tr>(p);
+  if constexpr (Tr::kClusterMerge) {
+    if (p.cluster_merge) {
+      detail::merge_splits_in_cluster<Tr>(p, smem);
+    } else if (p.num_splits > 1) {
+      detail::combine_splits_if_last<Tr>(p);
+    }
+  } else if (p.num_splits > 1) {
+    detail::combine_splits_if_last<Tr>(p);
+  }
   cta_trace_mark(p.cta_trace, kTraceExit);
 }
 
@@ -510,8 +567,14 @@ void launch_varlen(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
   if constexpr (Tr::kFp8Cache)
     if (p.fp8_format == static_cast<int>(cuda::Fp8Format::e5m2)) kernel = varlen_attention_kernel<Tr, cuda::Fp8Format::e5m2>;
   ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
-  const bool pdl = shape.enable_pdl && cuda::current_device_props().cc_major >= 9;
-  cuda::launch_kernel(kernel, grid, dim3(Tr::kThreads), Tr::kSmemBytes, stream, pdl, p);
+  const bool sm90 = cuda::current_device_props().cc_major >= 9;
+  const bool pdl = shape.enable_pdl && sm90;
+  // Split merge in clusters of one work item's splits (grid y = kv_head * num_splits + split, so
+  // clusters of 1 x num_splits x 1 hold exactly those); 8 is the portable cluster size.
+  VarlenKernelParams q = p;
+  q.cluster_merge = Tr::kClusterMerge && shape.cluster_merge && sm90 && p.num_splits >= 2 && p.num_splits <= 8;
+  const dim3 cluster(1, q.cluster_merge ? static_cast<unsigned>(p.num_splits) : 1u, 1);
+  cuda::launch_kernel(kernel, grid, dim3(Tr::kThreads), Tr::kSmemBytes, stream, pdl, cluster, q);
 }
 
 }  // namespace attnkit::flash_attn

@@ -40,6 +40,8 @@ struct Case {
   int max_ctas = 0;
   // Hopper generation: Q buffers (VarlenArgs::hopper_q_buffers; 0 = the launcher's choice).
   int q_buffers = 0;
+  // Split decode launches on sm90: merge in a thread-block cluster (VarlenArgs::cluster_split_merge).
+  bool cluster_merge = true;
   // q / out / LSE rows past the batch's last token (CUDA-graph padding): the launch must
   // leave them unwritten.
   int pad_tokens = 0;
@@ -71,6 +73,7 @@ class Problem {
   void set_generation(flash_attn::Generation g) { c_.generation = g; }
   void set_max_ctas(int n) { c_.max_ctas = n; }
   void set_q_buffers(int n) { c_.q_buffers = n; }
+  void set_cluster_merge(bool on) { c_.cluster_merge = on; }
 
   // The kernel under test (out, lse and workspace poisoned with NaN first, then the workspace's
   // counters zeroed). Throws Error.

@@ -39,11 +39,17 @@ void check_against_cpu(const Case& c) {
     p.set_q_buffers(q_buffers);
     SCOPED_TRACE(p.spec().describe());
     for (int splits : {1, c.num_splits}) {
-      SCOPED_TRACE("num_splits " + std::to_string(splits));
-      const Result got = p.run_kernel(splits);
-      EXPECT_TRUE(outputs_match(c.dtype, got.out, ref.out, {T, H, D}));
-      if (c.want_lse) EXPECT_TRUE(lse_match(got.lse, ref.lse, {H, T}));
-      EXPECT_TRUE(got.padding_untouched) << "the launch wrote rows past the batch's last token";
+      // Split launches merge in a cluster where they can (sm90 decode, <= 8 splits) and through
+      // the workspace: both.
+      for (bool cluster : {true, false}) {
+        if (!cluster && splits == 1) break;
+        p.set_cluster_merge(cluster);
+        SCOPED_TRACE("num_splits " + std::to_string(splits) + (cluster ? "" : ", workspace merge"));
+        const Result got = p.run_kernel(splits);
+        EXPECT_TRUE(outputs_match(c.dtype, got.out, ref.out, {T, H, D}));
+        if (c.want_lse) EXPECT_TRUE(lse_match(got.lse, ref.lse, {H, T}));
+        EXPECT_TRUE(got.padding_untouched) << "the launch wrote rows past the batch's last token";
+      }
       if (c.num_splits == 1) break;
     }
   }

@@ -64,12 +64,16 @@ TEST_P(VarlenSplitGrid, FusedCombineMatchesCpuReference) {
   SCOPED_TRACE(c.describe());
   Problem p(c);
   const Result ref = p.run_cpu_reference();
-  const Result got = p.run_kernel(c.num_splits);
   const int64_t T = c.num_tokens();
   const int H = c.num_heads(), D = c.head_size;
-  EXPECT_TRUE(outputs_match(c.dtype, got.out, ref.out, {T, H, D}));
-  if (c.want_lse) EXPECT_TRUE(lse_match(got.lse, ref.lse, {H, T}));
-  EXPECT_TRUE(got.padding_untouched) << "the launch wrote rows past the batch's last token";
+  for (bool cluster : {true, false}) {  // (cluster merge: decode rows with <= 8 splits on sm90)
+    SCOPED_TRACE(cluster ? "cluster merge where eligible" : "workspace merge");
+    p.set_cluster_merge(cluster);
+    const Result got = p.run_kernel(c.num_splits);
+    EXPECT_TRUE(outputs_match(c.dtype, got.out, ref.out, {T, H, D}));
+    if (c.want_lse) EXPECT_TRUE(lse_match(got.lse, ref.lse, {H, T}));
+    EXPECT_TRUE(got.padding_untouched) << "the launch wrote rows past the batch's last token";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, VarlenSplitGrid, ::testing::Range(0, 60));
