@@ -39,7 +39,7 @@ void check_against_cpu(const Case& c) {
     p.set_q_buffers(q_buffers);
     SCOPED_TRACE(p.spec().describe());
     for (int splits : {1, c.num_splits}) {
-      // Split launches merge in a cluster where they can (sm90 decode, <= 8 splits) and through
+      // Split launches merge in a cluster where they can (sm90 decode, 2 splits) and through
       // the workspace: both.
       for (bool cluster : {true, false}) {
         if (!cluster && splits == 1) break;
