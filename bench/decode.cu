@@ -78,21 +78,18 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
                         shape.args.size() * shape.kv_bytes / 1e9, splits, pct(gbps));
           rec.add({"decode", key, "attnkit", "GB/s", gbps, t.ms_per_call, note});
           // What the launch options give, same shapes, same run: split merge through the workspace
-          // instead of the cluster, fixed split tiles instead of claimed ones, the L2 prefetch
-          // before the PDL wait off, then PDL itself off (VarlenArgs::cluster_split_merge /
-          // dynamic_split_tiles / l2_prefetch / enable_pdl).
+          // instead of the cluster, the L2 prefetch before the PDL wait off, then PDL itself off
+          // (VarlenArgs::cluster_split_merge / l2_prefetch / enable_pdl).
           if ((B == 1 || B == 16 || B == 64) && (L == 4096 || L == 32768)) {
-            // name, L2 prefetch, PDL, cluster merge, claimed split tiles
-            using Variant = std::tuple<const char*, bool, bool, bool, bool>;
-            for (const auto& [name, prefetch, pdl, cluster, claims] :
-                 {Variant{"workspace merge", true, true, false, true}, Variant{"fixed split tiles", true, true, true, false},
-                  Variant{"no L2 prefetch", false, true, true, true}, Variant{"no PDL", false, false, true, true}}) {
-              if ((!cluster || !claims) && splits == 1) continue;
+            using Variant = std::tuple<const char*, bool, bool, bool>;  // name, L2 prefetch, PDL, cluster merge
+            for (const auto& [name, prefetch, pdl, cluster] :
+                 {Variant{"workspace merge", true, true, false}, Variant{"no L2 prefetch", false, true, true},
+                  Variant{"no PDL", false, false, true}}) {
+              if (!cluster && splits == 1) continue;
               for (auto& a : shape.args) {
                 a.l2_prefetch = prefetch;
                 a.enable_pdl = pdl;
                 a.cluster_split_merge = cluster;
-                a.dynamic_split_tiles = claims;
               }
               const GraphTiming v = time_rotating(shape.args, shape.calls, stream);
               const double g = shape.bytes / v.ms_per_call / 1e6;

@@ -235,7 +235,6 @@ void run_varlen_attention(const VarlenArgs& args) {
   shape.max_ctas = args.max_ctas;
   shape.q_buffers = args.hopper_q_buffers;
   shape.cluster_merge = args.cluster_split_merge;
-  shape.claim_tiles = args.dynamic_split_tiles;
   const cudaStream_t stream = cuda::as_stream(args.stream);
   const bool fp8 = is_fp8(args.cache.dtype);
   const int head_size = static_cast<int>(args.q.size(2));

@@ -39,7 +39,6 @@
 #include "cuda/pdl.h"
 #include "cuda/split_merge_row.cuh"
 #include "flash_attn/varlen_schedule.cuh"
-#include "flash_attn/varlen_tile_claims.cuh"
 #include "flash_attn/varlen_tile_softmax.cuh"
 #include "flash_attn/varlen_traits.h"
 
@@ -218,12 +217,8 @@ __device__ __forceinline__ void prefetch_first_tiles(const VarlenKernelParams& p
   if (!schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w)) return;
   Loader loader = kv_loader_for<Loader>(p, w);
   loader.seq_len = min(w.seq_len, p.max_blocks_per_req * p.block_size.divisor);
-  const TileSequence<Tr::kStages - 1> seq = tile_sequence<Tr::kStages - 1, Tr::kClaimTiles>(p, w, nullptr);
-  for (int i = 0; i < kTiles; ++i) {  // (with claims: this split's first tiles and a guess at the next)
-    const int t = seq.static_tile(i);
-    if (t < 0) break;
-    loader.prefetch_l2(t * Tr::kBlockN, p.num_blocks, tid);
-  }
+  const int n = min(w.tile_end - w.tile_begin, kTiles);
+  for (int i = 0; i < n; ++i) loader.prefetch_l2((w.tile_begin + i) * Tr::kBlockN, p.num_blocks, tid);
 }
 
 __device__ __forceinline__ float scale_of(const float* scale, int64_t stride, int kv_head) {
@@ -247,12 +242,12 @@ __device__ __forceinline__ void combine_splits_if_last(const VarlenKernelParams&
   schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w);  // (true: this CTA has a tile)
   __syncthreads();  // every thread's partials are written before thread 0 releases them
   if (tid == 0) {
-    unsigned int* counter = item_counter(p, w);
-    // Releases this CTA's partials (and orders its tile claims first); the last arrival acquires
-    // everybody's. Arrivals count in the counter's high bits (varlen_tile_claims.cuh).
-    const unsigned int arrived = atomic_add_acq_rel_gpu(counter, kArrivalUnit) / kArrivalUnit;
+    unsigned int* counter =
+        p.partials.counters + (static_cast<int64_t>(w.kv_head) * p.num_tokens + w.q_start) * p.group + w.m0;
+    // Releases this CTA's partials; the last arrival acquires everybody's.
+    const unsigned int arrived = atomic_add_acq_rel_gpu(counter, 1u);
     s_last = arrived == static_cast<unsigned int>(p.num_splits - 1);
-    if (s_last) atomicExch(counter, 0u);  // every split has counted (and claimed): back to 0
+    if (s_last) atomicExch(counter, 0u);  // every split has counted: nobody else touches it this launch
   }
   __syncthreads();  // (the other threads' reads below are ordered after thread 0's acquire)
   if (!s_last) return;
@@ -289,11 +284,10 @@ template <class Tr>
 __device__ __forceinline__ void merge_splits_in_cluster(const VarlenKernelParams& p, const unsigned char* smem) {
   using T = typename Tr::Elem;
   constexpr int kMaxChunks = (Tr::kHeadDim / 4 + 31) / 32;
-  cluster_sync();  // every split's partials are in its shared memory (and its claims are done)
+  cluster_sync();  // every split's partials are in its shared memory
   if (cluster_rank() == 0) {
     WorkItem w;
     schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w);  // (the item, taken again: see combine_splits_if_last)
-    if (threadIdx.x == 0 && claims_tiles(p, w)) atomicExch(item_counter(p, w), 0u);  // (all claims are done)
     const int tid = threadIdx.x;
     const uint32_t parts = smem_addr(smem + Tr::kClusterPartOffset);
     for (int m = tid >> 5; m < w.rows; m += Tr::kThreads / 32) {
@@ -455,33 +449,27 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   const Loader loader = kv_loader_for<Loader>(p, w);
   auto stage_k = [&](int tile) { return s_stages + Ring::stage_of(tile) * Tr::kStageBytes; };
 
-  // The tiles this CTA visits by sequence number (static, or claimed: varlen_tile_claims.cuh).
-  constexpr int kPro = Tr::kStages - 1;
-  __shared__ int s_claimed[8];
-  TileSequence<kPro> seq = tile_sequence<kPro, Tr::kClaimTiles>(p, w, s_claimed);
-
   // Prologue: Q in its own group, then kStages - 1 K/V tiles (one group each, maybe empty).
+  const int n_tiles = w.tile_end - w.tile_begin;
   detail::load_q_tile<Tr>(p, w, s_q, tid);
   cp_async_commit();
 #pragma unroll
-  for (int s = 0; s < kPro; ++s) {
-    const int t = seq.static_tile(s);
-    if (t >= 0) loader.load(t * Tr::kBlockN, stage_k(s), stage_k(s) + Tr::kStageTileBytes, tid);
+  for (int s = 0; s < Tr::kStages - 1; ++s) {
+    if (s < n_tiles) loader.load((w.tile_begin + s) * Tr::kBlockN, stage_k(s), stage_k(s) + Tr::kStageTileBytes, tid);
     cp_async_commit();
   }
   pdl_launch_dependents();  // the next kernel's CTAs may take SM slots as this grid frees them
-  if (seq.claims && tid == 0) seq.claim_first();  // (published by the barrier before the loop)
   // Block-table entries of the next tile to load, read one iteration ahead (where the loader
   // copies by 16-key groups): their latency overlaps the MMAs instead of stalling the copy
   // issue after each barrier.
   constexpr bool kPagesAhead = Loader::kByGroups;
+  auto tile_key = [&](int i) { return (w.tile_begin + i) * Tr::kBlockN; };
   typename Loader::Pages next_pages{};
   if constexpr (kPagesAhead)
-    if (!seq.claims && seq.tile(kPro) >= 0) next_pages = loader.pages(seq.tile(kPro) * Tr::kBlockN, tid);
+    if (Tr::kStages - 1 < n_tiles) next_pages = loader.pages(tile_key(Tr::kStages - 1), tid);
 
   // Q: wait for its group when it is read before the loop (into registers, or converted).
   constexpr bool kConvertQ = Tr::kFp8Cache && std::is_same_v<T, __nv_bfloat16>;
-  static_assert(Tr::kBarrierBeforeLoop == (Tr::kQInRegs || kConvertQ), "the claims' barrier before the loop");
   float q_factor = 1.f;
   FragA q_regs[Tr::kQInRegs ? Tr::kKSteps : 1];
   if constexpr (Tr::kQInRegs || kConvertQ) {
@@ -498,8 +486,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
       }
     }
   }
-  if constexpr (kPagesAhead)
-    if (seq.claims && seq.tile(kPro) >= 0) next_pages = loader.pages(seq.tile(kPro) * Tr::kBlockN, tid);
 
   const float k_scale = Tr::kFp8Cache ? detail::scale_of(p.k_scale, p.k_scale_stride, w.kv_head) : 1.f;
   const ScoreMod mod{p.scale * k_scale / q_factor, p.softcap, p.alibi_slopes != nullptr};
@@ -510,28 +496,24 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   for (int mf = 0; mf < Tr::kMFrags; ++mf) softmax[mf].init();
   FragC o[Tr::kMFrags][Tr::kOFrags];
 
-  for (int it = 0;; ++it) {
-    const int tile = seq.tile(it);  // (uniform: known since an earlier barrier)
-    if (tile < 0) break;
+  for (int it = 0; it < n_tiles; ++it) {
     Ring::wait_oldest();
     __syncthreads();  // tile `it` visible to all; the stage of tile it-1 is free again
     if (it == 0) cta_trace_mark(p.cta_trace, kTraceFirstTile);
-    if (seq.claims && tid == 0) seq.step(it);
-    const int ahead = it + kPro, ahead_tile = seq.tile(ahead);
+    const int ahead = it + Tr::kStages - 1;
     if constexpr (kPagesAhead) {
-      if (ahead_tile >= 0) loader.load(ahead_tile * Tr::kBlockN, next_pages, stage_k(ahead), stage_k(ahead) + Tr::kStageTileBytes, tid);
+      if (ahead < n_tiles) loader.load(tile_key(ahead), next_pages, stage_k(ahead), stage_k(ahead) + Tr::kStageTileBytes, tid);
       cp_async_commit();
-      const int next_tile = seq.tile(ahead + 1);
-      if (next_tile >= 0) next_pages = loader.pages(next_tile * Tr::kBlockN, tid);
+      if (ahead + 1 < n_tiles) next_pages = loader.pages(tile_key(ahead + 1), tid);
     } else {
-      if (ahead_tile >= 0) loader.load(ahead_tile * Tr::kBlockN, stage_k(ahead), stage_k(ahead) + Tr::kStageTileBytes, tid);
+      if (ahead < n_tiles) loader.load(tile_key(ahead), stage_k(ahead), stage_k(ahead) + Tr::kStageTileBytes, tid);
       cp_async_commit();
     }
 
     const uint32_t s_k = stage_k(it), s_v = s_k + Tr::kStageTileBytes;
     if (!warp_active) continue;
 
-    const int tile_key0 = tile * Tr::kBlockN;
+    const int tile_key0 = (w.tile_begin + it) * Tr::kBlockN;
     FragC s[Tr::kMFrags][Tr::kSFrags];
     detail::qk_tile<Tr, kFmt>(s, q_regs, smem, s_q, warp_row0, s_k, warp_key0, lane);
     const bool whole_tile_visible = tile_key0 >= w.full_lo && tile_key0 + Tr::kBlockN <= w.full_hi;
@@ -594,7 +576,6 @@ void launch_varlen(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
   VarlenKernelParams q = p;
   q.cluster_merge = Tr::kClusterMerge && shape.cluster_merge && sm90 && p.num_splits == 2;
   const dim3 cluster(1, q.cluster_merge ? static_cast<unsigned>(p.num_splits) : 1u, 1);
-  q.claim_tiles = Tr::kClaimTiles && shape.claim_tiles && p.num_splits >= 2;
   cuda::launch_kernel(kernel, grid, dim3(Tr::kThreads), Tr::kSmemBytes, stream, pdl, cluster, q);
 }
 

@@ -64,13 +64,6 @@ struct VarlenArgs {
   // anywhere else: the workspace merge (the last split CTA to finish merges). The workspace
   // stays required for num_splits > 1 either way.
   bool cluster_split_merge = true;
-  // mma_sync decode launches with 2+ splits (head size <= 128, or any fp8 cache with a bf16
-  // query): the splits of a work item claim its K/V tiles from a
-  // shared counter instead of each taking a fixed 1/num_splits of them, so the splits on faster
-  // SMs take more and the item's CTAs finish together (flash_attn/varlen_tile_claims.cuh). The
-  // tiles each split visits, and so the fp32 rounding of the merged result, then depend on timing:
-  // results are not bitwise reproducible from run to run. Off: fixed splits (reproducible).
-  bool dynamic_split_tiles = true;
   // Diagnostics (mma_sync kernel): a device buffer of grid-CTAs x cuda::kCtaTraceSlots uint64
   // that receives per-CTA timestamps (cuda/cta_trace.h; attnkit_bench --decode-trace); the
   // grid is (row tiles, num_kv_heads * num_splits, num_reqs). nullptr (default) = off.

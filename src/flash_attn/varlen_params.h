@@ -59,9 +59,6 @@ struct VarlenKernelParams {
   // num_splits CTAs (one work item's splits) that merge through distributed shared memory;
   // `partials` is then not touched.
   bool cluster_merge = false;
-  // Set by the launcher (decode tiles, 2+ splits, VarlenArgs::dynamic_split_tiles): the splits
-  // of a work item claim its K/V tiles dynamically (varlen_tile_claims.cuh).
-  bool claim_tiles = false;
 
   // With programmatic dependent launch: before waiting for the previous kernel, each CTA of
   // the mma_sync kernel asks L2 for its work item's first K/V tiles (VarlenArgs::l2_prefetch).
@@ -79,7 +76,6 @@ struct VarlenLaunchShape {
   int max_ctas = 0;        // hopper generation: CTAs of a persistent launch (0: the launcher's choice)
   int q_buffers = 0;       // hopper generation: Q buffers, 1 or 2 (0: the launcher's choice)
   bool cluster_merge = true;  // mma_sync decode launches of 2 splits on sm90: merge in a cluster
-  bool claim_tiles = true;    // mma_sync decode launches of 2+ splits: splits claim tiles dynamically
 };
 
 struct VarlenArgs;

@@ -14,8 +14,7 @@ struct WorkItem {
   int req, kv_head, split;
   int q_start, q_len, seq_len;
   int m0, rows;                // first packed row of the tile, real rows in it (<= kBlockM)
-  int tile_begin, tile_end;    // K/V tiles [begin, end) this CTA's split visits (static order)
-  int item_tile_lo, item_tiles;  // the item's K/V tiles over all splits: [lo, lo + tiles)
+  int tile_begin, tile_end;    // K/V tiles [begin, end) this CTA visits
   int full_lo, full_hi;        // keys visible to every row of the tile: [full_lo, full_hi)
 };
 
@@ -48,8 +47,6 @@ __device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, int x
     t_lo = key_lo / kBlockN;
     t_hi = (key_hi + kBlockN - 1) / kBlockN;
   }
-  w.item_tile_lo = t_lo;
-  w.item_tiles = t_hi - t_lo;
   const int per_split = (t_hi - t_lo + p.num_splits - 1) / p.num_splits;
   w.tile_begin = min(t_hi, t_lo + w.split * per_split);
   w.tile_end = min(t_hi, w.tile_begin + per_split);

@@ -78,13 +78,7 @@ struct VarlenTraits {
   static constexpr int kClusterPartOffset = kEpiBytes;
   static constexpr int kClusterPartBytes = kBlockM * kHeadDim * 4 + kBlockM * 4;
   static constexpr int kSmemBytes = max_c(kMainBytes, kEpiBytes);
-  // Decode tiles (<= 16 packed rows): split launches may merge in a cluster and, where the
-  // kernel has a barrier before its loop (Q read into registers or converted), claim tiles
-  // dynamically (varlen_tile_claims.cuh).
-  static constexpr bool kDecodeTile = kBlockM <= 16;
-  static constexpr bool kBarrierBeforeLoop = kQInRegs || (kFp8Cache && std::is_same_v<Elem, __nv_bfloat16>);
-  static constexpr bool kClaimTiles = kDecodeTile && kBarrierBeforeLoop;
-  static constexpr bool kClusterMerge = kDecodeTile && kClusterPartOffset + kClusterPartBytes <= kSmemBytes;
+  static constexpr bool kClusterMerge = kBlockM <= 16 && kClusterPartOffset + kClusterPartBytes <= kSmemBytes;
 };
 
 template <class Elem, int kHeadDim, bool kFp8Cache>

@@ -46,7 +46,7 @@ std::string Case::describe() const {
      << ", " << flash_attn::generation_name(generation) << " preferred"
      << (max_ctas ? ", " + std::to_string(max_ctas) + " persistent CTAs" : "")
      << (q_buffers ? ", " + std::to_string(q_buffers) + " Q buffers" : "")
-     << (cluster_merge ? "" : ", workspace merge") << (claim_tiles ? "" : ", fixed split tiles")
+     << (cluster_merge ? "" : ", workspace merge")
      << (pad_tokens ? ", " + std::to_string(pad_tokens) + " padding tokens" : "")
      << (v_other_layout ? ", V with the other layout's strides" : "")
      << "; requests (q_len/seq_len):";
@@ -195,7 +195,6 @@ flash_attn::VarlenArgs Problem::make_args(void* out, void* lse, void* workspace,
   a.max_ctas = c_.max_ctas;
   a.hopper_q_buffers = c_.q_buffers;
   a.cluster_split_merge = c_.cluster_merge;
-  a.dynamic_split_tiles = c_.claim_tiles;
   a.workspace = workspace;
   a.workspace_bytes = workspace_bytes;
   return a;

@@ -42,8 +42,6 @@ struct Case {
   int q_buffers = 0;
   // Split decode launches on sm90: merge in a thread-block cluster (VarlenArgs::cluster_split_merge).
   bool cluster_merge = true;
-  // Split decode launches: splits claim tiles dynamically (VarlenArgs::dynamic_split_tiles).
-  bool claim_tiles = true;
   // q / out / LSE rows past the batch's last token (CUDA-graph padding): the launch must
   // leave them unwritten.
   int pad_tokens = 0;
@@ -76,7 +74,6 @@ class Problem {
   void set_max_ctas(int n) { c_.max_ctas = n; }
   void set_q_buffers(int n) { c_.q_buffers = n; }
   void set_cluster_merge(bool on) { c_.cluster_merge = on; }
-  void set_claim_tiles(bool on) { c_.claim_tiles = on; }
 
   // The kernel under test (out, lse and workspace poisoned with NaN first, then the workspace's
   // counters zeroed). Throws Error.
