@@ -451,7 +451,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
 
   // Prologue: Q in its own group, then kStages - 1 K/V tiles (one group each, maybe empty).
   const int n_tiles = w.tile_end - w.tile_begin;
-  auto tile_key = [&](int i) { return (w.tile_begin + i) * Tr::kBlockN; };
   detail::load_q_tile<Tr>(p, w, s_q, tid);
   cp_async_commit();
 #pragma unroll
@@ -464,18 +463,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   // copies by 16-key groups): their latency overlaps the MMAs instead of stalling the copy
   // issue after each barrier.
   constexpr bool kPagesAhead = Loader::kByGroups;
+  auto tile_key = [&](int i) { return (w.tile_begin + i) * Tr::kBlockN; };
   typename Loader::Pages next_pages{};
   if constexpr (kPagesAhead)
     if (Tr::kStages - 1 < n_tiles) next_pages = loader.pages(tile_key(Tr::kStages - 1), tid);
-  // Decode, with the early prefetch: the tiles after it would first be asked from HBM one loop
-  // iteration after the first tile lands (~4 us after the release, measured with cta_trace.h),
-  // and HBM would idle until then: ask L2 for them now. (Its block-table reads stall this thread
-  // while Q, the first tiles and the next tile's pages are in flight anyway.)
-  if constexpr (Tr::kDecodeTile) {
-    if (p.l2_prefetch)
-      for (int i = Tr::kStages; i < Tr::kStages + Tr::kPostWaitPrefetchTiles && i < n_tiles; ++i)
-        loader.prefetch_l2(tile_key(i), p.num_blocks, tid);
-  }
 
   // Q: wait for its group when it is read before the loop (into registers, or converted).
   constexpr bool kConvertQ = Tr::kFp8Cache && std::is_same_v<T, __nv_bfloat16>;

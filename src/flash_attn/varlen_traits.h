@@ -78,11 +78,7 @@ struct VarlenTraits {
   static constexpr int kClusterPartOffset = kEpiBytes;
   static constexpr int kClusterPartBytes = kBlockM * kHeadDim * 4 + kBlockM * 4;
   static constexpr int kSmemBytes = max_c(kMainBytes, kEpiBytes);
-  static constexpr bool kDecodeTile = kBlockM <= 16;
-  static constexpr bool kClusterMerge = kDecodeTile && kClusterPartOffset + kClusterPartBytes <= kSmemBytes;
-  // Decode tiles: K/V tiles past the early (pre-wait) L2 prefetch asked from L2 right after the
-  // release (VarlenKernelParams::l2_prefetch).
-  static constexpr int kPostWaitPrefetchTiles = 2;
+  static constexpr bool kClusterMerge = kBlockM <= 16 && kClusterPartOffset + kClusterPartBytes <= kSmemBytes;
 };
 
 template <class Elem, int kHeadDim, bool kFp8Cache>
