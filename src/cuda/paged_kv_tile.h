@@ -152,7 +152,7 @@ struct PagedKVTileLoader {
       const int key = first_key + (i % kRows);
       if (key < 0 || key >= seq_len) continue;
       const int page = block_size.div(key);
-      const int32_t blk = block_row[page];
+      const int32_t blk = __ldcg(block_row + page);  // (L2 only: not left in L1 for the reads after the wait)
       if (blk < 0 || blk >= num_blocks) continue;
       const PagedSideBytes& side = i < kRows ? k : v;
       const int32_t slot = key - page * block_size.divisor;

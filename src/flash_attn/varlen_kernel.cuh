@@ -14,8 +14,8 @@
 // Programmatic dependent launch (cuda/pdl.h): the kernel waits for the kernels before it only
 // at its start, and lets the next kernel launch as soon as its prologue loads are issued. The
 // one thing before the wait is an L2 prefetch of the work item's first K/V tiles (reads of
-// the metadata that may be stale, clamped; no data is kept), which keeps HBM busy while the
-// previous kernel drains.
+// the metadata that may be stale, through L2 only and clamped; no data is kept), which keeps
+// HBM busy while the previous kernel drains.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -214,7 +214,7 @@ __device__ __forceinline__ void pv_tile(FragC (&o)[Tr::kMFrags][Tr::kOFrags],
 template <class Tr, class Loader, int kTiles>
 __device__ __forceinline__ void prefetch_first_tiles(const VarlenKernelParams& p, int tid) {
   WorkItem w;
-  if (!schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w)) return;
+  if (!schedule_work<Tr::kBlockM, Tr::kBlockN, /*kL2Only=*/true>(p, w)) return;
   Loader loader = kv_loader_for<Loader>(p, w);
   loader.seq_len = min(w.seq_len, p.max_blocks_per_req * p.block_size.divisor);
   const int n = min(w.tile_end - w.tile_begin, kTiles);

@@ -18,20 +18,32 @@ struct WorkItem {
   int full_lo, full_hi;        // keys visible to every row of the tile: [full_lo, full_hi)
 };
 
+// A metadata read; kL2Only bypasses L1 (reads before the PDL wait: a line cached then could be
+// stale once the previous kernel's writes are visible, and the same addresses are read again
+// after the wait).
+template <bool kL2Only>
+__device__ __forceinline__ int32_t load_meta(const int32_t* p) {
+  if constexpr (kL2Only) {
+    return __ldcg(p);
+  } else {
+    return *p;
+  }
+}
+
 // The work item at grid coordinates (x, y, z); false when x is past the request's row tiles.
-template <int kBlockM, int kBlockN>
+template <int kBlockM, int kBlockN, bool kL2Only = false>
 __device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, int x, int y, int z, WorkItem& w) {
   w.req = z;
   w.kv_head = y / p.num_splits;
   w.split = y % p.num_splits;
-  w.q_start = p.cu_seqlens_q[w.req];
-  w.q_len = p.cu_seqlens_q[w.req + 1] - w.q_start;
+  w.q_start = load_meta<kL2Only>(p.cu_seqlens_q + w.req);
+  w.q_len = load_meta<kL2Only>(p.cu_seqlens_q + w.req + 1) - w.q_start;
   const int rows_total = w.q_len * p.group;
   const int num_row_tiles = (rows_total + kBlockM - 1) / kBlockM;
   if (x >= num_row_tiles) return false;
   w.m0 = (num_row_tiles - 1 - x) * kBlockM;
   w.rows = min(kBlockM, rows_total - w.m0);
-  w.seq_len = p.seqused_k[w.req];
+  w.seq_len = load_meta<kL2Only>(p.seqused_k + w.req);
 
   // Visible keys are monotone in the query position, so the first and last token of the
   // tile bound the keys of all its rows.
@@ -54,9 +66,9 @@ __device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, int x
 }
 
 // The work item of this CTA in a grid of one CTA per item.
-template <int kBlockM, int kBlockN>
+template <int kBlockM, int kBlockN, bool kL2Only = false>
 __device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, WorkItem& w) {
-  return schedule_work<kBlockM, kBlockN>(p, blockIdx.x, blockIdx.y, blockIdx.z, w);
+  return schedule_work<kBlockM, kBlockN, kL2Only>(p, blockIdx.x, blockIdx.y, blockIdx.z, w);
 }
 
 // A paged K/V tile loader (cuda/paged_kv_tile.h) over the work item's request and KV head.
