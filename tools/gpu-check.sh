@@ -16,7 +16,8 @@
 #                      with BENCH_ARGS='--quick --only prefill', 512 x 32 and 1 x 16k); the
 #                      per-instruction stall table goes to $LOG/sass<N>.csv, read it with
 #                      `python3 tools/ncu_stalls.py $LOG/sass<N>.csv`
-#   BENCH_ARGS         extra arguments of attnkit_bench (e.g. --quick)
+#   BENCH_ARGS         extra arguments of attnkit_bench (e.g. --quick; --split-sweep or
+#                      --decode-trace DIR for the diagnostics, with PEERS=0)
 #   BENCH_MATCH        only the prefill / decode shapes whose key contains this or one of its
 #                      |-separated alternatives (attnkit_bench and peers.py --match; e.g.
 #                      'd128 h32/32 causal|decode' or 'fp8 b16 kv4096')
