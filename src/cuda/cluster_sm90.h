@@ -40,12 +40,6 @@ __device__ __forceinline__ float cluster_load_f32(uint32_t cluster_addr) {
   return v;
 }
 
-__device__ __forceinline__ float2 cluster_load_f32x2(uint32_t cluster_addr) {
-  float2 v{};
-  ATTNKIT_SM90_ASM("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(cluster_addr) : "memory");
-  return v;
-}
-
 __device__ __forceinline__ float4 cluster_load_f32x4(uint32_t cluster_addr) {
   float4 v{};
   ATTNKIT_SM90_ASM("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"

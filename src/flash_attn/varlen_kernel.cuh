@@ -263,52 +263,33 @@ __device__ __forceinline__ void combine_splits_if_last(const VarlenKernelParams&
   }
 }
 
-// One row's parts in a cluster of split CTAs: part s is warp s % kWarps of the CTA of rank
-// s / kWarps, as the epilogue's first phase left it in that CTA's shared memory (unnormalised
-// O row, (max_log2, sum) of the row).
-template <int kWarps>
-struct ClusterWarpParts {
-  uint32_t o_row, stat_row;          // shared::cta addresses of warp 0's O row and stats
-  uint32_t o_warp_step, stat_warp_step;  // bytes from one warp's row to the next warp's
-  float v_scale;
-  __device__ __forceinline__ float2 stat(int s) const {
-    return cluster_load_f32x2(cluster_map(stat_row + (s % kWarps) * stat_warp_step, s / kWarps));
-  }
-  __device__ __forceinline__ float lse(int s) const {
-    const float2 st = stat(s);
-    return st.y > 0.f ? (st.x + log2f(st.y)) * kLn2 : -INFINITY;
-  }
+// One row's split partials in the shared memory of each CTA of the cluster (rank = split).
+struct ClusterRowParts {
+  uint32_t o_addr, lse_addr;  // shared::cta addresses of the row's values and LSE (same in every CTA)
+  __device__ __forceinline__ float lse(int s) const { return cluster_load_f32(cluster_map(lse_addr, s)); }
   template <int kMaxChunks>
   __device__ __forceinline__ void values(int s, float4 (&v)[kMaxChunks], int chunks, int lane) const {
-    const float2 st = stat(s);
-    const float scale = st.y > 0.f ? v_scale / st.y : 0.f;
-    const uint32_t a = cluster_map(o_row + (s % kWarps) * o_warp_step, s / kWarps);
+    const uint32_t a = cluster_map(o_addr, s);
 #pragma unroll
     for (int i = 0; i < kMaxChunks; ++i)
-      if (lane + 32 * i < chunks) {
-        const float4 x = cluster_load_f32x4(a + 16 * (lane + 32 * i));
-        v[i] = make_float4(x.x * scale, x.y * scale, x.z * scale, x.w * scale);
-      }
+      if (lane + 32 * i < chunks) v[i] = cluster_load_f32x4(a + 16 * (lane + 32 * i));
   }
 };
 
-// Split-KV with cluster_merge, after the epilogue's first phase left every warp's part in its
-// CTA's shared memory: rank 0 merges the parts of all warps of all splits (one warp per row, the
-// workspace merge's rule, fixed order) into out / LSE; the second barrier keeps the other CTAs'
-// shared memory alive until it has read them. Every thread of every CTA of the cluster calls
-// this (cluster barriers are aligned).
+// Split-KV with cluster_merge, after the epilogue left this CTA's partials in its shared
+// memory: rank 0 merges every split's rows (one warp per row, the workspace merge's rule) into
+// out / LSE; the second barrier keeps the other CTAs' shared memory alive until it has read them.
+// Every thread of every CTA of the cluster calls this (cluster barriers are aligned).
 template <class Tr>
 __device__ __forceinline__ void merge_splits_in_cluster(const VarlenKernelParams& p, const unsigned char* smem) {
   using T = typename Tr::Elem;
   constexpr int kMaxChunks = (Tr::kHeadDim / 4 + 31) / 32;
-  constexpr int kN = Tr::kWarpsN;
-  cluster_sync();  // every warp's part is in its CTA's shared memory
+  cluster_sync();  // every split's partials are in its shared memory
   if (cluster_rank() == 0) {
     WorkItem w;
     schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w);  // (the item, taken again: see combine_splits_if_last)
     const int tid = threadIdx.x;
-    const float v_scale = Tr::kFp8Cache ? detail::scale_of(p.v_scale, p.v_scale_stride, w.kv_head) : 1.f;
-    const uint32_t s_o = smem_addr(smem), s_stat = s_o + Tr::kEpiOBytes;  // (epilogue's layout)
+    const uint32_t parts = smem_addr(smem + Tr::kClusterPartOffset);
     for (int m = tid >> 5; m < w.rows; m += Tr::kThreads / 32) {
       const int gm = w.m0 + m;
       const int64_t token = w.q_start + gm / p.group;
@@ -316,9 +297,8 @@ __device__ __forceinline__ void merge_splits_in_cluster(const VarlenKernelParams
       T* out = static_cast<T*>(p.out) + token * p.out_stride_token + head * p.out_stride_head;
       float* lse = p.lse != nullptr ? p.lse + head * p.lse_stride_head + token * p.lse_stride_token : nullptr;
       const float* sink = p.sinks != nullptr ? p.sinks + head * p.sinks_stride : nullptr;
-      const ClusterWarpParts<kN> parts{s_o + m * Tr::kOPitch * 4, s_stat + m * 8, Tr::kBlockM * Tr::kOPitch * 4,
-                                       Tr::kBlockM * 8, v_scale};
-      merge_parts_row<T, kMaxChunks, 2 * kN>(parts, p.num_splits * kN, Tr::kHeadDim, sink, out, lse, tid & 31);
+      const ClusterRowParts row{parts + m * Tr::kHeadDim * 4, parts + Tr::kBlockM * Tr::kHeadDim * 4 + m * 4};
+      merge_parts_row<T, kMaxChunks>(row, p.num_splits, Tr::kHeadDim, sink, out, lse, tid & 31);
     }
     cta_trace_flag(p.cta_trace, 1);
   }
@@ -327,8 +307,7 @@ __device__ __forceinline__ void merge_splits_in_cluster(const VarlenKernelParams
 
 // Epilogue: the warps' partial (O, max, sum) -> normalised output rows and LSE, or split
 // partials (then merged by the work item's last split CTA). Runs after the pipeline has
-// drained; reuses all shared memory. With cluster_merge only its first phase runs (each warp's
-// part into shared memory, where rank 0 of the cluster merges them).
+// drained; reuses all shared memory.
 template <class Tr>
 __device__ __forceinline__ void epilogue(const VarlenKernelParams& p, const WorkItem& w,
                                          unsigned char* smem, const FragC (&o)[Tr::kMFrags][Tr::kOFrags],
@@ -374,9 +353,6 @@ __device__ __forceinline__ void epilogue(const VarlenKernelParams& p, const Work
       }
     }
   }
-  if constexpr (Tr::kClusterMerge) {
-    if (p.cluster_merge) return;  // rank 0 merges these parts of both CTAs (merge_splits_in_cluster)
-  }
   __syncthreads();
 
   // Per row: merge the warps' parts, fold in v_scale and the sink, write the LSE.
@@ -401,7 +377,9 @@ __device__ __forceinline__ void epilogue(const VarlenKernelParams& p, const Work
     }
 #pragma unroll
     for (int n = 0; n < kN; ++n) s_weight[m * kN + n] = wt[n] * v_scale * sink_weight;
-    if (split) {
+    if (split && p.cluster_merge) {
+      reinterpret_cast<float*>(smem + Tr::kClusterPartOffset + Tr::kBlockM * Tr::kHeadDim * 4)[m] = lse;
+    } else if (split) {
       p.partials.lse[p.partials.lse_index(w.split, token, head)] = lse;
     } else if (p.lse != nullptr) {
       p.lse[head * p.lse_stride_head + token * p.lse_stride_token] = lse;
@@ -426,7 +404,11 @@ __device__ __forceinline__ void epilogue(const VarlenKernelParams& p, const Work
     const int gm = w.m0 + m;
     const int64_t token = w.q_start + gm / p.group;
     const int head = w.kv_head * p.group + gm % p.group;
-    if (split) {
+    if (split && p.cluster_merge) {
+      float4* dst = reinterpret_cast<float4*>(smem + Tr::kClusterPartOffset) + (m * Tr::kHeadDim + c) / 4;
+      dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+      dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+    } else if (split) {
       store8(p.partials.o + p.partials.o_index(w.split, token, head) + c, v);
     } else {
       store8(static_cast<T*>(p.out) + token * p.out_stride_token + head * p.out_stride_head + c, v);

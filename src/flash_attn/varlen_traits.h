@@ -72,10 +72,13 @@ struct VarlenTraits {
   static constexpr int kEpiStatBytes = kWarpsN * kBlockM * 8;
   static constexpr int kEpiWeightBytes = kBlockM * kWarpsN * 4;
   static constexpr int kEpiBytes = kEpiOBytes + kEpiStatBytes + kEpiWeightBytes;
+  // Split merge inside a thread-block cluster (decode tiles, sm90): each split CTA leaves its
+  // normalised partial rows (fp32) and their LSEs here, past the epilogue's scratch, for rank 0
+  // to read through distributed shared memory.
+  static constexpr int kClusterPartOffset = kEpiBytes;
+  static constexpr int kClusterPartBytes = kBlockM * kHeadDim * 4 + kBlockM * 4;
   static constexpr int kSmemBytes = max_c(kMainBytes, kEpiBytes);
-  // Split merge inside a thread-block cluster (decode tiles, sm90): rank 0 merges every warp's
-  // part of both CTAs from the epilogue's first phase (per-warp O and softmax stats).
-  static constexpr bool kClusterMerge = kBlockM <= 16;
+  static constexpr bool kClusterMerge = kBlockM <= 16 && kClusterPartOffset + kClusterPartBytes <= kSmemBytes;
 };
 
 template <class Elem, int kHeadDim, bool kFp8Cache>
