@@ -42,8 +42,8 @@ struct VarlenArgs {
   // the previous kernel in the stream drains and waits for it before its first memory access;
   // it lets the next kernel do the same. Off = a plain stream-ordered launch.
   bool enable_pdl = true;
-  // With enable_pdl, on sm90+: while the previous kernel drains, each CTA of the mma_sync
-  // kernel (decode and the prefill shapes hopper does not serve) asks L2 for the first K/V
+  // With enable_pdl, on sm90+: while the previous kernel drains, each CTA of the first wave of
+  // the mma_sync kernel (decode and the prefill shapes hopper does not serve) asks L2 for the first K/V
   // tiles of its work item, so its first loads after the wait hit L2 instead of starting the
   // HBM stream from idle. The block table and lengths it reads then may still be changing;
   // only the prefetch uses them, clamped into the cache. Off: nothing before the wait.

@@ -63,6 +63,10 @@ struct VarlenKernelParams {
   // With programmatic dependent launch: before waiting for the previous kernel, each CTA of
   // the mma_sync kernel asks L2 for its work item's first K/V tiles (VarlenArgs::l2_prefetch).
   bool l2_prefetch = false;
+  // ... only CTAs whose linear block index is below this (set by the launcher: the first wave,
+  // CTAs per SM x SMs). Later CTAs start after the previous kernel is done; for them the
+  // prefetch would only delay their first loads.
+  int64_t l2_prefetch_ctas = 0;
 
   // Diagnostics: per-CTA timestamps (cuda/cta_trace.h), [grid CTAs][kCtaTraceSlots]; nullptr = off.
   uint64_t* cta_trace = nullptr;
