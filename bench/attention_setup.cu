@@ -106,6 +106,25 @@ GraphTiming time_rotating(const std::vector<flash_attn::VarlenArgs>& args, int c
   return t;
 }
 
+DecodeBuffers make_decode_buffers(int64_t max_pool, int64_t keep_free, int max_batch, int num_heads, int head_size,
+                                  cudaStream_t stream) {
+  DecodeBuffers b;
+  size_t free_bytes = 0, total_bytes = 0;
+  ATTNKIT_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  b.pool_bytes = std::min<int64_t>(max_pool, static_cast<int64_t>(free_bytes) - keep_free);
+  if (b.pool_bytes <= 0) return b;
+  b.pool.resize(b.pool_bytes);
+  const int64_t qo_bytes = int64_t{max_batch} * num_heads * head_size * 2;
+  b.q.resize(qo_bytes);
+  b.out.resize(qo_bytes);
+  b.scale.resize(4);
+  fill_random(b.q.get(), qo_bytes / 2, DType::bf16, 31, stream);
+  const float kv_scale = 1.f / 16;
+  ATTNKIT_CUDA_CHECK(cudaMemcpyAsync(b.scale.get(), &kv_scale, 4, cudaMemcpyHostToDevice, stream));
+  ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));  // (kv_scale is a host local)
+  return b;
+}
+
 KVCacheSpec decode_pool_spec(DType cache_dtype, int64_t pool_bytes, int block_size, int num_kv_heads,
                              int head_size) {
   KVCacheSpec spec;

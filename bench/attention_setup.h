@@ -49,6 +49,17 @@ GraphTiming time_rotating(const std::vector<flash_attn::VarlenArgs>& args, int c
 KVCacheSpec decode_pool_spec(DType cache_dtype, int64_t pool_bytes, int block_size, int num_kv_heads,
                              int head_size);
 
+// The device buffers of a decode section: a cache pool of min(max_pool, free - keep_free) bytes
+// (pool_bytes <= 0 and nothing allocated when the device lacks the memory), bf16 q (random) /
+// out for max_batch one-token requests of num_heads x head_size, and the fp8 dequant scale
+// (1/16, device f32 [1]).
+struct DecodeBuffers {
+  int64_t pool_bytes = 0;
+  cuda::DeviceBuffer pool, q, out, scale;
+};
+DecodeBuffers make_decode_buffers(int64_t max_pool, int64_t keep_free, int max_batch, int num_heads, int head_size,
+                                  cudaStream_t stream);
+
 struct DecodeShape {
   std::vector<std::unique_ptr<UniformBatch>> instances;
   std::vector<flash_attn::VarlenArgs> args;  // one per instance; num_splits 1, no workspace yet

@@ -31,35 +31,26 @@ constexpr int kHeads = 32, kKvHeads = 8, kHeadSize = 128, kBlock = 16;
 
 void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick) {
   const auto& props = cuda::current_device_props();
-  size_t free_bytes = 0, total_bytes = 0;
-  ATTNKIT_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   // The largest shape (256 x 32k, bf16) needs 34.4 GB; keep 8 GB free for everything else.
-  const int64_t want = int64_t{36} << 30;
-  const int64_t pool_bytes = std::min<int64_t>(want, static_cast<int64_t>(free_bytes) - (int64_t{8} << 30));
-  if (pool_bytes <= 0) {
+  DecodeBuffers buf = make_decode_buffers(int64_t{36} << 30, int64_t{8} << 30, 256, kHeads, kHeadSize, stream);
+  if (buf.pool_bytes <= 0) {
     rec.fail("decode", "decode pool", "not enough free device memory");
     return;
   }
-  cuda::DeviceBuffer pool(pool_bytes);
-  const int64_t qo_bytes = int64_t{256} * kHeads * kHeadSize * 2;
-  cuda::DeviceBuffer q(qo_bytes), out(qo_bytes), scale(4);
-  fill_random(q.get(), qo_bytes / 2, DType::bf16, 31, stream);
-  const float kv_scale = 1.f / 16;
-  ATTNKIT_CUDA_CHECK(cudaMemcpyAsync(scale.get(), &kv_scale, 4, cudaMemcpyHostToDevice, stream));
   const std::vector<int> batches = quick ? std::vector<int>{1, 16} : std::vector<int>{1, 4, 16, 64, 256};
   const std::vector<int> kv_lens = quick ? std::vector<int>{4096} : std::vector<int>{1024, 4096, 8192, 32768};
   for (DType cd : {DType::bf16, DType::fp8_e4m3}) {
-    const KVCacheSpec spec = decode_pool_spec(cd, pool_bytes, kBlock, kKvHeads, kHeadSize);
-    fill_random(pool.get(), spec.total_bytes() / static_cast<int64_t>(dtype_size(cd)), cd, 41, stream);
-    const PagedKV cache = pool_view(spec, pool.get());
+    const KVCacheSpec spec = decode_pool_spec(cd, buf.pool_bytes, kBlock, kKvHeads, kHeadSize);
+    fill_random(buf.pool.get(), spec.total_bytes() / static_cast<int64_t>(dtype_size(cd)), cd, 41, stream);
+    const PagedKV cache = pool_view(spec, buf.pool.get());
     for (int B : batches)
       for (int L : kv_lens) {
         const std::string key = "decode " + std::string(cd == DType::bf16 ? "bf16" : "fp8") + " b" +
                                 std::to_string(B) + " kv" + std::to_string(L);
         if (!key_selected(key)) continue;
         try {
-          DecodeShape shape = make_decode_shape(B, L, spec, cache, q.get(), out.get(),
-                                                cd == DType::bf16 ? nullptr : scale.as<float>(), kHeads,
+          DecodeShape shape = make_decode_shape(B, L, spec, cache, buf.q.get(), buf.out.get(),
+                                                cd == DType::bf16 ? nullptr : buf.scale.as<float>(), kHeads,
                                                 props.l2_bytes, stream);
           const int splits = builder_num_splits(B, 1, L, kHeads, kKvHeads, cd, props.sm_count);
           cuda::DeviceBuffer workspace =

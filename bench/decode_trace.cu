@@ -69,19 +69,11 @@ CallTrace call_trace(const uint64_t* rec, int ctas, uint64_t origin) {
 
 void run_decode_trace(Recorder& rec, cudaStream_t stream, double read_gbps, const std::string& dump_dir) {
   const auto& props = cuda::current_device_props();
-  size_t free_bytes = 0, total_bytes = 0;
-  ATTNKIT_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  const int64_t pool_bytes = std::min<int64_t>(int64_t{12} << 30, static_cast<int64_t>(free_bytes) - (int64_t{4} << 30));
-  if (pool_bytes <= 0) {
+  DecodeBuffers buf = make_decode_buffers(int64_t{12} << 30, int64_t{4} << 30, 256, kHeads, kHeadSize, stream);
+  if (buf.pool_bytes <= 0) {
     rec.fail("trace", "decode trace pool", "not enough free device memory");
     return;
   }
-  cuda::DeviceBuffer pool(pool_bytes);
-  const int64_t qo_bytes = int64_t{256} * kHeads * kHeadSize * 2;
-  cuda::DeviceBuffer q(qo_bytes), out(qo_bytes), scale(4);
-  fill_random(q.get(), qo_bytes / 2, DType::bf16, 31, stream);
-  const float kv_scale = 1.f / 16;
-  ATTNKIT_CUDA_CHECK(cudaMemcpyAsync(scale.get(), &kv_scale, 4, cudaMemcpyHostToDevice, stream));
   const std::vector<TraceShape> shapes = {
       {DType::bf16, 16, 4096, 0},  {DType::bf16, 16, 4096, 0, false}, {DType::bf16, 16, 4096, 1},
       {DType::fp8_e4m3, 16, 4096, 0, false},  {DType::bf16, 16, 32768, 0},
@@ -98,14 +90,14 @@ void run_decode_trace(Recorder& rec, cudaStream_t stream, double read_gbps, cons
                             std::to_string(t.batch) + " kv" + std::to_string(t.kv_len);
     if (!key_selected(key)) continue;
     try {
-      const KVCacheSpec spec = decode_pool_spec(t.cache, pool_bytes, kBlock, kKvHeads, kHeadSize);
+      const KVCacheSpec spec = decode_pool_spec(t.cache, buf.pool_bytes, kBlock, kKvHeads, kHeadSize);
       if (filled != t.cache) {
-        fill_random(pool.get(), spec.total_bytes() / static_cast<int64_t>(dtype_size(t.cache)), t.cache, 41, stream);
+        fill_random(buf.pool.get(), spec.total_bytes() / static_cast<int64_t>(dtype_size(t.cache)), t.cache, 41, stream);
         filled = t.cache;
       }
-      const PagedKV cache = pool_view(spec, pool.get());
-      DecodeShape shape = make_decode_shape(t.batch, t.kv_len, spec, cache, q.get(), out.get(),
-                                            t.cache == DType::bf16 ? nullptr : scale.as<float>(), kHeads,
+      const PagedKV cache = pool_view(spec, buf.pool.get());
+      DecodeShape shape = make_decode_shape(t.batch, t.kv_len, spec, cache, buf.q.get(), buf.out.get(),
+                                            t.cache == DType::bf16 ? nullptr : buf.scale.as<float>(), kHeads,
                                             props.l2_bytes, stream);
       const int splits = t.splits > 0 ? t.splits
                                       : builder_num_splits(t.batch, 1, t.kv_len, kHeads, kKvHeads, t.cache, props.sm_count);

@@ -31,21 +31,13 @@ const std::vector<int> kSplitCounts = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32};
 
 void run_split_sweep(Recorder& rec, cudaStream_t stream, double read_gbps) {
   const auto& props = cuda::current_device_props();
-  size_t free_bytes = 0, total_bytes = 0;
-  ATTNKIT_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   // The largest shape (64 x 32k bf16) is 8.6 GB; 12 GB also holds the smaller rotations.
-  const int64_t pool_bytes = std::min<int64_t>(int64_t{12} << 30, static_cast<int64_t>(free_bytes) - (int64_t{4} << 30));
-  if (pool_bytes <= 0) {
+  constexpr int kMaxBatch = 256;
+  DecodeBuffers buf = make_decode_buffers(int64_t{12} << 30, int64_t{4} << 30, kMaxBatch, kHeads, kHeadSize, stream);
+  if (buf.pool_bytes <= 0) {
     rec.fail("sweep", "split sweep pool", "not enough free device memory");
     return;
   }
-  cuda::DeviceBuffer pool(pool_bytes);
-  constexpr int kMaxBatch = 256;
-  const int64_t qo_bytes = int64_t{kMaxBatch} * kHeads * kHeadSize * 2;
-  cuda::DeviceBuffer q(qo_bytes), out(qo_bytes), scale(4);
-  fill_random(q.get(), qo_bytes / 2, DType::bf16, 31, stream);
-  const float kv_scale = 1.f / 16;
-  ATTNKIT_CUDA_CHECK(cudaMemcpyAsync(scale.get(), &kv_scale, 4, cudaMemcpyHostToDevice, stream));
   // One workspace for every shape and split count of the sweep (its counters zeroed once).
   cuda::DeviceBuffer workspace = split_workspace(flash_attn::varlen_workspace_bytes(kMaxBatch, kHeads, kHeadSize, kSplitCounts.back()), stream);
 
@@ -55,17 +47,17 @@ void run_split_sweep(Recorder& rec, cudaStream_t stream, double read_gbps) {
   for (int s : kSplitCounts) std::printf(" %11d", s);
   std::printf("\n");
   for (DType cd : {DType::bf16, DType::fp8_e4m3}) {
-    const KVCacheSpec spec = decode_pool_spec(cd, pool_bytes, kBlock, kKvHeads, kHeadSize);
-    fill_random(pool.get(), spec.total_bytes() / static_cast<int64_t>(dtype_size(cd)), cd, 41, stream);
-    const PagedKV cache = pool_view(spec, pool.get());
+    const KVCacheSpec spec = decode_pool_spec(cd, buf.pool_bytes, kBlock, kKvHeads, kHeadSize);
+    fill_random(buf.pool.get(), spec.total_bytes() / static_cast<int64_t>(dtype_size(cd)), cd, 41, stream);
+    const PagedKV cache = pool_view(spec, buf.pool.get());
     for (int B : {1, 4, 16, 64, 128, 256})
       for (int L : {4096, 8192, 32768}) {
         if (B >= 128 && L > 8192) continue;  // (the 12 GB pool; batch 128 / 256 are multi-wave shapes)
         char shape_name[64];
         std::snprintf(shape_name, sizeof shape_name, "%s b%d kv%dk", cd == DType::bf16 ? "bf16" : "fp8", B, L / 1024);
         try {
-          DecodeShape shape = make_decode_shape(B, L, spec, cache, q.get(), out.get(),
-                                                cd == DType::bf16 ? nullptr : scale.as<float>(), kHeads,
+          DecodeShape shape = make_decode_shape(B, L, spec, cache, buf.q.get(), buf.out.get(),
+                                                cd == DType::bf16 ? nullptr : buf.scale.as<float>(), kHeads,
                                                 props.l2_bytes, stream);
           auto& args = shape.args;
           const int calls = shape.calls;

@@ -35,6 +35,19 @@ __device__ __forceinline__ void merge_part_values(float (&acc)[kMaxChunks][4], c
   }
 }
 
+// The merged row (the lane's chunks) and its LSE (lane 0) to their destinations.
+template <class T, int kMaxChunks>
+__device__ __forceinline__ void store_merged_row(const float (&acc)[kMaxChunks][4], float row_lse, int chunks,
+                                                 T* out_row, float* lse_out, int lane) {
+#pragma unroll
+  for (int i = 0; i < kMaxChunks; ++i) {
+    const int c = lane + 32 * i;
+    if (c >= chunks) break;
+    store4(out_row + 4 * c, acc[i]);
+  }
+  if (lse_out != nullptr && lane == 0) *lse_out = row_lse;
+}
+
 // The partials of one (token, head) row in the workspace, read through L2 (__ldcg).
 struct WorkspaceRowParts {
   const SplitPartials* parts;
@@ -88,13 +101,7 @@ __device__ __forceinline__ void merge_parts_row(const Parts& parts, int num_part
       merge_part_values<kMaxChunks>(acc, v, __shfl_sync(0xffffffffu, e, s), chunks, lane);
     }
   }
-#pragma unroll
-  for (int i = 0; i < kMaxChunks; ++i) {
-    const int c = lane + 32 * i;
-    if (c >= chunks) break;
-    store4(out_row + 4 * c, acc[i]);
-  }
-  if (lse_out != nullptr && lane == 0) *lse_out = row_lse;
+  store_merged_row<T, kMaxChunks>(acc, row_lse, chunks, out_row, lse_out, lane);
 }
 
 // kMaxChunks: float4 chunks per lane, head_size <= 128 * kMaxChunks. `sink`: nullptr or the
@@ -135,13 +142,7 @@ __device__ __forceinline__ void merge_split_row(const SplitPartials& parts, int6
       merge_part_values<kMaxChunks>(acc, v, w, chunks, lane);
     }
   }
-#pragma unroll
-  for (int i = 0; i < kMaxChunks; ++i) {
-    const int c = lane + 32 * i;
-    if (c >= chunks) break;
-    store4(out_row + 4 * c, acc[i]);
-  }
-  if (lse_out != nullptr && lane == 0) *lse_out = row_lse;
+  store_merged_row<T, kMaxChunks>(acc, row_lse, chunks, out_row, lse_out, lane);
 }
 
 }  // namespace attnkit::cuda

@@ -225,6 +225,28 @@ __device__ __forceinline__ float scale_of(const float* scale, int64_t stride, in
   return scale != nullptr ? scale[kv_head * stride] : 1.f;
 }
 
+// Where the merge of row m of work item w goes: its output row, LSE (or nullptr) and sink logit
+// (or nullptr).
+template <class T>
+struct MergedRow {
+  int64_t token;
+  int head;
+  T* out;
+  float* lse;
+  const float* sink;
+};
+template <class T>
+__device__ __forceinline__ MergedRow<T> merged_row(const VarlenKernelParams& p, const WorkItem& w, int m) {
+  MergedRow<T> r;
+  const int gm = w.m0 + m;
+  r.token = w.q_start + gm / p.group;
+  r.head = w.kv_head * p.group + gm % p.group;
+  r.out = static_cast<T*>(p.out) + r.token * p.out_stride_token + r.head * p.out_stride_head;
+  r.lse = p.lse != nullptr ? p.lse + r.head * p.lse_stride_head + r.token * p.lse_stride_token : nullptr;
+  r.sink = p.sinks != nullptr ? p.sinks + r.head * p.sinks_stride : nullptr;
+  return r;
+}
+
 // Split-KV, after every thread wrote its partials: the last of the work item's num_splits
 // CTAs to arrive merges all splits' partials of the tile's rows into out / LSE (one warp per
 // row, the combine kernel's merge) and puts the item's counter back to 0 for the next launch.
@@ -253,13 +275,8 @@ __device__ __forceinline__ void combine_splits_if_last(const VarlenKernelParams&
   if (!s_last) return;
   cta_trace_flag(p.cta_trace, 1);
   for (int m = tid >> 5; m < w.rows; m += Tr::kThreads / 32) {
-    const int gm = w.m0 + m;
-    const int64_t token = w.q_start + gm / p.group;
-    const int head = w.kv_head * p.group + gm % p.group;
-    T* out = static_cast<T*>(p.out) + token * p.out_stride_token + head * p.out_stride_head;
-    float* lse = p.lse != nullptr ? p.lse + head * p.lse_stride_head + token * p.lse_stride_token : nullptr;
-    const float* sink = p.sinks != nullptr ? p.sinks + head * p.sinks_stride : nullptr;
-    merge_split_row<T, kMaxChunks>(p.partials, token, head, sink, out, lse, tid & 31);
+    const MergedRow<T> r = merged_row<T>(p, w, m);
+    merge_split_row<T, kMaxChunks>(p.partials, r.token, r.head, r.sink, r.out, r.lse, tid & 31);
   }
 }
 
@@ -291,14 +308,9 @@ __device__ __forceinline__ void merge_splits_in_cluster(const VarlenKernelParams
     const int tid = threadIdx.x;
     const uint32_t parts = smem_addr(smem + Tr::kClusterPartOffset);
     for (int m = tid >> 5; m < w.rows; m += Tr::kThreads / 32) {
-      const int gm = w.m0 + m;
-      const int64_t token = w.q_start + gm / p.group;
-      const int head = w.kv_head * p.group + gm % p.group;
-      T* out = static_cast<T*>(p.out) + token * p.out_stride_token + head * p.out_stride_head;
-      float* lse = p.lse != nullptr ? p.lse + head * p.lse_stride_head + token * p.lse_stride_token : nullptr;
-      const float* sink = p.sinks != nullptr ? p.sinks + head * p.sinks_stride : nullptr;
+      const MergedRow<T> r = merged_row<T>(p, w, m);
       const ClusterRowParts row{parts + m * Tr::kHeadDim * 4, parts + Tr::kBlockM * Tr::kHeadDim * 4 + m * 4};
-      merge_parts_row<T, kMaxChunks>(row, p.num_splits, Tr::kHeadDim, sink, out, lse, tid & 31);
+      merge_parts_row<T, kMaxChunks>(row, p.num_splits, Tr::kHeadDim, r.sink, r.out, r.lse, tid & 31);
     }
     cta_trace_flag(p.cta_trace, 1);
   }
