@@ -211,16 +211,14 @@ __device__ __forceinline__ void pv_tile(FragC (&o)[Tr::kMFrags][Tr::kOFrags],
 // of this CTA's work item. The metadata may still be being written by the previous kernel, so
 // the item is only a guess: keys are clamped to the request's block-table row and page ids to
 // the cache (PagedKVTileLoader::prefetch_l2), and nothing here is kept.
-// Returns false when the guessed item has no row tile here; else `w` is the guess (the kernel
-// checks it against the item it takes after the wait, see kGuessPages).
 template <class Tr, class Loader, int kTiles>
-__device__ __forceinline__ bool prefetch_first_tiles(const VarlenKernelParams& p, int tid, WorkItem& w) {
-  if (!schedule_work<Tr::kBlockM, Tr::kBlockN, /*kL2Only=*/true>(p, w)) return false;
+__device__ __forceinline__ void prefetch_first_tiles(const VarlenKernelParams& p, int tid) {
+  WorkItem w;
+  if (!schedule_work<Tr::kBlockM, Tr::kBlockN, /*kL2Only=*/true>(p, w)) return;
   Loader loader = kv_loader_for<Loader>(p, w);
   loader.seq_len = min(w.seq_len, p.max_blocks_per_req * p.block_size.divisor);
   const int n = min(w.tile_end - w.tile_begin, kTiles);
   for (int i = 0; i < n; ++i) loader.prefetch_l2((w.tile_begin + i) * Tr::kBlockN, p.num_blocks, tid);
-  return true;
 }
 
 __device__ __forceinline__ float scale_of(const float* scale, int64_t stride, int kv_head) {
@@ -444,33 +442,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   extern __shared__ __align__(16) unsigned char smem[];
 
   cta_trace_mark(p.cta_trace, kTraceEntry);
-  WorkItem guess;
-  bool have_guess = false;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (p.l2_prefetch && blockIdx.x + static_cast<int64_t>(gridDim.x) * (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z) < p.l2_prefetch_ctas)
-    have_guess = detail::prefetch_first_tiles<Tr, Loader, Tr::kStages>(p, threadIdx.x, guess);
+    detail::prefetch_first_tiles<Tr, Loader, Tr::kStages>(p, threadIdx.x);
 #endif
   pdl_wait();  // everything below may read what the previous kernel wrote (metadata, q, cache)
   cta_trace_mark(p.cta_trace, kTraceReleased);
-  // Decode: the block-table entries of the prologue's tiles of the item guessed before the wait,
-  // read now (current entries) in the same round trip as the item itself, and used when the item
-  // turns out the same (same lengths: same tiles). Saves the dependent round trip item -> pages
-  // at the start of every first-wave CTA.
-  constexpr bool kGuessPages = Tr::kDecodeTile && Loader::kByGroups;
-  typename Loader::Pages guess_pages[Tr::kStages - 1];
-  if constexpr (kGuessPages) {
-    if (have_guess) {
-      Loader gl = kv_loader_for<Loader>(p, guess);
-      gl.seq_len = min(guess.seq_len, p.max_blocks_per_req * p.block_size.divisor);
-#pragma unroll
-      for (int s = 0; s < Tr::kStages - 1; ++s)
-        if (s < guess.tile_end - guess.tile_begin) guess_pages[s] = gl.pages((guess.tile_begin + s) * Tr::kBlockN, threadIdx.x);
-    }
-  }
   WorkItem w;
   if (!schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w)) return;
-  const bool guess_held = kGuessPages && have_guess && w.q_start == guess.q_start && w.q_len == guess.q_len &&
-                          w.seq_len == guess.seq_len;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp % Tr::kWarpsM, warp_n = warp / Tr::kWarpsM;
@@ -489,13 +468,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   cp_async_commit();
 #pragma unroll
   for (int s = 0; s < Tr::kStages - 1; ++s) {
-    if (s < n_tiles) {
-      if (kGuessPages && guess_held) {
-        loader.load((w.tile_begin + s) * Tr::kBlockN, guess_pages[s], stage_k(s), stage_k(s) + Tr::kStageTileBytes, tid);
-      } else {
-        loader.load((w.tile_begin + s) * Tr::kBlockN, stage_k(s), stage_k(s) + Tr::kStageTileBytes, tid);
-      }
-    }
+    if (s < n_tiles) loader.load((w.tile_begin + s) * Tr::kBlockN, stage_k(s), stage_k(s) + Tr::kStageTileBytes, tid);
     cp_async_commit();
   }
   pdl_launch_dependents();  // the next kernel's CTAs may take SM slots as this grid frees them

@@ -78,8 +78,7 @@ struct VarlenTraits {
   static constexpr int kClusterPartOffset = kEpiBytes;
   static constexpr int kClusterPartBytes = kBlockM * kHeadDim * 4 + kBlockM * 4;
   static constexpr int kSmemBytes = max_c(kMainBytes, kEpiBytes);
-  static constexpr bool kDecodeTile = kBlockM <= 16;  // (packed decode rows: one m16 row fragment)
-  static constexpr bool kClusterMerge = kDecodeTile && kClusterPartOffset + kClusterPartBytes <= kSmemBytes;
+  static constexpr bool kClusterMerge = kBlockM <= 16 && kClusterPartOffset + kClusterPartBytes <= kSmemBytes;
 };
 
 template <class Elem, int kHeadDim, bool kFp8Cache>
