@@ -5,6 +5,8 @@
 #pragma once
 #include <cstdint>
 
+#include "cuda/pdl.h"
+
 namespace attnkit::cuda {
 
 // Slots of one CTA's record (kCtaTraceSlots uint64 per CTA, CTA = linear block index).
@@ -28,8 +30,7 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
 }
 
 __device__ __forceinline__ uint64_t* cta_trace_record(uint64_t* trace) {
-  const uint64_t cta = blockIdx.x + static_cast<uint64_t>(gridDim.x) * (blockIdx.y + static_cast<uint64_t>(gridDim.y) * blockIdx.z);
-  return trace + cta * kCtaTraceSlots;
+  return trace + linear_block_index() * kCtaTraceSlots;
 }
 
 // Stamps `point` (thread 0 only; nothing without a buffer).

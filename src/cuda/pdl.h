@@ -27,6 +27,11 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// This CTA's linear index in its grid (x fastest): the order the hardware dispatches CTAs in.
+__device__ __forceinline__ uint64_t linear_block_index() {
+  return blockIdx.x + static_cast<uint64_t>(gridDim.x) * (blockIdx.y + static_cast<uint64_t>(gridDim.y) * blockIdx.z);
+}
+
 // Launches `kernel` with the programmatic stream serialization attribute when `pdl` is set,
 // else as a plain launch. The caller decides `pdl` from the device (sm90+ only).
 // A cluster shape other than 1 x 1 x 1 launches the grid as thread-block clusters (sm90).

@@ -317,6 +317,19 @@ __device__ __forceinline__ void merge_splits_in_cluster(const VarlenKernelParams
   cluster_sync();
 }
 
+// Split-KV, after the epilogue: the merge of the work item's splits, in the cluster or through
+// the workspace (VarlenKernelParams::cluster_merge).
+template <class Tr>
+__device__ __forceinline__ void merge_splits(const VarlenKernelParams& p, const unsigned char* smem) {
+  if constexpr (Tr::kClusterMerge) {
+    if (p.cluster_merge) {
+      merge_splits_in_cluster<Tr>(p, smem);
+      return;
+    }
+  }
+  combine_splits_if_last<Tr>(p);
+}
+
 // Epilogue: the warps' partial (O, max, sum) -> normalised output rows and LSE, or split
 // partials (then merged by the work item's last split CTA). Runs after the pipeline has
 // drained; reuses all shared memory.
@@ -443,7 +456,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
 
   cta_trace_mark(p.cta_trace, kTraceEntry);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (p.l2_prefetch && blockIdx.x + static_cast<int64_t>(gridDim.x) * (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z) < p.l2_prefetch_ctas)
+  if (p.l2_prefetch && static_cast<int64_t>(linear_block_index()) < p.l2_prefetch_ctas)
     detail::prefetch_first_tiles<Tr, Loader, Tr::kStages>(p, threadIdx.x);
 #endif
   pdl_wait();  // everything below may read what the previous kernel wrote (metadata, q, cache)
@@ -542,15 +555,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   cta_trace_mark(p.cta_trace, kTraceLoopDone);
   detail::epilogue<Tr>(p, w, smem, o, softmax, unit, warp_active, warp_m, warp_n, lane, tid);
   cta_trace_mark(p.cta_trace, kTraceEpilogue);
-  if constexpr (Tr::kClusterMerge) {
-    if (p.cluster_merge) {
-      detail::merge_splits_in_cluster<Tr>(p, smem);
-    } else if (p.num_splits > 1) {
-      detail::combine_splits_if_last<Tr>(p);
-    }
-  } else if (p.num_splits > 1) {
-    detail::combine_splits_if_last<Tr>(p);
-  }
+  if (p.num_splits > 1) detail::merge_splits<Tr>(p, smem);
   cta_trace_mark(p.cta_trace, kTraceExit);
 }
 
@@ -580,12 +585,13 @@ void launch_varlen(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
   if constexpr (Tr::kFp8Cache)
     if (p.fp8_format == static_cast<int>(cuda::Fp8Format::e5m2)) kernel = varlen_attention_kernel<Tr, cuda::Fp8Format::e5m2>;
   ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
-  const bool sm90 = cuda::current_device_props().cc_major >= 9;
+  const cuda::DeviceProps& dev = cuda::current_device_props();
+  const bool sm90 = dev.cc_major >= 9;
   const bool pdl = shape.enable_pdl && sm90;
   VarlenKernelParams q = p;
   // The early L2 prefetch for the first wave only (blocks are dispatched in linear order): fp8
   // 64 x 4k (2.6 waves) ran at 66% of read BW with every CTA prefetching, 69-70% without it.
-  q.l2_prefetch_ctas = static_cast<int64_t>(Tr::kMinBlocksPerSm) * cuda::current_device_props().sm_count;
+  q.l2_prefetch_ctas = static_cast<int64_t>(Tr::kMinBlocksPerSm) * dev.sm_count;
   // Split merge in clusters of one work item's splits (grid y = kv_head * num_splits + split, so
   // clusters of 1 x num_splits x 1 hold exactly those), for 2 splits only: on the H200, clusters
   // of 3 CTAs of the fp8 decode kernel (3 CTAs per SM) did not all fit one wave (fp8 16 x 4k:
