@@ -7,6 +7,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <utility>
 
 #include "cuda/cuda_check.h"
