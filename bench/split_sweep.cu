@@ -4,6 +4,7 @@
 // graph of back-to-back calls rotating over KV instances >= 8x the L2). Counts that leave a
 // split under kMinKVPerSplit tokens are skipped. Prints one table: shape x splits -> us and %
 // of the read-only ceiling; "rule" is decide_num_splits' count, "best" the fastest measured.
+// BENCH_MATCH / --match selects shapes by name (e.g. "bf16 b16 kv4k|fp8 b64").
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -55,6 +56,7 @@ void run_split_sweep(Recorder& rec, cudaStream_t stream, double read_gbps) {
         if (B >= 128 && L > 8192) continue;  // (the 12 GB pool; batch 128 / 256 are multi-wave shapes)
         char shape_name[64];
         std::snprintf(shape_name, sizeof shape_name, "%s b%d kv%dk", cd == DType::bf16 ? "bf16" : "fp8", B, L / 1024);
+        if (!key_selected(shape_name)) continue;
         try {
           DecodeShape shape = make_decode_shape(B, L, spec, cache, buf.q.get(), buf.out.get(),
                                                 cd == DType::bf16 ? nullptr : buf.scale.as<float>(), kHeads,
