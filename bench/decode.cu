@@ -31,20 +31,36 @@ constexpr int kHeads = 32, kKvHeads = 8, kHeadSize = 128, kBlock = 16;
 
 void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick) {
   const auto& props = cuda::current_device_props();
-  // The largest shape (256 x 32k, bf16) needs 34.4 GB; keep 8 GB free for everything else.
-  DecodeBuffers buf = make_decode_buffers(int64_t{36} << 30, int64_t{8} << 30, 256, kHeads, kHeadSize, stream);
-  if (buf.pool_bytes <= 0) {
+  // One pool per cache dtype, so that each shape's bf16 and fp8 rows run back to back (the
+  // fp8/bf16 ratio then compares the same minute of the run, not two ends of the section). The
+  // largest shape (256 x 32k) needs 34.4 GB in bf16 and half that in fp8; keep 8 GB free.
+  DecodeBuffers buf = make_decode_buffers(int64_t{36} << 30, int64_t{26} << 30, 256, kHeads, kHeadSize, stream);
+  DecodeBuffers buf8 = make_decode_buffers(int64_t{18} << 30, int64_t{8} << 30, 256, kHeads, kHeadSize, stream);
+  if (buf.pool_bytes <= 0 || buf8.pool_bytes <= 0) {
     rec.fail("decode", "decode pool", "not enough free device memory");
     return;
   }
+  struct Pool {
+    DType dtype;
+    DecodeBuffers* buf;
+    KVCacheSpec spec;
+    PagedKV cache;
+  };
+  std::vector<Pool> pools;
+  for (auto [cd, b] : {std::pair{DType::bf16, &buf}, std::pair{DType::fp8_e4m3, &buf8}}) {
+    const KVCacheSpec spec = decode_pool_spec(cd, b->pool_bytes, kBlock, kKvHeads, kHeadSize);
+    fill_random(b->pool.get(), spec.total_bytes() / static_cast<int64_t>(dtype_size(cd)), cd, 41, stream);
+    pools.push_back({cd, b, spec, pool_view(spec, b->pool.get())});
+  }
   const std::vector<int> batches = quick ? std::vector<int>{1, 16} : std::vector<int>{1, 4, 16, 64, 256};
   const std::vector<int> kv_lens = quick ? std::vector<int>{4096} : std::vector<int>{1024, 4096, 8192, 32768};
-  for (DType cd : {DType::bf16, DType::fp8_e4m3}) {
-    const KVCacheSpec spec = decode_pool_spec(cd, buf.pool_bytes, kBlock, kKvHeads, kHeadSize);
-    fill_random(buf.pool.get(), spec.total_bytes() / static_cast<int64_t>(dtype_size(cd)), cd, 41, stream);
-    const PagedKV cache = pool_view(spec, buf.pool.get());
-    for (int B : batches)
-      for (int L : kv_lens) {
+  for (int B : batches)
+    for (int L : kv_lens)
+      for (const Pool& pool : pools) {
+        const DType cd = pool.dtype;
+        const KVCacheSpec& spec = pool.spec;
+        const PagedKV& cache = pool.cache;
+        DecodeBuffers& buf = *pool.buf;
         const std::string key = "decode " + std::string(cd == DType::bf16 ? "bf16" : "fp8") + " b" +
                                 std::to_string(B) + " kv" + std::to_string(L);
         if (!key_selected(key)) continue;
@@ -95,7 +111,6 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
           cudaGetLastError();
         }
       }
-  }
 }
 
 }  // namespace attnkit::bench
