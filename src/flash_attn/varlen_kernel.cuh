@@ -587,11 +587,22 @@ void launch_varlen(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
   ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
   const cuda::DeviceProps& dev = cuda::current_device_props();
   const bool sm90 = dev.cc_major >= 9;
-  const bool pdl = shape.enable_pdl && sm90;
+  const int64_t slots = static_cast<int64_t>(Tr::kMinBlocksPerSm) * dev.sm_count;
+  const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
+  // No PDL for a grid of more than half and less than 90% of one wave: the next grid's CTAs
+  // (PDL lets them in once every CTA here has started) fill the slots this one leaves free
+  // long before they may run, the rest come after the release, and the grid ends up spread
+  // unevenly over the SMs. H200 decode, same run (bench/RESULTS.md, "wip-pdl-ab"): fp8 16 x 1k,
+  // 4 x 4k, 1 x 32k (256 CTAs on 396 slots) 1639 / 1610 / 1867 GB/s with PDL, 1872 / 1779 /
+  // 2046 without; grids of <= 1/3 of a wave or ~97% of one kept PDL's gain (fp8 1 x 4k 592 vs
+  // 576, fp8 4 x 8k 2410 vs 2342, bf16 4 x 1k 1306 vs 1201); bf16 1 x 8k (48%) 1840 vs 1880.
+  const bool partial_wave = 2 * ctas > slots && 10 * ctas < 9 * slots;
+  const bool pdl = shape.enable_pdl && sm90 && !partial_wave;
   VarlenKernelParams q = p;
   // The early L2 prefetch for the first wave only (blocks are dispatched in linear order): fp8
   // 64 x 4k (2.6 waves) ran at 66% of read BW with every CTA prefetching, 69-70% without it.
-  q.l2_prefetch_ctas = static_cast<int64_t>(Tr::kMinBlocksPerSm) * dev.sm_count;
+  q.l2_prefetch_ctas = slots;
+  q.l2_prefetch = p.l2_prefetch && pdl;  // (without PDL nothing runs before the previous kernel ends)
   // Split merge in clusters of one work item's splits (grid y = kv_head * num_splits + split, so
   // clusters of 1 x num_splits x 1 hold exactly those), for 2 splits only: on the H200, clusters
   // of 3 CTAs of the fp8 decode kernel (3 CTAs per SM) did not all fit one wave (fp8 16 x 4k:

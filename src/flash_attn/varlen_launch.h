@@ -40,7 +40,9 @@ struct VarlenArgs {
   Generation generation = Generation::hopper;
   // Programmatic dependent launch on sm90+ (ignored below): the kernel may be scheduled while
   // the previous kernel in the stream drains and waits for it before its first memory access;
-  // it lets the next kernel do the same. Off = a plain stream-ordered launch.
+  // it lets the next kernel do the same. Off = a plain stream-ordered launch. The mma_sync
+  // launcher leaves it off for a grid of more than half and less than 90% of one wave of CTA
+  // slots (measured: such grids got spread unevenly over the SMs; varlen_kernel.cuh).
   bool enable_pdl = true;
   // With enable_pdl, on sm90+: while the previous kernel drains, each CTA of the first wave of
   // the mma_sync kernel (decode and the prefill shapes hopper does not serve) asks L2 for the first K/V
