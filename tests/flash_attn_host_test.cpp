@@ -356,6 +356,25 @@ TEST(SplitKV, PropertiesOverARandomGrid) {
   }
 }
 
+// The launcher's PDL rule: off only for grids of more than half and less than 90% of a wave.
+TEST(LaunchPolicy, PdlOffOnlyForGridsOfHalfToNinetyPercentOfAWave) {
+  struct Case {
+    int64_t ctas, slots;
+    bool pdl;
+  };
+  // The H200 shapes behind the rule (fp8: 396 slots, bf16: 264), then the bounds.
+  for (const Case& c : {Case{256, 396, false}, Case{64, 396, true}, Case{128, 396, true}, Case{384, 396, true},
+                        Case{128, 264, true}, Case{256, 264, true}, Case{64, 264, true}, Case{1024, 396, true},
+                        Case{50, 100, true}, Case{51, 100, false}, Case{89, 100, false}, Case{90, 100, true},
+                        Case{0, 100, true}, Case{1, 1, true}})
+    EXPECT_EQ(pdl_for_grid(c.ctas, c.slots), c.pdl) << c.ctas << " CTAs on " << c.slots << " slots";
+  for (int64_t slots : {1, 7, 264, 396, 528})
+    for (int64_t ctas = 0; ctas <= 3 * slots; ++ctas) {
+      const double fill = static_cast<double>(ctas) / static_cast<double>(slots);
+      EXPECT_EQ(pdl_for_grid(ctas, slots), !(fill > 0.5 && fill < 0.9)) << ctas << " CTAs on " << slots << " slots";
+    }
+}
+
 TEST(SplitKV, RejectsBadInput) {
   Batch b;
   b.add(1, 100);

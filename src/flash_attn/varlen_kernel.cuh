@@ -40,6 +40,7 @@
 #include "cuda/split_merge_row.cuh"
 #include "flash_attn/varlen_schedule.cuh"
 #include "flash_attn/varlen_tile_softmax.cuh"
+#include "flash_attn/varlen_launch.h"
 #include "flash_attn/varlen_traits.h"
 
 namespace attnkit::flash_attn {
@@ -589,15 +590,7 @@ void launch_varlen(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
   const bool sm90 = dev.cc_major >= 9;
   const int64_t slots = static_cast<int64_t>(Tr::kMinBlocksPerSm) * dev.sm_count;
   const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
-  // No PDL for a grid of more than half and less than 90% of one wave: the next grid's CTAs
-  // (PDL lets them in once every CTA here has started) fill the slots this one leaves free
-  // long before they may run, the rest come after the release, and the grid ends up spread
-  // unevenly over the SMs. H200 decode, same run (bench/RESULTS.md, "wip-pdl-ab"): fp8 16 x 1k,
-  // 4 x 4k, 1 x 32k (256 CTAs on 396 slots) 1639 / 1610 / 1867 GB/s with PDL, 1872 / 1779 /
-  // 2046 without; grids of <= 1/3 of a wave or ~97% of one kept PDL's gain (fp8 1 x 4k 592 vs
-  // 576, fp8 4 x 8k 2410 vs 2342, bf16 4 x 1k 1306 vs 1201); bf16 1 x 8k (48%) 1840 vs 1880.
-  const bool partial_wave = 2 * ctas > slots && 10 * ctas < 9 * slots;
-  const bool pdl = shape.enable_pdl && sm90 && !partial_wave;
+  const bool pdl = shape.enable_pdl && sm90 && pdl_for_grid(ctas, slots);  // (not for part of a wave)
   VarlenKernelParams q = p;
   // The early L2 prefetch for the first wave only (blocks are dispatched in linear order): fp8
   // 64 x 4k (2.6 waves) ran at 66% of read BW with every CTA prefetching, 69-70% without it.

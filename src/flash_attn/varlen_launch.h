@@ -72,6 +72,13 @@ struct VarlenArgs {
   uint64_t* cta_trace = nullptr;
 };
 
+// Whether the mma_sync launcher uses PDL (with VarlenArgs::enable_pdl, on sm90+) for a grid of
+// `ctas` CTAs on `slots` CTA slots (CTAs per SM x SMs): not for more than half and less than 90%
+// of one wave. With PDL such a grid's first CTAs took the slots its predecessor left free long
+// before the release and the rest came after, spread unevenly over the SMs (H200: fp8 decode
+// 1 x 32k, 4 x 4k, 16 x 1k, 256 CTAs on 396 slots, 9-15% slower; bench/RESULTS.md "wip-pdl-ab").
+inline bool pdl_for_grid(int64_t ctas, int64_t slots) { return !(2 * ctas > slots && 10 * ctas < 9 * slots); }
+
 // Split-KV workspace contract (layout: cuda/split_workspace.h).
 //  * Size: at least varlen_workspace_bytes(num_tokens, num_heads, head_size, num_splits) bytes,
 //    16-byte aligned. Any larger buffer fits too; one buffer sized for the largest launch
