@@ -34,9 +34,9 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
   // One pool per cache dtype, so that each shape's bf16 and fp8 rows run back to back (the
   // fp8/bf16 ratio then compares the same minute of the run, not two ends of the section). The
   // largest shape (256 x 32k) needs 34.4 GB in bf16 and half that in fp8; keep 8 GB free.
-  DecodeBuffers buf = make_decode_buffers(int64_t{36} << 30, int64_t{26} << 30, 256, kHeads, kHeadSize, stream);
+  DecodeBuffers buf16 = make_decode_buffers(int64_t{36} << 30, int64_t{26} << 30, 256, kHeads, kHeadSize, stream);
   DecodeBuffers buf8 = make_decode_buffers(int64_t{18} << 30, int64_t{8} << 30, 256, kHeads, kHeadSize, stream);
-  if (buf.pool_bytes <= 0 || buf8.pool_bytes <= 0) {
+  if (buf16.pool_bytes <= 0 || buf8.pool_bytes <= 0) {
     rec.fail("decode", "decode pool", "not enough free device memory");
     return;
   }
@@ -47,7 +47,7 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
     PagedKV cache;
   };
   std::vector<Pool> pools;
-  for (auto [cd, b] : {std::pair{DType::bf16, &buf}, std::pair{DType::fp8_e4m3, &buf8}}) {
+  for (auto [cd, b] : {std::pair{DType::bf16, &buf16}, std::pair{DType::fp8_e4m3, &buf8}}) {
     const KVCacheSpec spec = decode_pool_spec(cd, b->pool_bytes, kBlock, kKvHeads, kHeadSize);
     fill_random(b->pool.get(), spec.total_bytes() / static_cast<int64_t>(dtype_size(cd)), cd, 41, stream);
     pools.push_back({cd, b, spec, pool_view(spec, b->pool.get())});
@@ -60,7 +60,7 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
         const DType cd = pool.dtype;
         const KVCacheSpec& spec = pool.spec;
         const PagedKV& cache = pool.cache;
-        DecodeBuffers& buf = *pool.buf;
+        DecodeBuffers& buf = *pool.buf;  // (q / out / scale of this pool)
         const std::string key = "decode " + std::string(cd == DType::bf16 ? "bf16" : "fp8") + " b" +
                                 std::to_string(B) + " kv" + std::to_string(L);
         if (!key_selected(key)) continue;
