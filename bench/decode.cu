@@ -86,17 +86,22 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
           rec.add({"decode", key, "attnkit", "GB/s", gbps, t.ms_per_call, note});
           // What the launch options give, same shapes, same run: split merge through the workspace
           // instead of the cluster, the L2 prefetch before the PDL wait off, then PDL itself off
-          // (VarlenArgs::cluster_split_merge / l2_prefetch / enable_pdl).
+          // (VarlenArgs::cluster_split_merge / l2_prefetch / enable_pdl), and K/V stages filled by cp.async
+          // or by TMA on every grid (kv_fill; the default picks by grid size).
           if ((B == 1 || B == 16 || B == 64) && (L == 4096 || L == 32768)) {
-            using Variant = std::tuple<const char*, bool, bool, bool>;  // name, L2 prefetch, PDL, cluster merge
-            for (const auto& [name, prefetch, pdl, cluster] :
-                 {Variant{"workspace merge", true, true, false}, Variant{"no L2 prefetch", false, true, true},
-                  Variant{"no PDL", false, false, true}}) {
+            using flash_attn::KvFill;
+            using Variant = std::tuple<const char*, bool, bool, bool, KvFill>;  // name, L2 prefetch, PDL, cluster merge, K/V fill
+            for (const auto& [name, prefetch, pdl, cluster, fill] :
+                 {Variant{"cp.async K/V", true, true, true, KvFill::cp_async}, Variant{"TMA K/V", true, true, true, KvFill::tma},
+                  Variant{"workspace merge", true, true, false, KvFill::automatic},
+                  Variant{"no L2 prefetch", false, true, true, KvFill::automatic},
+                  Variant{"no PDL", false, false, true, KvFill::automatic}}) {
               if (!cluster && splits == 1) continue;
               for (auto& a : shape.args) {
                 a.l2_prefetch = prefetch;
                 a.enable_pdl = pdl;
                 a.cluster_split_merge = cluster;
+                a.kv_fill = fill;
               }
               const GraphTiming v = time_rotating(shape.args, shape.calls, stream);
               const double g = shape.bytes / v.ms_per_call / 1e6;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/kv_smem_layout.h"
 #include "cuda/mma_sm80.h"
 
 namespace attnkit::cuda {
@@ -34,19 +35,17 @@ __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t two_codes) {
 }
 
 // ---- MMA fragments straight from fp8 tiles in shared memory (no dequantised copy) -------------
-// Tiles are row-major [key][dim] fp8 codes with a pitch in bytes. The fragments are f16.
+// Tiles are [key][dim] fp8 codes laid out by L (kv_smem_layout.h). The fragments are f16.
 //
 // K, the B operand of S = Q K^T: the head dimension is permuted inside every 16-dim k-step so
 // that virtual k (2t, 2t+1, 8+2t, 9+2t) of lane t is physical dim (4t, 4t+1, 4t+2, 4t+3). Then
 // a b16 ldmatrix of 8 keys x 16 codes hands each lane exactly its 4 codes. Q's A fragments
 // must use the same permutation (a_frag_dim_permuted); S itself is unchanged.
 // b[0]: keys key0..+7 at k-step ks, b[1]: keys key0+8..+15 at ks, b[2] / b[3]: the same at ks+1.
-template <Fp8Format kFmt>
-__device__ __forceinline__ void k_frags_fp8(uint32_t tile, int pitch_bytes, int key0, int ks, int lane,
-                                            FragB (&b)[4]) {
+template <Fp8Format kFmt, class L>
+__device__ __forceinline__ void k_frags_fp8(uint32_t tile, int key0, int ks, int lane, FragB (&b)[4]) {
   const int m = lane >> 3;
-  const uint32_t addr = tile + static_cast<uint32_t>((key0 + (lane & 7) + ((m & 1) << 3)) * pitch_bytes +
-                                                     (ks + (m >> 1)) * 16);
+  const uint32_t addr = tile + L::at(key0 + (lane & 7) + ((m & 1) << 3), (ks + (m >> 1)) * 16);
   uint32_t r[4];
   ldmatrix_x4(r, addr);
 #pragma unroll
@@ -72,15 +71,14 @@ __device__ __forceinline__ FragA a_frag_dim_permuted(const uint16_t* tile, int p
 // V, the B operand of O += P V, for k-step keys key0..key0+15 and the four n8 fragments of
 // the 32-dim group `group`, with O's columns permuted: column c of fragment e is dim
 // 32 * group + 4c + e (the epilogue puts them back). Each lane reads one 32-bit word (4 codes) of 4 keys.
-template <Fp8Format kFmt>
-__device__ __forceinline__ void v_frags_fp8(const unsigned char* tile, int pitch_bytes, int key0, int group,
-                                            int lane, FragB (&b)[4]) {
+template <Fp8Format kFmt, class L>
+__device__ __forceinline__ void v_frags_fp8(const unsigned char* tile, int key0, int group, int lane, FragB (&b)[4]) {
   const int g = lane >> 2, t = lane & 3;
-  const unsigned char* base = tile + (key0 + 2 * t) * pitch_bytes + group * 32 + 4 * g;
-  const uint32_t w0 = *reinterpret_cast<const uint32_t*>(base);
-  const uint32_t w1 = *reinterpret_cast<const uint32_t*>(base + pitch_bytes);
-  const uint32_t w2 = *reinterpret_cast<const uint32_t*>(base + 8 * pitch_bytes);
-  const uint32_t w3 = *reinterpret_cast<const uint32_t*>(base + 9 * pitch_bytes);
+  const int row = key0 + 2 * t, byte = group * 32 + 4 * g;
+  const uint32_t w0 = *reinterpret_cast<const uint32_t*>(tile + L::at(row, byte));
+  const uint32_t w1 = *reinterpret_cast<const uint32_t*>(tile + L::at(row + 1, byte));
+  const uint32_t w2 = *reinterpret_cast<const uint32_t*>(tile + L::at(row + 8, byte));
+  const uint32_t w3 = *reinterpret_cast<const uint32_t*>(tile + L::at(row + 9, byte));
   // Byte e of the words of keys (2t, 2t+1) side by side: e = 0, 1 in p01, e = 2, 3 in p23.
   const uint32_t p01 = __byte_perm(w0, w1, 0x5140), p23 = __byte_perm(w0, w1, 0x7362);
   const uint32_t q01 = __byte_perm(w2, w3, 0x5140), q23 = __byte_perm(w2, w3, 0x7362);

@@ -97,17 +97,6 @@ __device__ __forceinline__ FragA c_pair_to_a(const FragC& lo, const FragC& hi) {
 __device__ __forceinline__ uint32_t a_frag_addr(uint32_t tile, int pitch, int row0, int col0, int lane) {
   return tile + 2u * static_cast<uint32_t>((row0 + (lane & 15)) * pitch + col0 + ((lane >> 4) << 3));
 }
-// B operand for two n8 tiles of a row-major [n][k] tile (K in S = Q K^T): matrices
-// (n0..7, k0..7), (n0..7, k8..15), (n8..15, k0..7), (n8..15, k8..15) -> b[0], b[1] of each.
-__device__ __forceinline__ uint32_t bt_frag_addr(uint32_t tile, int pitch, int n0, int k0, int lane) {
-  return tile + 2u * static_cast<uint32_t>((n0 + (lane & 7) + ((lane >> 4) << 3)) * pitch + k0 +
-                                           (((lane >> 3) & 1) << 3));
-}
-// B operand for two n8 tiles of a row-major [k][n] tile read transposed (V in O = P V):
-// matrices (k0..7, n0..7), (k8..15, n0..7), (k0..7, n8..15), (k8..15, n8..15).
-__device__ __forceinline__ uint32_t b_frag_addr_trans(uint32_t tile, int pitch, int k0, int n0, int lane) {
-  return tile + 2u * static_cast<uint32_t>((k0 + (lane & 7) + (((lane >> 3) & 1) << 3)) * pitch + n0 +
-                                           ((lane >> 4) << 3));
-}
+// (K / V tiles: kv_smem_layout.h, which takes the tile layout as a parameter.)
 
 }  // namespace attnkit::cuda

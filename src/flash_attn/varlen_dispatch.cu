@@ -28,7 +28,7 @@ template <class Elem, int kHeadDim, bool kFp8>
 void launch_config(const VarlenKernelParams& p, const VarlenLaunchShape& shape, Generation generation,
                    cudaStream_t stream) {
   if (static_cast<int64_t>(shape.max_query_len) * p.group <= kDecodeMaxPackedRows) {
-    launch_varlen<DecodeTraits<Elem, kHeadDim, kFp8>>(p, shape, stream);
+    launch_decode<Elem, kHeadDim, kFp8>(p, shape, stream);
     return;
   }
   if constexpr (!kFp8 && (kHeadDim == 64 || kHeadDim == 128)) {
@@ -235,6 +235,7 @@ void run_varlen_attention(const VarlenArgs& args) {
   shape.max_ctas = args.max_ctas;
   shape.q_buffers = args.hopper_q_buffers;
   shape.cluster_merge = args.cluster_split_merge;
+  shape.kv_fill = static_cast<int>(args.kv_fill);
   const cudaStream_t stream = cuda::as_stream(args.stream);
   const bool fp8 = is_fp8(args.cache.dtype);
   const int head_size = static_cast<int>(args.q.size(2));

@@ -31,12 +31,16 @@
 #include "cuda/cta_trace.h"
 #include "cuda/cuda_check.h"
 #include "cuda/fp8_dequant.h"
+#include "cuda/kv_smem_layout.h"
 #include "cuda/mma_sm80.h"
 #include "cuda/online_softmax.h"
 #include "cuda/output_store.h"
 #include "cuda/paged_kv_tile.h"
 #include "cuda/device_props.h"
 #include "cuda/pdl.h"
+#include "cuda/sync_sm90.h"
+#include "cuda/tensor_map.h"
+#include "cuda/tma_sm90.h"
 #include "cuda/split_merge_row.cuh"
 #include "flash_attn/varlen_schedule.cuh"
 #include "flash_attn/varlen_tile_softmax.cuh"
@@ -104,7 +108,7 @@ __device__ __forceinline__ float q_tile_to_f16(unsigned char* smem, int tid) {
 
 // S (this warp's kMFrags x 16 rows x kWarpKeys keys) = Q K^T. Each K fragment read from
 // shared memory feeds every row fragment.
-template <class Tr, Fp8Format kFmt>
+template <class Tr, Fp8Format kFmt, class KvL>
 __device__ __forceinline__ void qk_tile(FragC (&s)[Tr::kMFrags][Tr::kSFrags],
                                         const FragA (&q_regs)[Tr::kQInRegs ? Tr::kKSteps : 1],
                                         const unsigned char* smem, uint32_t sq, int warp_row0, uint32_t sk,
@@ -133,7 +137,7 @@ __device__ __forceinline__ void qk_tile(FragC (&s)[Tr::kMFrags][Tr::kSFrags],
 #pragma unroll
       for (int nf = 0; nf < Tr::kSFrags; nf += 2) {
         FragB b[4];
-        k_frags_fp8<kFmt>(sk, Tr::kStagePitchBytes, key0 + nf * 8, ks, lane, b);
+        k_frags_fp8<kFmt, KvL>(sk, key0 + nf * 8, ks, lane, b);
 #pragma unroll
         for (int mf = 0; mf < Tr::kMFrags; ++mf) {
           mma_16816<M>(s[mf][nf], a[mf][0], b[0]);
@@ -159,7 +163,7 @@ __device__ __forceinline__ void qk_tile(FragC (&s)[Tr::kMFrags][Tr::kSFrags],
 #pragma unroll
       for (int nf = 0; nf < Tr::kSFrags; nf += 2) {
         uint32_t b[4];
-        ldmatrix_x4(b, bt_frag_addr(sk, Tr::kPitch, key0 + nf * 8, ks * 16, lane));
+        ldmatrix_x4(b, bt_frag_addr_in<KvL>(sk, key0 + nf * 8, ks * 16, lane));
 #pragma unroll
         for (int mf = 0; mf < Tr::kMFrags; ++mf) {
           mma_16816<M>(s[mf][nf], a[mf], FragB{{b[0], b[1]}});
@@ -171,7 +175,7 @@ __device__ __forceinline__ void qk_tile(FragC (&s)[Tr::kMFrags][Tr::kSFrags],
 }
 
 // O (kMFrags x 16 rows x head_dim) += P V, P taken from the softmaxed S fragments.
-template <class Tr, Fp8Format kFmt>
+template <class Tr, Fp8Format kFmt, class KvL>
 __device__ __forceinline__ void pv_tile(FragC (&o)[Tr::kMFrags][Tr::kOFrags],
                                         const FragC (&s)[Tr::kMFrags][Tr::kSFrags], const unsigned char* smem,
                                         uint32_t s_base, uint32_t sv, int key0, int lane) {
@@ -187,7 +191,7 @@ __device__ __forceinline__ void pv_tile(FragC (&o)[Tr::kMFrags][Tr::kOFrags],
 #pragma unroll
       for (int group = 0; group < Tr::kHeadDim / 32; ++group) {
         FragB b[4];
-        v_frags_fp8<kFmt>(v_tile, Tr::kStagePitchBytes, key0 + kk * 16, group, lane, b);
+        v_frags_fp8<kFmt, KvL>(v_tile, key0 + kk * 16, group, lane, b);
 #pragma unroll
         for (int mf = 0; mf < Tr::kMFrags; ++mf)
 #pragma unroll
@@ -197,7 +201,7 @@ __device__ __forceinline__ void pv_tile(FragC (&o)[Tr::kMFrags][Tr::kOFrags],
 #pragma unroll
       for (int dn = 0; dn < Tr::kOFrags; dn += 2) {
         uint32_t b[4];
-        ldmatrix_x4_trans(b, b_frag_addr_trans(sv, Tr::kPitch, key0 + kk * 16, dn * 8, lane));
+        ldmatrix_x4_trans(b, b_frag_addr_trans_in<KvL>(sv, key0 + kk * 16, dn * 8, lane));
 #pragma unroll
         for (int mf = 0; mf < Tr::kMFrags; ++mf) {
           mma_16816<M>(o[mf][dn], pa[mf], FragB{{b[0], b[1]}});
@@ -442,20 +446,86 @@ __device__ __forceinline__ void epilogue(const VarlenKernelParams& p, const Work
   }
 }
 
+// TMA fills of the decode stages (kTma; sm90): warp 0's lanes 0..kGroups-1 each own one 16-key
+// page group of a tile and copy its K and V boxes (tensor_map.h) onto the stage's mbarrier,
+// which lane 0 arms with the tile's byte count first. Groups at or past seq_len are not
+// copied (their block-table entries are never read); the tail tile's rows past seq_len are
+// zeroed by zero_tail_rows once it has landed, as cp.async's zero fill does.
+template <class Tr>
+struct TmaStageLoader {
+  static constexpr int kGroups = Tr::kBlockN / 16;
+  static constexpr uint32_t kGroupBytes = 16 * Tr::kKvRowBytes;
+  static_assert(kGroups <= 32, "one lane per page group");
+  const cuda::TmaDesc* k_map;
+  const cuda::TmaDesc* v_map;
+  const int32_t* block_row;
+  cuda::FastDivmod block_size;
+  int seq_len, kv_head, lane;
+
+  // Whether this lane owns a group of tile_key0's tile: a lane per group below seq_len.
+  __device__ __forceinline__ bool owns_group(int tile_key0) const {
+    return lane < kGroups && tile_key0 + 16 * lane < seq_len;
+  }
+  // This lane's page of tile_key0's tile (read ahead of issue(); 0 where it owns no group).
+  __device__ __forceinline__ int32_t page(int tile_key0) const {
+    return owns_group(tile_key0) ? __ldg(block_row + block_size.div(tile_key0 + 16 * lane)) : 0;
+  }
+  // Called by all of warp 0. A page id outside the cache reads as zeros (TMA bounds) and still
+  // completes its bytes: a bad block table cannot hang or fault the kernel.
+  __device__ __forceinline__ void issue(int tile_key0, int32_t blk, uint32_t k_tile, uint32_t bar) const {
+    if (lane == 0) {
+      const int groups = min(kGroups, (seq_len - tile_key0 + 15) / 16);
+      cuda::mbar_arrive_expect_tx(bar, static_cast<uint32_t>(groups) * 2u * kGroupBytes);
+    }
+    __syncwarp();
+    if (owns_group(tile_key0)) {
+      const int key = tile_key0 + 16 * lane;
+      const int slot = key - block_size.div(key) * block_size.divisor;
+      const uint32_t dst = k_tile + lane * kGroupBytes;
+      cuda::tma_load_5d(dst, k_map, bar, 0, slot, 0, kv_head, blk);
+      cuda::tma_load_5d(dst + Tr::kStageTileBytes, v_map, bar, 0, slot, 0, kv_head, blk);
+    }
+  }
+};
+
+// Rows [rows_left, kBlockN) of a landed K / V stage tile in layout KvL -> 0 (all threads).
+template <class Tr, class KvL>
+__device__ __forceinline__ void zero_tail_rows(unsigned char* k_tile, int rows_left, int tid) {
+  constexpr int kChunks = Tr::kKvRowBytes / 16;
+  const int first = max(rows_left, 0) * kChunks;
+  for (int i = first + tid; i < Tr::kBlockN * kChunks; i += Tr::kThreads) {
+    const uint32_t off = KvL::at(i / kChunks, (i % kChunks) * 16);
+    *reinterpret_cast<uint4*>(k_tile + off) = make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(k_tile + Tr::kStageTileBytes + off) = make_uint4(0, 0, 0, 0);
+  }
+}
+
 }  // namespace detail
 
 // kFmt: the fp8 cache format, a template parameter so the loop converts with one instruction
 // sequence (a runtime format costs both conversions' issue slots, fp8_dequant.h); ignored for
 // 16-bit caches. The launcher picks the instantiation from p.fp8_format.
+// Tr::kTmaStages (DecodeTmaTraits, sm90, VarlenKernelParams::k_map / v_map encoded): K/V stages
+// filled by TMA boxes of whole page groups instead of every thread's 16-byte cp.async copies
+// (their address math was about a third of the decode loop's instructions), in dense stages.
 template <class Tr, cuda::Fp8Format kFmt>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_attention_kernel(const __grid_constant__ VarlenKernelParams p) {
   using namespace attnkit::cuda;
   using T = typename Tr::Elem;
   using Ring = StageRing<Tr::kStages>;
   using Loader = PagedKVTileLoader<Tr::kBlockN, Tr::kKvRowBytes, PitchedTile<Tr::kStagePitchBytes>, Tr::kThreads>;
+  constexpr bool kTma = Tr::kTmaStages;
+  using KvL = std::conditional_t<kTma, PagedSwizzle128<Tr::kKvRowBytes>, PitchedRows<Tr::kStagePitchBytes>>;
   extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ __align__(8) uint64_t stage_bars[kTma ? Tr::kStages : 1];
 
   cta_trace_mark(p.cta_trace, kTraceEntry);
+  if constexpr (kTma) {  // (parameters: valid before the wait) the descriptors' first fetch off the start
+    if (threadIdx.x == 0) {
+      prefetch_tensor_map(&p.k_map);
+      prefetch_tensor_map(&p.v_map);
+    }
+  }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (p.l2_prefetch && static_cast<int64_t>(linear_block_index()) < p.l2_prefetch_ctas)
     detail::prefetch_first_tiles<Tr, Loader, Tr::kStages>(p, threadIdx.x);
@@ -471,26 +541,50 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   const bool warp_active = warp_row0 < w.rows;  // warps of padding rows only load and sync
 
   const uint32_t s_q = smem_addr(smem);
-  const uint32_t s_stages = s_q + Tr::kStagesOffset;
+  // (TMA: stage tiles 1024-byte aligned for the swizzle; kTmaSlack reserves the round-up.)
+  const uint32_t s_stages = kTma ? ((s_q + Tr::kStagesOffset + 1023u) & ~1023u) : s_q + Tr::kStagesOffset;
 
   const Loader loader = kv_loader_for<Loader>(p, w);
   auto stage_k = [&](int tile) { return s_stages + Ring::stage_of(tile) * Tr::kStageBytes; };
+  auto stage_bar = [&](int tile) { return smem_addr(&stage_bars[kTma ? Ring::stage_of(tile) : 0]); };
+  auto tile_key = [&](int i) { return (w.tile_begin + i) * Tr::kBlockN; };
+  const detail::TmaStageLoader<Tr> tma{&p.k_map, &p.v_map, loader.block_row, p.block_size, w.seq_len, w.kv_head, lane};
 
   // Prologue: Q in its own group, then kStages - 1 K/V tiles (one group each, maybe empty).
   const int n_tiles = w.tile_end - w.tile_begin;
+  if constexpr (kTma) {
+    if (tid == 0) {
+#pragma unroll
+      for (int s = 0; s < Tr::kStages; ++s) mbar_init(smem_addr(&stage_bars[s]), 1);
+      fence_mbarrier_init();
+    }
+    __syncthreads();  // the barriers exist before anyone waits on them or arms them
+  }
   detail::load_q_tile<Tr>(p, w, s_q, tid);
   cp_async_commit();
+  int32_t next_blk = 0;  // (kTma, warp 0) this lane's page of the next tile to issue
+  if constexpr (kTma) {
+    if (warp == 0) {
+      int32_t blk[Tr::kStages - 1];
 #pragma unroll
-  for (int s = 0; s < Tr::kStages - 1; ++s) {
-    if (s < n_tiles) loader.load((w.tile_begin + s) * Tr::kBlockN, stage_k(s), stage_k(s) + Tr::kStageTileBytes, tid);
-    cp_async_commit();
+      for (int s = 0; s < Tr::kStages - 1; ++s) blk[s] = s < n_tiles ? tma.page(tile_key(s)) : 0;
+#pragma unroll
+      for (int s = 0; s < Tr::kStages - 1; ++s)
+        if (s < n_tiles) tma.issue(tile_key(s), blk[s], stage_k(s), stage_bar(s));
+      if (Tr::kStages - 1 < n_tiles) next_blk = tma.page(tile_key(Tr::kStages - 1));
+    }
+  } else {
+#pragma unroll
+    for (int s = 0; s < Tr::kStages - 1; ++s) {
+      if (s < n_tiles) loader.load(tile_key(s), stage_k(s), stage_k(s) + Tr::kStageTileBytes, tid);
+      cp_async_commit();
+    }
   }
   pdl_launch_dependents();  // the next kernel's CTAs may take SM slots as this grid frees them
   // Block-table entries of the next tile to load, read one iteration ahead (where the loader
   // copies by 16-key groups): their latency overlaps the MMAs instead of stalling the copy
   // issue after each barrier.
-  constexpr bool kPagesAhead = Loader::kByGroups;
-  auto tile_key = [&](int i) { return (w.tile_begin + i) * Tr::kBlockN; };
+  constexpr bool kPagesAhead = Loader::kByGroups && !kTma;
   typename Loader::Pages next_pages{};
   if constexpr (kPagesAhead)
     if (Tr::kStages - 1 < n_tiles) next_pages = loader.pages(tile_key(Tr::kStages - 1), tid);
@@ -500,7 +594,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   float q_factor = 1.f;
   FragA q_regs[Tr::kQInRegs ? Tr::kKSteps : 1];
   if constexpr (Tr::kQInRegs || kConvertQ) {
-    cp_async_wait<Tr::kStages - 1>();  // the Q group
+    cp_async_wait<kTma ? 0 : Tr::kStages - 1>();  // the Q group
     __syncthreads();
     if constexpr (kConvertQ) q_factor = detail::q_tile_to_f16<Tr>(smem, tid);
     if constexpr (Tr::kQInRegs) {
@@ -524,11 +618,23 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   FragC o[Tr::kMFrags][Tr::kOFrags];
 
   for (int it = 0; it < n_tiles; ++it) {
-    Ring::wait_oldest();
+    if constexpr (kTma) {
+      if constexpr (!Tr::kQInRegs && !kConvertQ) cp_async_wait<0>();  // (Q, before the first tile)
+      mbar_wait(stage_bar(it), static_cast<uint32_t>(it / Tr::kStages) & 1u);
+      const int rows_left = w.seq_len - tile_key(it);
+      if (rows_left < Tr::kBlockN) detail::zero_tail_rows<Tr, KvL>(smem + (stage_k(it) - s_q), rows_left, tid);
+    } else {
+      Ring::wait_oldest();
+    }
     __syncthreads();  // tile `it` visible to all; the stage of tile it-1 is free again
     if (it == 0) cta_trace_mark(p.cta_trace, kTraceFirstTile);
     const int ahead = it + Tr::kStages - 1;
-    if constexpr (kPagesAhead) {
+    if constexpr (kTma) {
+      if (warp == 0 && ahead < n_tiles) {
+        tma.issue(tile_key(ahead), next_blk, stage_k(ahead), stage_bar(ahead));
+        next_blk = ahead + 1 < n_tiles ? tma.page(tile_key(ahead + 1)) : 0;
+      }
+    } else if constexpr (kPagesAhead) {
       if (ahead < n_tiles) loader.load(tile_key(ahead), next_pages, stage_k(ahead), stage_k(ahead) + Tr::kStageTileBytes, tid);
       cp_async_commit();
       if (ahead + 1 < n_tiles) next_pages = loader.pages(tile_key(ahead + 1), tid);
@@ -540,15 +646,15 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
     const uint32_t s_k = stage_k(it), s_v = s_k + Tr::kStageTileBytes;
     if (!warp_active) continue;
 
-    const int tile_key0 = (w.tile_begin + it) * Tr::kBlockN;
+    const int tile_key0 = tile_key(it);
     FragC s[Tr::kMFrags][Tr::kSFrags];
-    detail::qk_tile<Tr, kFmt>(s, q_regs, smem, s_q, warp_row0, s_k, warp_key0, lane);
+    detail::qk_tile<Tr, kFmt, KvL>(s, q_regs, smem, s_q, warp_row0, s_k, warp_key0, lane);
     const bool whole_tile_visible = tile_key0 >= w.full_lo && tile_key0 + Tr::kBlockN <= w.full_hi;
 #pragma unroll
     for (int mf = 0; mf < Tr::kMFrags; ++mf)
       softmax_tile(s[mf], o[mf], softmax[mf], mod, unit, whole_tile_visible, p, w, warp_row0 + 16 * mf,
                    tile_key0 + warp_key0, lane);
-    detail::pv_tile<Tr, kFmt>(o, s, smem, s_q, s_v, warp_key0, lane);
+    detail::pv_tile<Tr, kFmt, KvL>(o, s, smem, s_q, s_v, warp_key0, lane);
   }
 
   Ring::drain();
@@ -578,6 +684,22 @@ inline bool varlen_grid(const VarlenKernelParams& p, const VarlenLaunchShape& sh
   return true;
 }
 
+// The tensor maps of the K and V sides for TMA stage fills, or false where the cache has none.
+template <class Tr>
+bool encode_kv_maps(VarlenKernelParams& q) {
+  cuda::PagedSideGeometry g;
+  g.row_bytes = Tr::kKvRowBytes;
+  g.block_size = q.block_size.divisor;
+  g.num_kv_heads = q.num_kv_heads;
+  g.num_blocks = q.num_blocks;
+  g.base = q.k_cache;
+  g.stride_block = q.k_stride_block, g.stride_slot = q.k_stride_slot, g.stride_head = q.k_stride_head;
+  if (!cuda::encode_paged_side_map(g, q.k_map, nullptr)) return false;
+  g.base = q.v_cache;
+  g.stride_block = q.v_stride_block, g.stride_slot = q.v_stride_slot, g.stride_head = q.v_stride_head;
+  return cuda::encode_paged_side_map(g, q.v_map, nullptr);
+}
+
 template <class Tr>
 void launch_varlen(const VarlenKernelParams& p, const VarlenLaunchShape& shape, cudaStream_t stream) {
   dim3 grid;
@@ -605,11 +727,57 @@ void launch_varlen(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
   cuda::launch_kernel(kernel, grid, dim3(Tr::kThreads), Tr::kSmemBytes, stream, pdl, cluster, q);
 }
 
+// The tensor maps of the K and V sides for TMA stage fills of rows of row_bytes, or false where
+// the cache has none.
+inline bool encode_kv_maps(VarlenKernelParams& q, int row_bytes) {
+  cuda::PagedSideGeometry g;
+  g.row_bytes = row_bytes;
+  g.block_size = q.block_size.divisor;
+  g.num_kv_heads = q.num_kv_heads;
+  g.num_blocks = q.num_blocks;
+  g.base = q.k_cache;
+  g.stride_block = q.k_stride_block, g.stride_slot = q.k_stride_slot, g.stride_head = q.k_stride_head;
+  if (!cuda::encode_paged_side_map(g, q.k_map, nullptr)) return false;
+  g.base = q.v_cache;
+  g.stride_block = q.v_stride_block, g.stride_slot = q.v_stride_slot, g.stride_head = q.v_stride_head;
+  return cuda::encode_paged_side_map(g, q.v_map, nullptr);
+}
+
+// TMA stage fills for grids of more than one wave of CTA slots. H200, same-run A/B against
+// cp.async (bench decode-ab "cp.async K/V"): multi-wave grids gain 1-7% (bf16 64 x 4k / 32k
+// 261.5 / 2028 vs 264.0 / 2060 us, fp8 162.9 / 1106 vs 166.5 / 1160), while grids of one wave
+// or less lose 1-2% (bf16 16 x 4k 72.5 vs 71.6 us, fp8 16 x 4k 45.8 vs 45.2, fp8 1 x 32k 37.8 vs
+// 37.1; bf16 1 x 32k gained 2%): there the start of each CTA dominates, and one lane per page
+// group reading the block table before its copies starts later than 128 threads do.
+inline bool decode_tma_for_grid(const VarlenKernelParams& p, const VarlenLaunchShape& shape, int ctas_per_sm) {
+  const int64_t row_tiles = (static_cast<int64_t>(shape.max_query_len) * p.group + 15) / 16;
+  const int64_t ctas = row_tiles * p.num_kv_heads * p.num_splits * p.num_reqs;
+  return ctas > static_cast<int64_t>(ctas_per_sm) * cuda::current_device_props().sm_count;
+}
+
+template <class Elem, int kHeadDim, bool kFp8Cache>
+void launch_decode(const VarlenKernelParams& p, const VarlenLaunchShape& shape, cudaStream_t stream) {
+  if constexpr (kDecodeTmaRows<Elem, kHeadDim, kFp8Cache>) {
+    using Tma = DecodeTmaTraits<Elem, kHeadDim, kFp8Cache>;
+    static_assert(Tma::kBlockM == 16, "decode tiles are 16 packed rows");
+    const auto fill = static_cast<KvFill>(shape.kv_fill);
+    if (fill != KvFill::cp_async && cuda::current_device_props().cc_major >= 9 &&
+        (fill == KvFill::tma || decode_tma_for_grid(p, shape, Tma::kMinBlocksPerSm))) {
+      VarlenKernelParams q = p;
+      if (encode_kv_maps(q, Tma::kKvRowBytes)) {
+        launch_varlen<Tma>(q, shape, stream);
+        return;
+      }
+    }
+  }
+  launch_varlen<DecodeTraits<Elem, kHeadDim, kFp8Cache>>(p, shape, stream);
+}
+
 }  // namespace attnkit::flash_attn
 
 // Explicit instantiation of both tile configurations of one (dtype, head size, cache kind).
 #define ATTNKIT_VARLEN_INSTANTIATE(ELEM, HEAD_DIM, FP8)                                          \
   template void launch_varlen<PrefillTraits<ELEM, HEAD_DIM, FP8>>(                               \
       const VarlenKernelParams&, const VarlenLaunchShape&, cudaStream_t);                        \
-  template void launch_varlen<DecodeTraits<ELEM, HEAD_DIM, FP8>>(                                \
-      const VarlenKernelParams&, const VarlenLaunchShape&, cudaStream_t);
+  template void launch_decode<ELEM, HEAD_DIM, FP8>(const VarlenKernelParams&, const VarlenLaunchShape&, \
+                                                   cudaStream_t);

@@ -5,6 +5,7 @@
 
 #include "cuda/fast_divmod.h"
 #include "cuda/split_kv_combine.h"
+#include "cuda/tma_sm90.h"
 
 namespace attnkit::flash_attn {
 
@@ -68,6 +69,10 @@ struct VarlenKernelParams {
   // prefetch would only delay their first loads.
   int64_t l2_prefetch_ctas = 0;
 
+  // Set by the launcher for TMA stage fills (decode tiles, sm90; cuda/tensor_map.h): tensor maps
+  // of the K and V sides. Unused otherwise.
+  cuda::TmaDesc k_map{}, v_map{};
+
   // Diagnostics: per-CTA timestamps (cuda/cta_trace.h), [grid CTAs][kCtaTraceSlots]; nullptr = off.
   uint64_t* cta_trace = nullptr;
 };
@@ -80,6 +85,7 @@ struct VarlenLaunchShape {
   int max_ctas = 0;        // hopper generation: CTAs of a persistent launch (0: the launcher's choice)
   int q_buffers = 0;       // hopper generation: Q buffers, 1 or 2 (0: the launcher's choice)
   bool cluster_merge = true;  // mma_sync decode launches of 2 splits on sm90: merge in a cluster
+  int kv_fill = 0;            // KvFill (varlen_launch.h) of mma_sync decode launches on sm90
 };
 
 struct VarlenArgs;

@@ -27,7 +27,7 @@ constexpr int ceil_div_c(int a, int b) { return (a + b - 1) / b; }
 constexpr int max_c(int a, int b) { return a > b ? a : b; }
 
 template <class Elem_, int kHeadDim_, bool kFp8Cache_, int kMFrags_, int kWarpsM_, int kWarpsN_,
-          int kBlockN_, int kStages_, int kMinBlocksPerSm_>
+          int kBlockN_, int kStages_, int kMinBlocksPerSm_, bool kTmaStages_ = false>
 struct VarlenTraits {
   using Elem = Elem_;  // __nv_bfloat16 or __half: q and out
   // The MMA operand type: fp8 caches run both GEMMs in f16 (every fp8 value is exact in f16,
@@ -60,12 +60,20 @@ struct VarlenTraits {
   // the 8 rows of an ldmatrix phase hit distinct banks); fp8 tiles are padded by 16 bytes.
   static constexpr int kPitch = kHeadDim + 8;
   static constexpr int kKvRowBytes = kFp8Cache ? kHeadDim : 2 * kHeadDim;  // in the cache
-  static constexpr int kStagePitchBytes = kFp8Cache ? kHeadDim + 16 : 2 * kPitch;
+  // Stages filled by TMA (decode, sm90; varlen_kernel.cuh) are dense: rows of kKvRowBytes in
+  // the 128-byte-swizzled layout of cuda/kv_smem_layout.h, whose tiles start 1024-byte aligned
+  // (the kernel rounds the stage base up: 1 KB of slack).
+  static constexpr bool kTmaStages = kTmaStages_;
+  static constexpr int kStagePitchBytes = kTmaStages ? kKvRowBytes : kFp8Cache ? kHeadDim + 16 : 2 * kPitch;
   static constexpr int kQBytes = kBlockM * kPitch * 2;
   static constexpr int kStageTileBytes = kBlockN * kStagePitchBytes;  // K or V of one stage
   static constexpr int kStageBytes = 2 * kStageTileBytes;
   static constexpr int kStagesOffset = kQBytes;
-  static constexpr int kMainBytes = kStagesOffset + kStages * kStageBytes;
+  static constexpr int kTmaSlack = kTmaStages ? 1024 : 0;
+  static_assert(!kTmaStages || (kKvRowBytes % 128 == 0 && kKvRowBytes <= 512 && kBlockN % 16 == 0 &&
+                                kStageTileBytes % 1024 == 0),
+                "TMA stages need rows of whole 128-byte segments (up to 512) and 1024-byte tiles");
+  static constexpr int kMainBytes = kStagesOffset + kStages * kStageBytes + kTmaSlack;
   // Epilogue (reuses everything): per-warp-column fp32 O, per-row softmax stats and weights.
   static constexpr int kOPitch = kHeadDim + 8;
   static constexpr int kEpiOBytes = kWarpsN * kBlockM * kOPitch * 4;
@@ -98,9 +106,22 @@ template <class Elem, int kHeadDim, bool kFp8Cache>
 using DecodeTraits =
     VarlenTraits<Elem, kHeadDim, kFp8Cache, 1, 1, 4, 64, 3, ((kFp8Cache && kHeadDim <= 128) ? 3 : 2)>;
 
+// Decode with TMA stage fills (sm90, rows of whole 128-byte segments): the same tiles in dense
+// stages.
+template <class Elem, int kHeadDim, bool kFp8Cache>
+constexpr bool kDecodeTmaRows = (kHeadDim * (kFp8Cache ? 1 : 2)) % 128 == 0 && kHeadDim * (kFp8Cache ? 1 : 2) <= 512;
+template <class Elem, int kHeadDim, bool kFp8Cache>
+using DecodeTmaTraits =
+    VarlenTraits<Elem, kHeadDim, kFp8Cache, 1, 1, 4, 64, 3, ((kFp8Cache && kHeadDim <= 128) ? 3 : 2), true>;
+
 // Launches the kernel of configuration Tr (defined in varlen_kernel.cuh, instantiated in
 // varlen_hd*.cu). Throws Error on launch failure or when the device lacks the shared memory.
 template <class Tr>
 void launch_varlen(const VarlenKernelParams& p, const VarlenLaunchShape& shape, cudaStream_t stream);
+
+// Decode tiles: DecodeTmaTraits where TMA serves the launch (sm90, VarlenLaunchShape::kv_fill,
+// the cache's tensor maps encode), else DecodeTraits.
+template <class Elem, int kHeadDim, bool kFp8Cache>
+void launch_decode(const VarlenKernelParams& p, const VarlenLaunchShape& shape, cudaStream_t stream);
 
 }  // namespace attnkit::flash_attn

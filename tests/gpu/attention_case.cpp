@@ -46,7 +46,7 @@ std::string Case::describe() const {
      << ", " << flash_attn::generation_name(generation) << " preferred"
      << (max_ctas ? ", " + std::to_string(max_ctas) + " persistent CTAs" : "")
      << (q_buffers ? ", " + std::to_string(q_buffers) + " Q buffers" : "")
-     << (cluster_merge ? "" : ", workspace merge")
+     << (cluster_merge ? "" : ", workspace merge") << (tma_kv ? "" : ", cp.async K/V")
      << (pad_tokens ? ", " + std::to_string(pad_tokens) + " padding tokens" : "")
      << (v_other_layout ? ", V with the other layout's strides" : "")
      << "; requests (q_len/seq_len):";
@@ -120,6 +120,28 @@ Problem::Problem(const Case& c) : c_(c) {
   d_cache_.resize(spec_.total_bytes());
   fill_random_device(d_cache_.get(), storage, cache_elems, c.seed ^ 0xcac4e, is_fp8(storage) ? kFp8CodeAmp : 1.f);
   d_kv_ = cache_view(d_cache_.get(), Device::CUDA);
+  // The slots past each request's seq_len in its last block hold NaN (0xff bytes in every
+  // cache dtype): a kernel that reads whole pages must mask them and keep them out of P V.
+  if (storage != DType::u8) {
+    const int64_t eb = static_cast<int64_t>(dtype_size(storage));
+    for (int r = 0; r < n; ++r) {
+      const int used = seq_[r] % c.block_size;
+      if (used == 0) continue;
+      const int32_t blk = table_[static_cast<size_t>(r) * max_blocks_ + need[r] - 1];
+      for (const PagedKVSide* side : {&d_kv_.k, &d_kv_.v}) {
+        char* block = static_cast<char*>(side->base) + blk * side->stride_block * eb;
+        for (int h = 0; h < c.num_kv_heads; ++h)
+          for (int slot = used; slot < c.block_size; ++slot)
+            if (side->stride_slot == c.head_size) {  // (HND: the head's tail slots are contiguous)
+              poison_device(block + (h * side->stride_head + slot * side->stride_slot) * eb,
+                            (c.block_size - slot) * c.head_size * eb, nullptr);
+              break;
+            } else {
+              poison_device(block + (h * side->stride_head + slot * side->stride_slot) * eb, c.head_size * eb, nullptr);
+            }
+      }
+    }
+  }
 
   const int64_t q_elems = (c.num_tokens() + c.pad_tokens) * c.num_heads() * c.head_size;
   d_q_.resize(std::max<int64_t>(q_elems * 2, 16));
@@ -195,6 +217,7 @@ flash_attn::VarlenArgs Problem::make_args(void* out, void* lse, void* workspace,
   a.max_ctas = c_.max_ctas;
   a.hopper_q_buffers = c_.q_buffers;
   a.cluster_split_merge = c_.cluster_merge;
+  a.kv_fill = c_.tma_kv ? flash_attn::KvFill::tma : flash_attn::KvFill::cp_async;
   a.workspace = workspace;
   a.workspace_bytes = workspace_bytes;
   return a;

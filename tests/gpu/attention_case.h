@@ -42,6 +42,10 @@ struct Case {
   int q_buffers = 0;
   // Split decode launches on sm90: merge in a thread-block cluster (VarlenArgs::cluster_split_merge).
   bool cluster_merge = true;
+  // Decode tiles on sm90: K/V stages filled by TMA where the cache allows (VarlenArgs::kv_fill
+  // tma; the launcher's automatic choice would take TMA only for grids of over one wave), or
+  // by cp.async.
+  bool tma_kv = true;
   // q / out / LSE rows past the batch's last token (CUDA-graph padding): the launch must
   // leave them unwritten.
   int pad_tokens = 0;
@@ -74,6 +78,7 @@ class Problem {
   void set_max_ctas(int n) { c_.max_ctas = n; }
   void set_q_buffers(int n) { c_.q_buffers = n; }
   void set_cluster_merge(bool on) { c_.cluster_merge = on; }
+  void set_tma_kv(bool on) { c_.tma_kv = on; }
 
   // The kernel under test (out, lse and workspace poisoned with NaN first, then the workspace's
   // counters zeroed). Throws Error.

@@ -2,6 +2,7 @@
 // reference (small shapes, every row) and the GPU fp32 reference (large shapes, sampled rows).
 //
 // Reduced grid for compute-sanitizer: --gtest_filter='*Sanitizer*'.
+#include <utility>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -41,10 +42,14 @@ void check_against_cpu(const Case& c) {
     for (int splits : {1, c.num_splits}) {
       // Split launches merge in a cluster where they can (sm90 decode, 2 splits) and through
       // the workspace: both.
-      for (bool cluster : {true, false}) {
-        if (!cluster && splits == 1) break;
+      // ... and decode tiles fill their stages with TMA where they can, and with cp.async: both.
+      for (auto [cluster, tma] : {std::pair{true, true}, std::pair{false, true}, std::pair{true, false}}) {
+        if (!cluster && splits == 1) continue;
+        if (!tma && int64_t{c.max_query_len()} * c.group > 16) continue;  // (no decode tiles)
         p.set_cluster_merge(cluster);
-        SCOPED_TRACE("num_splits " + std::to_string(splits) + (cluster ? "" : ", workspace merge"));
+        p.set_tma_kv(tma);
+        SCOPED_TRACE("num_splits " + std::to_string(splits) + (cluster ? "" : ", workspace merge") +
+                     (tma ? "" : ", cp.async K/V"));
         const Result got = p.run_kernel(splits);
         EXPECT_TRUE(outputs_match(c.dtype, got.out, ref.out, {T, H, D}));
         if (c.want_lse) EXPECT_TRUE(lse_match(got.lse, ref.lse, {H, T}));

@@ -7,6 +7,7 @@
 // the host merge rule.
 //
 // Filter: --gtest_filter='*VarlenSplit*:*SplitKvCombine*'
+#include <utility>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -66,9 +67,13 @@ TEST_P(VarlenSplitGrid, FusedCombineMatchesCpuReference) {
   const Result ref = p.run_cpu_reference();
   const int64_t T = c.num_tokens();
   const int H = c.num_heads(), D = c.head_size;
-  for (bool cluster : {true, false}) {  // (cluster merge: decode rows with 2 splits on sm90)
-    SCOPED_TRACE(cluster ? "cluster merge where eligible" : "workspace merge");
+  // (cluster merge: decode rows with 2 splits on sm90; TMA stage fills: decode tiles on sm90)
+  for (auto [cluster, tma] : {std::pair{true, true}, std::pair{false, true}, std::pair{true, false}}) {
+    SCOPED_TRACE(std::string(cluster ? "cluster merge where eligible" : "workspace merge") +
+                 (tma ? "" : ", cp.async K/V"));
+    if (!tma && int64_t{c.max_query_len()} * c.group > 16) continue;  // (no decode tiles)
     p.set_cluster_merge(cluster);
+    p.set_tma_kv(tma);
     const Result got = p.run_kernel(c.num_splits);
     EXPECT_TRUE(outputs_match(c.dtype, got.out, ref.out, {T, H, D}));
     if (c.want_lse) EXPECT_TRUE(lse_match(got.lse, ref.lse, {H, T}));

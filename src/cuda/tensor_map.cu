@@ -1,0 +1,65 @@
+#include "cuda/tensor_map.h"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <mutex>
+
+namespace attnkit::cuda {
+
+namespace {
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled from the driver the runtime already loaded (no link against libcuda).
+EncodeTiled encode_fn() {
+  static EncodeTiled fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<EncodeTiled>(p);
+    cudaGetLastError();
+  });
+  return fn;
+}
+
+bool fail(std::string* why, const std::string& rule) {
+  if (why) *why = rule;
+  return false;
+}
+
+}  // namespace
+
+bool encode_paged_side_map(const PagedSideGeometry& g, TmaDesc& out, std::string* why) {
+  static_assert(sizeof(CUtensorMap) == sizeof(TmaDesc), "TmaDesc holds one CUtensorMap");
+  if (g.row_bytes <= 0 || g.row_bytes % 128 != 0 || g.row_bytes > 512)
+    return fail(why, "row bytes " + std::to_string(g.row_bytes) + " must be a multiple of 128 up to 512");
+  if (g.block_size % 16 != 0) return fail(why, "block size must be a multiple of 16");
+  if (reinterpret_cast<uintptr_t>(g.base) % 16 != 0) return fail(why, "cache base must be 16-byte aligned");
+  for (int64_t s : {g.stride_block, g.stride_slot, g.stride_head})
+    if (s <= 0 || s % 16 != 0 || s >= (int64_t{1} << 40))
+      return fail(why, "stride " + std::to_string(s) + " must be a positive multiple of 16 below 2^40");
+  const EncodeTiled fn = encode_fn();
+  if (fn == nullptr) return fail(why, "the driver has no cuTensorMapEncodeTiled");
+  const cuuint64_t dims[5] = {128, static_cast<cuuint64_t>(g.block_size), static_cast<cuuint64_t>(g.row_bytes / 128),
+                              static_cast<cuuint64_t>(g.num_kv_heads), static_cast<cuuint64_t>(g.num_blocks)};
+  const cuuint64_t strides[4] = {static_cast<cuuint64_t>(g.stride_slot), 128, static_cast<cuuint64_t>(g.stride_head),
+                                 static_cast<cuuint64_t>(g.stride_block)};
+  const cuuint32_t box[5] = {128, 16, static_cast<cuuint32_t>(g.row_bytes / 128), 1, 1};
+  const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+  CUtensorMap map;
+  const CUresult r = fn(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 5, const_cast<void*>(g.base), dims, strides, box,
+                        elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return fail(why, "cuTensorMapEncodeTiled returned " + std::to_string(static_cast<int>(r)));
+  std::memcpy(out.bytes, &map, sizeof map);
+  return true;
+}
+
+}  // namespace attnkit::cuda

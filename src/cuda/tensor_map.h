@@ -1,0 +1,29 @@
+// Host side of TMA (sm90): encoding the tensor map through which the decode kernel copies one
+// KV head's 16-key page groups of a paged cache side (K or V) into shared memory.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "cuda/tma_sm90.h"
+
+namespace attnkit::cuda {
+
+// One side of a paged cache as 5 dimensions (innermost first): 128-byte segment of a row,
+// slot, segment index, KV head, block. A box is [128 bytes, 16 slots, row_bytes / 128
+// segments, 1 head, 1 block], written to shared memory as [segment][slot][128 bytes] with the
+// 128-byte swizzle (cuda/kv_smem_layout.h PagedSwizzle128). Strides in bytes.
+struct PagedSideGeometry {
+  const void* base = nullptr;
+  int row_bytes = 0;  // head_size * element bytes; a multiple of 128
+  int block_size = 0;
+  int num_kv_heads = 0;
+  int64_t num_blocks = 0;
+  int64_t stride_block = 0, stride_slot = 0, stride_head = 0;
+};
+
+// Encodes `g` into `out`. Returns false (with the rule that failed in *why) when the geometry
+// has no such map (row size, alignment, strides, a driver without the entry point); the caller
+// then loads with cp.async.
+bool encode_paged_side_map(const PagedSideGeometry& g, TmaDesc& out, std::string* why);
+
+}  // namespace attnkit::cuda
