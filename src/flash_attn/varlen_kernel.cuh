@@ -744,11 +744,11 @@ inline bool encode_kv_maps(VarlenKernelParams& q, int row_bytes) {
 }
 
 // TMA stage fills for grids of more than one wave of CTA slots. H200, same-run A/B against
-// cp.async (bench decode-ab "cp.async K/V"): multi-wave grids gain 1-7% (bf16 64 x 4k / 32k
-// 261.5 / 2028 vs 264.0 / 2060 us, fp8 162.9 / 1106 vs 166.5 / 1160), while grids of one wave
-// or less lose 1-2% (bf16 16 x 4k 72.5 vs 71.6 us, fp8 16 x 4k 45.8 vs 45.2, fp8 1 x 32k 37.8 vs
-// 37.1; bf16 1 x 32k gained 2%): there the start of each CTA dominates, and one lane per page
-// group reading the block table before its copies starts later than 128 threads do.
+// cp.async (bench decode-ab "cp.async K/V" / "TMA K/V"): bf16 64 x 32k 1.5% faster with TMA in
+// either order, 64 x 4k within +-1%; grids of one wave or less 1-2% slower (bf16 16 x 4k 72.5 vs
+// 71.6 us, fp8 16 x 4k 45.8 vs 45.2, fp8 1 x 32k 37.8 vs 37.1): there each CTA's start dominates,
+// and one lane per page group reading the block table before its copies starts later than 128
+// threads do. (fp8 multi-wave differences stayed within the run's clock drift; README.)
 inline bool decode_tma_for_grid(const VarlenKernelParams& p, const VarlenLaunchShape& shape, int ctas_per_sm) {
   const int64_t row_tiles = (static_cast<int64_t>(shape.max_query_len) * p.group + 15) / 16;
   const int64_t ctas = row_tiles * p.num_kv_heads * p.num_splits * p.num_reqs;
