@@ -106,6 +106,67 @@ GraphTiming time_rotating(const std::vector<flash_attn::VarlenArgs>& args, int c
   return t;
 }
 
+std::vector<double> time_interleaved(const std::vector<std::vector<flash_attn::VarlenArgs>>& configs, int calls,
+                                     cudaStream_t stream, int reps) {
+  const size_t n = configs.size();
+  std::vector<cudaGraphExec_t> execs(n, nullptr);
+  cudaEvent_t a = nullptr, b = nullptr;
+  auto release = [&] {
+    for (cudaGraphExec_t e : execs)
+      if (e) cudaGraphExecDestroy(e);
+    if (a) cudaEventDestroy(a);
+    if (b) cudaEventDestroy(b);
+  };
+  std::vector<std::vector<float>> samples(n);
+  try {
+    for (size_t c = 0; c < n; ++c) {
+      const auto& args = configs[c];
+      auto enqueue = [&] {
+        for (int i = 0; i < calls; ++i) flash_attn::run_varlen_attention(args[i % args.size()]);
+      };
+      enqueue();  // warm up outside the capture
+      ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+      cudaGraph_t graph = nullptr;
+      ATTNKIT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      try {
+        enqueue();
+      } catch (...) {
+        cudaStreamEndCapture(stream, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+      }
+      ATTNKIT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+      const cudaError_t inst = cudaGraphInstantiate(&execs[c], graph, 0);
+      cudaGraphDestroy(graph);
+      ATTNKIT_CUDA_CHECK(inst);
+      ATTNKIT_CUDA_CHECK(cudaGraphLaunch(execs[c], stream));  // one warm replay
+    }
+    ATTNKIT_CUDA_CHECK(cudaEventCreate(&a));
+    ATTNKIT_CUDA_CHECK(cudaEventCreate(&b));
+    for (int r = 0; r < reps; ++r)
+      for (size_t k = 0; k < n; ++k) {
+        const size_t c = (k + static_cast<size_t>(r)) % n;
+        ATTNKIT_CUDA_CHECK(cudaEventRecord(a, stream));
+        ATTNKIT_CUDA_CHECK(cudaGraphLaunch(execs[c], stream));
+        ATTNKIT_CUDA_CHECK(cudaEventRecord(b, stream));
+        ATTNKIT_CUDA_CHECK(cudaEventSynchronize(b));
+        float ms = 0;
+        ATTNKIT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+        samples[c].push_back(ms / calls);
+      }
+  } catch (...) {
+    release();
+    throw;
+  }
+  release();
+  std::vector<double> med(n);
+  for (size_t c = 0; c < n; ++c) {
+    std::sort(samples[c].begin(), samples[c].end());
+    med[c] = samples[c][samples[c].size() / 2];
+  }
+  return med;
+}
+
 DecodeBuffers make_decode_buffers(int64_t max_pool, int64_t keep_free, int max_batch, int num_heads, int head_size,
                                   cudaStream_t stream) {
   DecodeBuffers b;

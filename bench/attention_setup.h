@@ -44,6 +44,15 @@ struct GraphTiming {
 };
 GraphTiming time_rotating(const std::vector<flash_attn::VarlenArgs>& args, int calls, cudaStream_t stream);
 
+// Per-call times of several launch configurations of one shape (each `calls` launches rotating
+// over its args, one CUDA graph each), replayed in turns: `reps` rounds, each round one replay
+// of every configuration, starting one configuration later than the round before; medians.
+// The SM clock drifts along a run (power cap; fp8 decode follows it, bf16 barely): sampled in
+// turns, every configuration sees the same drift, where one block of samples per
+// configuration let the earlier ones run at higher clocks. Throws when a capture fails.
+std::vector<double> time_interleaved(const std::vector<std::vector<flash_attn::VarlenArgs>>& configs, int calls,
+                                     cudaStream_t stream, int reps = 9);
+
 // One decode shape of the decode bench and the split sweep (one new token per request): a
 // cache pool of `cache_dtype` over `pool` and the rotation over KV instances it holds.
 KVCacheSpec decode_pool_spec(DType cache_dtype, int64_t pool_bytes, int block_size, int num_kv_heads,

@@ -743,12 +743,14 @@ inline bool encode_kv_maps(VarlenKernelParams& q, int row_bytes) {
   return cuda::encode_paged_side_map(g, q.v_map, nullptr);
 }
 
-// TMA stage fills for grids of more than one wave of CTA slots. H200, same-run A/B against
-// cp.async (bench decode-ab "cp.async K/V" / "TMA K/V"): bf16 64 x 32k 1.5% faster with TMA in
-// either order, 64 x 4k within +-1%; grids of one wave or less 1-2% slower (bf16 16 x 4k 72.5 vs
-// 71.6 us, fp8 16 x 4k 45.8 vs 45.2, fp8 1 x 32k 37.8 vs 37.1): there each CTA's start dominates,
-// and one lane per page group reading the block table before its copies starts later than 128
-// threads do. (fp8 multi-wave differences stayed within the run's clock drift; README.)
+// TMA stage fills (KvFill::automatic) for fp8 caches in grids of more than one wave of CTA
+// slots. H200, bench decode-ab timed in turns with the default (time_interleaved, free of the
+// clock drift): fp8 64 x 4k 159.0 vs 164.8 us with cp.async, 64 x 32k 1122 vs 1142 us; grids of
+// one wave or less gain nothing (fp8 16 x 4k 45.2 vs 45.0, 1 x 32k 37.4 vs 37.2) and bf16 loses
+// 0.7-2.5% (16 x 4k 72.6 vs 70.8 us, 64 x 4k 262.5 vs 260.0, 64 x 32k 2033 vs 2020; 1 x 32k gains
+// 1.3%): where the loop is bound by bytes, one lane per page group reading the block table
+// before its copies starts each tile later than 128 threads do; fp8's loop is partly bound by
+// issue, and TMA takes the copy address math (~110 of ~450 instructions per warp and tile) out.
 inline bool decode_tma_for_grid(const VarlenKernelParams& p, const VarlenLaunchShape& shape, int ctas_per_sm) {
   const int64_t row_tiles = (static_cast<int64_t>(shape.max_query_len) * p.group + 15) / 16;
   const int64_t ctas = row_tiles * p.num_kv_heads * p.num_splits * p.num_reqs;
@@ -762,7 +764,7 @@ void launch_decode(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
     static_assert(Tma::kBlockM == 16, "decode tiles are 16 packed rows");
     const auto fill = static_cast<KvFill>(shape.kv_fill);
     if (fill != KvFill::cp_async && cuda::current_device_props().cc_major >= 9 &&
-        (fill == KvFill::tma || decode_tma_for_grid(p, shape, Tma::kMinBlocksPerSm))) {
+        (fill == KvFill::tma || (kFp8Cache && decode_tma_for_grid(p, shape, Tma::kMinBlocksPerSm)))) {
       VarlenKernelParams q = p;
       if (encode_kv_maps(q, Tma::kKvRowBytes)) {
         launch_varlen<Tma>(q, shape, stream);

@@ -13,7 +13,7 @@ namespace attnkit::flash_attn {
 
 // How mma_sync decode tiles fill their K/V stages on sm90 (VarlenArgs::kv_fill).
 enum class KvFill {
-  automatic,  // TMA for grids of more than one wave of CTA slots, else cp.async (varlen_kernel.cuh)
+  automatic,  // TMA for fp8 caches in grids of more than one wave of CTA slots, else cp.async (varlen_kernel.cuh)
   cp_async,   // 16-byte cp.async copies by every thread
   tma,        // TMA wherever the cache allows (tests and A/B)
 };
@@ -76,7 +76,7 @@ struct VarlenArgs {
   // mma_sync decode tiles on sm90: each 16-key page group of a K/V tile may arrive as one TMA
   // box (a tensor map per cache side, encoded per launch) instead of 16-byte cp.async copies by
   // every thread, where the cache allows (row bytes a multiple of 128 up to 512, 16-byte aligned
-  // strides; else cp.async). automatic: TMA for multi-wave grids only (measured rule).
+  // strides; else cp.async). automatic: TMA for fp8 caches in multi-wave grids only (measured rule).
   KvFill kv_fill = KvFill::automatic;
   // Diagnostics (mma_sync kernel): a device buffer of grid-CTAs x cuda::kCtaTraceSlots uint64
   // that receives per-CTA timestamps (cuda/cta_trace.h; attnkit_bench --decode-trace); the
