@@ -106,9 +106,8 @@ GraphTiming time_rotating(const std::vector<flash_attn::VarlenArgs>& args, int c
   return t;
 }
 
-std::vector<double> time_interleaved(const std::vector<std::vector<flash_attn::VarlenArgs>>& configs, int calls,
-                                     cudaStream_t stream, int reps) {
-  const size_t n = configs.size();
+std::vector<double> time_interleaved(const std::vector<TimedLaunch>& launches, cudaStream_t stream, int reps) {
+  const size_t n = launches.size();
   std::vector<cudaGraphExec_t> execs(n, nullptr);
   cudaEvent_t a = nullptr, b = nullptr;
   auto release = [&] {
@@ -120,7 +119,8 @@ std::vector<double> time_interleaved(const std::vector<std::vector<flash_attn::V
   std::vector<std::vector<float>> samples(n);
   try {
     for (size_t c = 0; c < n; ++c) {
-      const auto& args = configs[c];
+      const auto& args = launches[c].args;
+      const int calls = launches[c].calls;
       auto enqueue = [&] {
         for (int i = 0; i < calls; ++i) flash_attn::run_varlen_attention(args[i % args.size()]);
       };
@@ -152,7 +152,7 @@ std::vector<double> time_interleaved(const std::vector<std::vector<flash_attn::V
         ATTNKIT_CUDA_CHECK(cudaEventSynchronize(b));
         float ms = 0;
         ATTNKIT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-        samples[c].push_back(ms / calls);
+        samples[c].push_back(ms / launches[c].calls);
       }
   } catch (...) {
     release();

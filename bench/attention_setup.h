@@ -44,14 +44,16 @@ struct GraphTiming {
 };
 GraphTiming time_rotating(const std::vector<flash_attn::VarlenArgs>& args, int calls, cudaStream_t stream);
 
-// Per-call times of several launch configurations of one shape (each `calls` launches rotating
-// over its args, one CUDA graph each), replayed in turns: `reps` rounds, each round one replay
-// of every configuration, starting one configuration later than the round before; medians.
-// The SM clock drifts along a run (power cap; fp8 decode follows it, bf16 barely): sampled in
-// turns, every configuration sees the same drift, where one block of samples per
-// configuration let the earlier ones run at higher clocks. Throws when a capture fails.
-std::vector<double> time_interleaved(const std::vector<std::vector<flash_attn::VarlenArgs>>& configs, int calls,
-                                     cudaStream_t stream, int reps = 9);
+// Per-call times of several launches (`calls` calls rotating over `args`, one CUDA graph each),
+// replayed in turns: `reps` rounds, each round one replay of every launch, starting one launch
+// later than the round before; medians. The SM clock drifts along a run (power cap; fp8 decode
+// follows it, bf16 barely): sampled in turns, every launch sees the same drift, where one block
+// of samples per launch let the earlier ones run at higher clocks. Throws when a capture fails.
+struct TimedLaunch {
+  std::vector<flash_attn::VarlenArgs> args;
+  int calls = 1;
+};
+std::vector<double> time_interleaved(const std::vector<TimedLaunch>& launches, cudaStream_t stream, int reps = 9);
 
 // One decode shape of the decode bench and the split sweep (one new token per request): a
 // cache pool of `cache_dtype` over `pool` and the rotation over KV instances it holds.
