@@ -684,22 +684,6 @@ inline bool varlen_grid(const VarlenKernelParams& p, const VarlenLaunchShape& sh
   return true;
 }
 
-// The tensor maps of the K and V sides for TMA stage fills, or false where the cache has none.
-template <class Tr>
-bool encode_kv_maps(VarlenKernelParams& q) {
-  cuda::PagedSideGeometry g;
-  g.row_bytes = Tr::kKvRowBytes;
-  g.block_size = q.block_size.divisor;
-  g.num_kv_heads = q.num_kv_heads;
-  g.num_blocks = q.num_blocks;
-  g.base = q.k_cache;
-  g.stride_block = q.k_stride_block, g.stride_slot = q.k_stride_slot, g.stride_head = q.k_stride_head;
-  if (!cuda::encode_paged_side_map(g, q.k_map, nullptr)) return false;
-  g.base = q.v_cache;
-  g.stride_block = q.v_stride_block, g.stride_slot = q.v_stride_slot, g.stride_head = q.v_stride_head;
-  return cuda::encode_paged_side_map(g, q.v_map, nullptr);
-}
-
 template <class Tr>
 void launch_varlen(const VarlenKernelParams& p, const VarlenLaunchShape& shape, cudaStream_t stream) {
   dim3 grid;
