@@ -1,0 +1,57 @@
+// The host rules of the paged-cache tensor map (cuda/tensor_map.h): geometries TMA cannot express
+// are refused with the rule they broke, before any driver call, so the decode launcher falls back
+// to cp.async. (Encoding itself needs a driver; the GPU tests cover the TMA path end to end.)
+#ifdef ATTNKIT_WITH_CUDA
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "cuda/tensor_map.h"
+
+namespace attnkit {
+namespace {
+
+cuda::PagedSideGeometry nhd_fp8_hd128() {
+  cuda::PagedSideGeometry g;
+  g.base = reinterpret_cast<const void*>(uintptr_t{1} << 20);
+  g.row_bytes = 128;
+  g.block_size = 16;
+  g.num_kv_heads = 8;
+  g.num_blocks = 1000;
+  g.stride_head = 128;
+  g.stride_slot = 8 * 128;
+  g.stride_block = 16 * 8 * 128;
+  return g;
+}
+
+struct Broken {
+  const char* what;
+  void (*apply)(cuda::PagedSideGeometry&);
+  const char* rule;  // a piece of the reason
+};
+
+TEST(TensorMap, RefusesGeometriesTmaCannotExpress) {
+  const Broken cases[] = {
+      {"row of 64 bytes (fp8 head size 64)", [](cuda::PagedSideGeometry& g) { g.row_bytes = 64; }, "row bytes 64"},
+      {"row of 192 bytes", [](cuda::PagedSideGeometry& g) { g.row_bytes = 192; }, "row bytes 192"},
+      {"row of 1024 bytes", [](cuda::PagedSideGeometry& g) { g.row_bytes = 1024; }, "row bytes 1024"},
+      {"block size 24", [](cuda::PagedSideGeometry& g) { g.block_size = 24; }, "block size"},
+      {"base off 16 bytes", [](cuda::PagedSideGeometry& g) { g.base = reinterpret_cast<const void*>(uintptr_t{1} << 20 | 8); }, "16-byte aligned"},
+      {"slot stride 1000", [](cuda::PagedSideGeometry& g) { g.stride_slot = 1000; }, "stride 1000"},
+      {"block stride 0", [](cuda::PagedSideGeometry& g) { g.stride_block = 0; }, "stride 0"},
+      {"head stride 2^40", [](cuda::PagedSideGeometry& g) { g.stride_head = int64_t{1} << 40; }, "below 2^40"},
+  };
+  for (const Broken& c : cases) {
+    SCOPED_TRACE(c.what);
+    cuda::PagedSideGeometry g = nhd_fp8_hd128();
+    c.apply(g);
+    cuda::TmaDesc desc{};
+    std::string why;
+    EXPECT_FALSE(cuda::encode_paged_side_map(g, desc, &why));
+    EXPECT_NE(why.find(c.rule), std::string::npos) << "reason: " << why;
+  }
+}
+
+}  // namespace
+}  // namespace attnkit
+#endif
