@@ -70,39 +70,53 @@ flash_attn::VarlenArgs varlen_args(const UniformBatch& b, const PagedKV& cache, 
   return a;
 }
 
-GraphTiming time_rotating(const std::vector<flash_attn::VarlenArgs>& args, int calls, cudaStream_t stream) {
-  GraphTiming t;
+namespace {
+
+// `calls` launches rotating over `args`, run once eagerly (module load, first-launch setup) and
+// then captured as one CUDA graph; throws when the capture fails.
+cudaGraphExec_t capture_rotating(const std::vector<flash_attn::VarlenArgs>& args, int calls, cudaStream_t stream) {
   auto enqueue = [&] {
     for (int i = 0; i < calls; ++i) flash_attn::run_varlen_attention(args[i % args.size()]);
   };
-  enqueue();  // warm up outside the capture (module load, first-launch setup)
+  enqueue();
   ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
   cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  bool captured = false;
+  ATTNKIT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   try {
-    ATTNKIT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    try {
-      enqueue();
-    } catch (...) {
-      cudaStreamEndCapture(stream, &graph);
-      throw;
-    }
-    ATTNKIT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    ATTNKIT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    captured = true;
+    enqueue();
+  } catch (...) {
+    cudaStreamEndCapture(stream, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    throw;
+  }
+  ATTNKIT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  ATTNKIT_CUDA_CHECK(inst);
+  return exec;
+}
+
+}  // namespace
+
+GraphTiming time_rotating(const std::vector<flash_attn::VarlenArgs>& args, int calls, cudaStream_t stream) {
+  GraphTiming t;
+  cudaGraphExec_t exec = nullptr;
+  try {
+    exec = capture_rotating(args, calls, stream);
   } catch (const std::exception& e) {
     std::printf("decode: graph capture failed (%s); timing eager back-to-back launches\n", e.what());
     cudaGetLastError();
   }
-  if (captured) {
+  if (exec) {
     t.ms_per_call = time_ms([&] { ATTNKIT_CUDA_CHECK(cudaGraphLaunch(exec, stream)); }, stream, 1, 5) / calls;
     cudaGraphExecDestroy(exec);
   } else {
     t.graph = false;
-    t.ms_per_call = time_ms(enqueue, stream, 0, 5) / calls;
+    t.ms_per_call = time_ms([&] {
+      for (int i = 0; i < calls; ++i) flash_attn::run_varlen_attention(args[i % args.size()]);
+    }, stream, 0, 5) / calls;
   }
-  if (graph) cudaGraphDestroy(graph);
   return t;
 }
 
@@ -119,26 +133,7 @@ std::vector<double> time_interleaved(const std::vector<TimedLaunch>& launches, c
   std::vector<std::vector<float>> samples(n);
   try {
     for (size_t c = 0; c < n; ++c) {
-      const auto& args = launches[c].args;
-      const int calls = launches[c].calls;
-      auto enqueue = [&] {
-        for (int i = 0; i < calls; ++i) flash_attn::run_varlen_attention(args[i % args.size()]);
-      };
-      enqueue();  // warm up outside the capture
-      ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
-      cudaGraph_t graph = nullptr;
-      ATTNKIT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      try {
-        enqueue();
-      } catch (...) {
-        cudaStreamEndCapture(stream, &graph);
-        if (graph) cudaGraphDestroy(graph);
-        throw;
-      }
-      ATTNKIT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-      const cudaError_t inst = cudaGraphInstantiate(&execs[c], graph, 0);
-      cudaGraphDestroy(graph);
-      ATTNKIT_CUDA_CHECK(inst);
+      execs[c] = capture_rotating(launches[c].args, launches[c].calls, stream);
       ATTNKIT_CUDA_CHECK(cudaGraphLaunch(execs[c], stream));  // one warm replay
     }
     ATTNKIT_CUDA_CHECK(cudaEventCreate(&a));

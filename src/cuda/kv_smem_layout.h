@@ -1,18 +1,11 @@
-// Where byte `byte` of key row `row` of a K or V stage tile lives in shared memory, for the two
-// ways the decode kernel fills its stages. The fragment loaders (fp8_dequant.h, the 16-bit
-// ldmatrix addressing below) take the layout as a template parameter.
+// Where byte `byte` of key row `row` of a K or V stage tile lives in shared memory (`at`), for the
+// two ways the decode kernel fills its stages: cp.async into rows at a padded pitch
+// (paged_kv_tile.h PitchedTile) or TMA into PagedSwizzle128 below. The fragment loaders
+// (fp8_dequant.h, the 16-bit ldmatrix addressing below) take the layout as a template parameter.
 #pragma once
 #include <cstdint>
 
 namespace attnkit::cuda {
-
-// cp.async fills: rows at a padded pitch (the 8 rows of an ldmatrix phase hit distinct banks).
-template <int kPitchBytes>
-struct PitchedRows {
-  __device__ __forceinline__ static uint32_t at(int row, int byte) {
-    return static_cast<uint32_t>(row * kPitchBytes + byte);
-  }
-};
 
 // TMA fills (tensor_map.h): each 16-key group of rows is one box [segment][16 slots][128 bytes]
 // with the 128-byte swizzle: the 16-byte chunk c of a 128-byte line is stored at c ^ (line % 8),

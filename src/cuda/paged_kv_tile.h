@@ -25,6 +25,10 @@ struct PitchedTile {
   __device__ __forceinline__ static uint32_t offset(int row, int chunk) {
     return static_cast<uint32_t>(row * kPitchBytes + chunk * 16);
   }
+  // Byte `byte` of row `row` (kv_smem_layout.h: the fragment loaders' view of a stage layout).
+  __device__ __forceinline__ static uint32_t at(int row, int byte) {
+    return static_cast<uint32_t>(row * kPitchBytes + byte);
+  }
 };
 // The 128-byte-swizzled layout wgmma descriptors read (wgmma_sm90.h): 64-column chunks of the
 // row are regions of kRows 128-byte lines, chunks XOR-swizzled by row % 8 inside a line.

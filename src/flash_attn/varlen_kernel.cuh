@@ -515,7 +515,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   using Ring = StageRing<Tr::kStages>;
   using Loader = PagedKVTileLoader<Tr::kBlockN, Tr::kKvRowBytes, PitchedTile<Tr::kStagePitchBytes>, Tr::kThreads>;
   constexpr bool kTma = Tr::kTmaStages;
-  using KvL = std::conditional_t<kTma, PagedSwizzle128<Tr::kKvRowBytes>, PitchedRows<Tr::kStagePitchBytes>>;
+  using KvL = std::conditional_t<kTma, PagedSwizzle128<Tr::kKvRowBytes>, PitchedTile<Tr::kStagePitchBytes>>;
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ __align__(8) uint64_t stage_bars[kTma ? Tr::kStages : 1];
 
