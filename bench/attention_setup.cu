@@ -10,6 +10,7 @@
 #include "bench_util.h"
 
 #include "cuda/cuda_check.h"
+#include "cuda/device_props.h"
 #include "flash_attn/split_kv.h"
 
 namespace attnkit::bench {
@@ -220,7 +221,7 @@ DecodeShape make_decode_shape(int batch, int kv_len, const KVCacheSpec& spec, co
 }
 
 int builder_num_splits(int num_reqs, int q_len, int kv_len, int num_heads, int num_kv_heads,
-                       DType cache_dtype, int sm_count) {
+                       DType cache_dtype, int sm_count, int head_size) {
   std::vector<int32_t> qsl(num_reqs + 1), seq(num_reqs, kv_len);
   for (int i = 0; i <= num_reqs; ++i) qsl[i] = i * q_len;
   flash_attn::SplitKVInput in;
@@ -230,6 +231,8 @@ int builder_num_splits(int num_reqs, int q_len, int kv_len, int num_heads, int n
   in.num_kv_heads = num_kv_heads;
   in.num_sms = sm_count;
   in.cache_dtype = cache_dtype;
+  in.head_size = head_size;
+  in.cc_major = cuda::current_device_props().cc_major;
   return flash_attn::decide_num_splits(in).num_splits;
 }
 

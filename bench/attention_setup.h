@@ -85,8 +85,9 @@ DecodeShape make_decode_shape(int batch, int kv_len, const KVCacheSpec& spec, co
                               void* q, void* out, const float* fp8_scale, int num_heads, size_t l2_bytes,
                               cudaStream_t stream);
 
-// The split-KV count the FlashAttention-style builder chooses for a uniform batch.
+// The split-KV count the FlashAttention-style builder chooses for a uniform batch on the
+// current device.
 int builder_num_splits(int num_reqs, int q_len, int kv_len, int num_heads, int num_kv_heads,
-                       DType cache_dtype, int sm_count);
+                       DType cache_dtype, int sm_count, int head_size = 128);
 
 }  // namespace attnkit::bench

@@ -270,6 +270,36 @@ TEST(SplitKV, WorkedExamples) {
   }
 }
 
+// fp8 decodes the transposed tile serves (head size 128, sm90, <= 8 packed rows) run 4 CTAs
+// per SM: the slots, and with them the split counts, follow.
+TEST(SplitKV, TransposedDecodeTileSlots) {
+  struct Case { int reqs, q, seq, heads, kv_heads, head_size, cc_major, decode_threshold, ctas_per_sm, splits; const char* why; };
+  const Case cases[] = {
+      {16, 1, 4096, 32, 8, 128, 9, 1, 4, 4, "batch 16 x 4k: W = 128, floor(528 / 128) = 4"},
+      {64, 1, 8192, 32, 8, 128, 9, 1, 4, 1, "batch 64: W = 512 fills 97% of one wave of 528"},
+      {4, 1, 32768, 32, 8, 128, 9, 1, 4, 16, "batch 4 x 32k: floor(528 / 32) = 16"},
+      {16, 1, 4096, 32, 8, 128, 8, 1, 3, 3, "sm89: the 16-row fp8 tile, 3 CTAs per SM"},
+      {16, 1, 4096, 32, 8, 128, 0, 1, 3, 3, "unknown device"},
+      {16, 1, 4096, 32, 8, 64, 9, 1, 3, 3, "head size 64: no TMA rows of 128 bytes"},
+      {16, 1, 4096, 32, 4, 128, 9, 1, 4, 8, "group 8 x 1 token = 8 rows: W = 64, floor(528 / 64) = 8"},
+      {16, 1, 4096, 64, 4, 128, 9, 1, 3, 6, "group 16: 16 packed rows, floor(396 / 64) = 6"},
+      {16, 2, 4096, 32, 8, 128, 9, 2, 4, 4, "2 speculative tokens x group 4 = 8 rows"},
+      {16, 3, 4096, 32, 8, 128, 9, 3, 3, 3, "3 tokens x group 4 = 12 rows"},
+  };
+  for (const Case& c : cases) {
+    Batch b;
+    for (int r = 0; r < c.reqs; ++r) b.add(c.q, c.seq);
+    SplitKVInput in = input(b, c.heads, c.kv_heads, 132, kMaxSplits, DType::fp8_e4m3);
+    in.head_size = c.head_size;
+    in.cc_major = c.cc_major;
+    in.decode_threshold = std::max(c.decode_threshold, 2);
+    EXPECT_EQ(split_kv_ctas_per_sm(in), c.ctas_per_sm) << c.why;
+    EXPECT_EQ(decide_num_splits(in).num_splits, c.splits) << c.why << ": " << decide_num_splits(in).reason;
+    in.cache_dtype = DType::bf16;
+    EXPECT_EQ(split_kv_ctas_per_sm(in), kCtasPerSmDecode) << c.why << " (bf16)";
+  }
+}
+
 // The trim step: 100 tiles capped at 11 splits are 10 tiles per split, as with 10 splits (9
 // would need 12); 150 tiles at 16 splits are 10 per split, as 15 splits give.
 TEST(SplitKV, TrimsSplitsThatDoNotShortenTheLongestSplit) {

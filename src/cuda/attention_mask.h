@@ -14,6 +14,7 @@
 #pragma once
 #include <cstdint>
 
+#include "cuda/frag_rows.h"
 #include "cuda/mma_sm80.h"
 #include "cuda/online_softmax.h"
 
@@ -48,7 +49,8 @@ struct KeyVisibility {
   }
 };
 
-// Per-row facts a thread needs for its two rows (g and g + 8 of its warp's m16 tile).
+// Per-row facts a thread needs for its two row slots (frag_rows.h: rows g and g + 8 of its
+// warp's m16 tile, or 2t and 2t + 1 of the transposed decode tile).
 struct RowFacts {
   KeyRange keys[2];
   int pos[2];
@@ -64,15 +66,14 @@ struct ScoreMod {
   __device__ __forceinline__ float unit() const { return active() ? 1.f : scale * kLog2e; }
 
   // Raw q.k -> log2 units with softcap and ALiBi (only called when active()).
-  template <int N>
+  template <class Lay = RowsOnM, int N>
   __device__ __forceinline__ void apply(FragC (&s)[N], const RowFacts& rows, int key0, int lane) const {
-    const int col = key0 + 2 * (lane & 3);
 #pragma unroll
     for (int i = 0; i < N; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
-        const int j = col + 8 * i + (e & 1);
+        const int r = Lay::slot(e);
+        const int j = key0 + Lay::key(lane, i, e);
         float v = s[i].c[e] * scale;
         if (softcap > 0.f) v = softcap * tanhf(v / softcap);
         if (alibi) v -= rows.alibi_slope[r] * fabsf(static_cast<float>(rows.pos[r] - j));
@@ -82,15 +83,14 @@ struct ScoreMod {
 };
 
 // Scores of keys a row does not see become -inf (exp2 -> exactly 0).
-template <int N>
+template <class Lay = RowsOnM, int N>
 __device__ __forceinline__ void apply_mask(FragC (&s)[N], const RowFacts& rows, int key0, int lane) {
-  const int col = key0 + 2 * (lane & 3);
 #pragma unroll
   for (int i = 0; i < N; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const KeyRange& k = rows.keys[e >> 1];
-      const int j = col + 8 * i + (e & 1);
+      const KeyRange& k = rows.keys[Lay::slot(e)];
+      const int j = key0 + Lay::key(lane, i, e);
       if (j < k.lo || j >= k.hi) s[i].c[e] = -INFINITY;
     }
 }

@@ -68,6 +68,20 @@ __device__ __forceinline__ FragA a_frag_dim_permuted(const uint16_t* tile, int p
   return a;
 }
 
+// Q^T as the B operand of k-step ks of S^T = K Q^T (the transposed decode tile), with the
+// same permutation: row row0 + g of a 16-bit [row][dim] tile, physical dims 4t .. 4t + 3.
+__device__ __forceinline__ FragB b_frag_dim_permuted(const uint16_t* tile, int pitch, int row0, int ks, int lane) {
+  const uint2 v = *reinterpret_cast<const uint2*>(tile + (row0 + (lane >> 2)) * pitch + ks * 16 + 4 * (lane & 3));
+  return FragB{{v.x, v.y}};
+}
+
+// The A fragments of the transposed tile from two k_frags_fp8 / v_frags_fp8 results: the
+// fragments' (row g, k 2t..) halves are the same registers in the other operand's order.
+// half 0: from b[0] / b[1], half 1: from b[2] / b[3].
+__device__ __forceinline__ FragA a_from_b_pair(const FragB (&b)[4], int half) {
+  return FragA{{b[2 * half].r[0], b[2 * half + 1].r[0], b[2 * half].r[1], b[2 * half + 1].r[1]}};
+}
+
 // V, the B operand of O += P V, for k-step keys key0..key0+15 and the four n8 fragments of
 // the 32-dim group `group`, with O's columns permuted: column c of fragment e is dim
 // 32 * group + 4c + e (the epilogue puts them back). Each lane reads one 32-bit word (4 codes) of 4 keys.

@@ -63,6 +63,15 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "r"(addr));
 }
 
+// One 8x8 b16 matrix transposed across the warp (lane i holds row i / 4, columns 2 (i % 4) and
+// 2 (i % 4) + 1, before and after): turns the C-fragment half (rows g, columns 2t..) of S^T into
+// the B-fragment half (k 2t.., n g) of P^T in the transposed decode tile.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t v) {
+  uint32_t r;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(v));
+  return r;
+}
+
 // Two floats -> one register of two 16-bit values (lo in the low half), round to nearest even.
 template <class T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);

@@ -1,7 +1,8 @@
 // Online softmax over the rows of an m16 accumulator tile, in fp32, base 2.
 //
-// A thread holds two rows of each m16 tile (C fragment rows g and g + 8); the four threads of
-// a quad hold the same rows, so row reductions are two xor-shuffles. Scores arrive in "score
+// A thread holds two query rows of each C fragment; which values belong to which row, and
+// which lanes share a row, is the layout policy Lay (frag_rows.h: RowsOnM, rows g and g + 8
+// shared by a quad; RowsOnN, the transposed decode tile's rows 2t and 2t + 1). Scores arrive in "score
 // units" and `unit` converts them to log2 units: the plain path keeps raw q.k and passes
 // scale * log2(e) (one FFMA per exp2), score modifications pass already-converted scores and 1.
 // The running sum stays per thread (a partial over the thread's columns) until finish(): only
@@ -9,6 +10,7 @@
 #pragma once
 #include <cmath>
 
+#include "cuda/frag_rows.h"
 #include "cuda/mma_sm80.h"
 
 namespace attnkit::cuda {
@@ -23,25 +25,13 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
-
 // Multiplies the two rows of every C fragment by f[0] / f[1].
-template <int N>
+template <class Lay = RowsOnM, int N>
 __device__ __forceinline__ void scale_rows(FragC (&acc)[N], const float (&f)[2]) {
 #pragma unroll
-  for (int i = 0; i < N; ++i) {
-    acc[i].c[0] *= f[0];
-    acc[i].c[1] *= f[0];
-    acc[i].c[2] *= f[1];
-    acc[i].c[3] *= f[1];
-  }
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[i].c[e] *= f[Lay::slot(e)];
 }
 
 struct RowSoftmax {
@@ -56,18 +46,17 @@ struct RowSoftmax {
   // Folds one tile of scores into the state: S becomes P = exp2((S - max) * unit) in place
   // (masked -inf scores give exactly 0) and `rescale` receives the factor by which the
   // output accumulator of each row must be multiplied.
-  template <int N>
+  template <class Lay = RowsOnM, int N>
   __device__ __forceinline__ void step(FragC (&s)[N], float unit, float (&rescale)[2]) {
     float m[2] = {max[0], max[1]};
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-      m[0] = fmaxf(m[0], fmaxf(s[i].c[0], s[i].c[1]));
-      m[1] = fmaxf(m[1], fmaxf(s[i].c[2], s[i].c[3]));
-    }
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) m[Lay::slot(e)] = fmaxf(m[Lay::slot(e)], s[i].c[e]);
     float base[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      m[r] = quad_max(m[r]);
+      m[r] = Lay::reduce_max(m[r]);
       // A row that has seen nothing keeps max = -inf; subtract 0 instead so no (-inf) - (-inf).
       base[r] = (m[r] == -INFINITY) ? 0.f : m[r] * unit;
       rescale[r] = fast_exp2(max[r] * unit - base[r]);  // old max -inf -> 0 (accumulators are 0 too)
@@ -76,20 +65,19 @@ struct RowSoftmax {
     }
 #pragma unroll
     for (int i = 0; i < N; ++i) {
-      s[i].c[0] = fast_exp2(fmaf(s[i].c[0], unit, -base[0]));
-      s[i].c[1] = fast_exp2(fmaf(s[i].c[1], unit, -base[0]));
-      s[i].c[2] = fast_exp2(fmaf(s[i].c[2], unit, -base[1]));
-      s[i].c[3] = fast_exp2(fmaf(s[i].c[3], unit, -base[1]));
-      sum[0] += s[i].c[0] + s[i].c[1];
-      sum[1] += s[i].c[2] + s[i].c[3];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[i].c[e] = fast_exp2(fmaf(s[i].c[e], unit, -base[Lay::slot(e)]));
+#pragma unroll
+      for (int r = 0; r < 2; ++r) sum[r] += s[i].c[Lay::elem(r, 0)] + s[i].c[Lay::elem(r, 1)];
     }
   }
 
-  // Completes the row sums across the quad and returns the maxima in log2 units.
+  // Completes the row sums across the row's lanes and returns the maxima in log2 units.
+  template <class Lay = RowsOnM>
   __device__ __forceinline__ void finish(float unit, float (&max_log2)[2], float (&row_sum)[2]) const {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      row_sum[r] = quad_sum(sum[r]);
+      row_sum[r] = Lay::reduce_sum(sum[r]);
       max_log2[r] = max[r] == -INFINITY ? -INFINITY : max[r] * unit;
     }
   }

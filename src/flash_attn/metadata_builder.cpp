@@ -82,6 +82,8 @@ FlashAttnMetadata FlashAttnMetadataBuilder::build_flash(const CommonAttentionMet
   in.num_sms = cfg_.device.sms_or_default();
   in.max_splits = opts_.max_splits;
   in.cache_dtype = cfg_.cache_dtype;
+  in.head_size = cfg_.head_size;
+  in.cc_major = cfg_.device.cpu ? 0 : cfg_.device.cc_major;
   m.split = decide_num_splits(in);
   m.workspace_bytes = m.split.num_splits > 1
                           ? varlen_workspace_bytes(c.num_actual_tokens, cfg_.num_heads,

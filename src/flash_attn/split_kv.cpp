@@ -42,9 +42,15 @@ int64_t split_kv_work_items(const SplitKVInput& in) {
 
 int split_kv_ctas_per_sm(const SplitKVInput& in) {
   validate(in);
-  for (size_t r = 0; r + 1 < in.query_start_loc.size(); ++r)
-    if (in.query_start_loc[r + 1] - in.query_start_loc[r] > in.decode_threshold) return kCtasPerSmPrefill;
-  return is_fp8(in.cache_dtype) ? kCtasPerSmDecodeFp8 : kCtasPerSmDecode;
+  int64_t max_q = 0;
+  for (size_t r = 0; r + 1 < in.query_start_loc.size(); ++r) {
+    const int64_t q = in.query_start_loc[r + 1] - in.query_start_loc[r];
+    if (q > in.decode_threshold) return kCtasPerSmPrefill;
+    max_q = std::max(max_q, q);
+  }
+  if (!is_fp8(in.cache_dtype)) return kCtasPerSmDecode;
+  const int64_t rows = max_q * (in.num_heads / in.num_kv_heads);
+  return transposed_decode_tile(true, in.head_size, in.cc_major, rows) ? kCtasPerSmDecodeTransposed : kCtasPerSmDecodeFp8;
 }
 
 SplitKVDecision decide_num_splits(const SplitKVInput& in) {

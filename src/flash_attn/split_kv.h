@@ -10,7 +10,9 @@
 //     group * ceil(query_len / kQTileRows) (one CTA row-tile per query head).
 //   work items  W = sum over requests of num_kv_heads * q_tiles
 //   CTA slots   S = num_sms * CTAs per SM: kCtasPerSmPrefill when any request is a prefill,
-//               else kCtasPerSmDecodeFp8 for an fp8 cache, kCtasPerSmDecode otherwise
+//               else kCtasPerSmDecodeTransposed where the transposed fp8 decode tile serves
+//               (transposed_decode_tile), kCtasPerSmDecodeFp8 for other fp8 caches,
+//               kCtasPerSmDecode otherwise
 //   s = min(floor(S / W), kMaxUsefulSplits, max_splits, floor(max_seq_len / kMinKVPerSplit))
 //   (floor: the W * s CTAs fill at most one wave of slots, never start a partial second one)
 //   then s drops to the smallest count giving the same longest split (in KV tiles), since more
@@ -72,6 +74,14 @@ inline constexpr int kMaxSplits = 32;                      // hard cap; bounds t
 inline constexpr int kMaxUsefulSplits = 32;                // the rule never picks more (measured)
 inline constexpr int kCtasPerSmDecode = 2;                 // decode-only batch, 16-bit cache
 inline constexpr int kCtasPerSmDecodeFp8 = 3;              // decode-only batch, fp8 cache
+inline constexpr int kCtasPerSmDecodeTransposed = 4;       // ... served by the transposed decode tile
+inline constexpr int kTransposedMaxRows = 8;               // packed rows (query_len * group) it serves
+// Whether a decode launch takes the transposed fp8 tile (varlen_kernel.cuh launch_decode, with
+// the default VarlenArgs): fp8 cache, head size 128 (TMA stage rows of 128 bytes), sm90+, at
+// most kTransposedMaxRows packed query rows per request.
+inline bool transposed_decode_tile(bool fp8_cache, int head_size, int cc_major, int64_t max_packed_rows) {
+  return fp8_cache && head_size == 128 && cc_major >= 9 && max_packed_rows <= kTransposedMaxRows;
+}
 inline constexpr int kCtasPerSmPrefill = 1;                // batch with any prefill request
 inline constexpr int kMaxWaveSplits = 4;                   // the wave-fill clause's largest count
 inline constexpr double kMinWaveFillGain = 0.15;           // ... the fill it must add
@@ -85,6 +95,8 @@ struct SplitKVInput {
   int num_sms = 0;         // > 0
   int max_splits = kMaxSplits;  // caller's cap (1 disables splitting: no workspace, batch invariance)
   DType cache_dtype = DType::bf16;  // KV cache storage dtype (the fp8 path wants more CTAs)
+  int head_size = 0;  // with cc_major: whether the transposed fp8 decode tile serves (0: unknown)
+  int cc_major = 0;   // the device's compute capability (0: unknown)
 };
 
 struct SplitKVDecision {

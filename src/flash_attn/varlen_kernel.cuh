@@ -42,6 +42,8 @@
 #include "cuda/tensor_map.h"
 #include "cuda/tma_sm90.h"
 #include "cuda/split_merge_row.cuh"
+#include "flash_attn/varlen_decode_transposed.cuh"
+#include "flash_attn/split_kv.h"
 #include "flash_attn/varlen_schedule.cuh"
 #include "flash_attn/varlen_tile_softmax.cuh"
 #include "flash_attn/varlen_launch.h"
@@ -340,7 +342,7 @@ __device__ __forceinline__ void merge_splits(const VarlenKernelParams& p, const 
 // drained; reuses all shared memory.
 template <class Tr>
 __device__ __forceinline__ void epilogue(const VarlenKernelParams& p, const WorkItem& w,
-                                         unsigned char* smem, const FragC (&o)[Tr::kMFrags][Tr::kOFrags],
+                                         unsigned char* smem, const FragC (&o)[Tr::kMFrags][Tr::kAccOFrags],
                                          const RowSoftmax (&softmax)[Tr::kMFrags], float unit,
                                          bool warp_active, int warp_m, int warp_n, int lane, int tid) {
   using T = typename Tr::Elem;
@@ -349,7 +351,17 @@ __device__ __forceinline__ void epilogue(const VarlenKernelParams& p, const Work
   float2* s_stat = reinterpret_cast<float2*>(smem + Tr::kEpiOBytes);     // [kN][kBlockM]
   float* s_weight = reinterpret_cast<float*>(smem + Tr::kEpiOBytes + Tr::kEpiStatBytes);
 
-  if (warp_active) {
+  if constexpr (Tr::kTransposed) {  // rows 2t, 2t + 1 (lanes with g = 0 hold the stats)
+    if (warp_active) {
+      float max_log2[2], sum[2];
+      softmax[0].template finish<RowsOnN>(unit, max_log2, sum);
+      store_o_transposed<Tr>(s_o + warp_n * Tr::kBlockM * Tr::kOPitch, Tr::kOPitch, o[0], lane);
+      if (lane < 4) {
+        s_stat[warp_n * Tr::kBlockM + 2 * lane] = make_float2(max_log2[0], sum[0]);
+        s_stat[warp_n * Tr::kBlockM + 2 * lane + 1] = make_float2(max_log2[1], sum[1]);
+      }
+    }
+  } else if (warp_active) {  // (kTransposed is false here: the discarded branch is not compiled)
 #pragma unroll
     for (int mf = 0; mf < Tr::kMFrags; ++mf) {
       float max_log2[2], sum[2];
@@ -592,7 +604,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   // Q: wait for its group when it is read before the loop (into registers, or converted).
   constexpr bool kConvertQ = Tr::kFp8Cache && std::is_same_v<T, __nv_bfloat16>;
   float q_factor = 1.f;
-  FragA q_regs[Tr::kQInRegs ? Tr::kKSteps : 1];
+  using QFrag = std::conditional_t<Tr::kTransposed, FragB, FragA>;  // Q (A) or Q^T (B, transposed tile)
+  QFrag q_regs[Tr::kQInRegs ? Tr::kKSteps : 1];
   if constexpr (Tr::kQInRegs || kConvertQ) {
     cp_async_wait<kTma ? 0 : Tr::kStages - 1>();  // the Q group
     __syncthreads();
@@ -600,7 +613,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
     if constexpr (Tr::kQInRegs) {
 #pragma unroll
       for (int ks = 0; ks < Tr::kKSteps; ++ks) {
-        if constexpr (Tr::kFp8Cache)
+        if constexpr (Tr::kTransposed)
+          q_regs[ks] = b_frag_dim_permuted(reinterpret_cast<const uint16_t*>(smem), Tr::kPitch, warp_row0, ks, lane);
+        else if constexpr (Tr::kFp8Cache)
           q_regs[ks] = a_frag_dim_permuted(reinterpret_cast<const uint16_t*>(smem), Tr::kPitch, warp_row0, ks, lane);
         else
           ldmatrix_x4(q_regs[ks].r, a_frag_addr(s_q, Tr::kPitch, warp_row0, ks * 16, lane));
@@ -615,7 +630,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   RowSoftmax softmax[Tr::kMFrags];
 #pragma unroll
   for (int mf = 0; mf < Tr::kMFrags; ++mf) softmax[mf].init();
-  FragC o[Tr::kMFrags][Tr::kOFrags];
+  FragC o[Tr::kMFrags][Tr::kAccOFrags];
 
   for (int it = 0; it < n_tiles; ++it) {
     if constexpr (kTma) {
@@ -647,14 +662,21 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
     if (!warp_active) continue;
 
     const int tile_key0 = tile_key(it);
-    FragC s[Tr::kMFrags][Tr::kSFrags];
-    detail::qk_tile<Tr, kFmt, KvL>(s, q_regs, smem, s_q, warp_row0, s_k, warp_key0, lane);
     const bool whole_tile_visible = tile_key0 >= w.full_lo && tile_key0 + Tr::kBlockN <= w.full_hi;
+    FragC s[Tr::kMFrags][Tr::kAccSFrags];
+    if constexpr (Tr::kTransposed) {
+      detail::qk_tile_transposed<Tr, kFmt, KvL>(s[0], q_regs, s_k, warp_key0, lane);
+      softmax_tile<RowsOnN>(s[0], o[0], softmax[0], mod, unit, whole_tile_visible, p, w, warp_row0,
+                            tile_key0 + warp_key0, lane);
+      detail::pv_tile_transposed<Tr, kFmt, KvL>(o[0], s[0], smem + (s_v - s_q), warp_key0, lane);
+    } else {
+      detail::qk_tile<Tr, kFmt, KvL>(s, q_regs, smem, s_q, warp_row0, s_k, warp_key0, lane);
 #pragma unroll
-    for (int mf = 0; mf < Tr::kMFrags; ++mf)
-      softmax_tile(s[mf], o[mf], softmax[mf], mod, unit, whole_tile_visible, p, w, warp_row0 + 16 * mf,
-                   tile_key0 + warp_key0, lane);
-    detail::pv_tile<Tr, kFmt, KvL>(o, s, smem, s_q, s_v, warp_key0, lane);
+      for (int mf = 0; mf < Tr::kMFrags; ++mf)
+        softmax_tile(s[mf], o[mf], softmax[mf], mod, unit, whole_tile_visible, p, w, warp_row0 + 16 * mf,
+                     tile_key0 + warp_key0, lane);
+      detail::pv_tile<Tr, kFmt, KvL>(o, s, smem, s_q, s_v, warp_key0, lane);
+    }
   }
 
   Ring::drain();
@@ -747,7 +769,21 @@ void launch_decode(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
     using Tma = DecodeTmaTraits<Elem, kHeadDim, kFp8Cache>;
     static_assert(Tma::kBlockM == 16, "decode tiles are 16 packed rows");
     const auto fill = static_cast<KvFill>(shape.kv_fill);
-    if (fill != KvFill::cp_async && cuda::current_device_props().cc_major >= 9 &&
+    const bool sm90 = cuda::current_device_props().cc_major >= 9;
+    if constexpr (kFp8Cache && kHeadDim <= 128) {
+      using Tt = DecodeTransposedTraits<Elem, kHeadDim>;
+      static_assert(Tt::kMaxRows == kTransposedMaxRows);
+      if (shape.transposed_decode && fill != KvFill::cp_async &&
+          transposed_decode_tile(true, kHeadDim, cuda::current_device_props().cc_major,
+                                 static_cast<int64_t>(shape.max_query_len) * p.group)) {
+        VarlenKernelParams q = p;
+        if (encode_kv_maps(q, Tt::kKvRowBytes)) {
+          launch_varlen<Tt>(q, shape, stream);
+          return;
+        }
+      }
+    }
+    if (fill != KvFill::cp_async && sm90 &&
         (fill == KvFill::tma || (kFp8Cache && decode_tma_for_grid(p, shape, Tma::kMinBlocksPerSm)))) {
       VarlenKernelParams q = p;
       if (encode_kv_maps(q, Tma::kKvRowBytes)) {

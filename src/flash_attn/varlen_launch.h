@@ -78,6 +78,11 @@ struct VarlenArgs {
   // every thread, where the cache allows (row bytes a multiple of 128 up to 512, 16-byte aligned
   // strides; else cp.async). automatic: TMA for fp8 caches in multi-wave grids only (measured rule).
   KvFill kv_fill = KvFill::automatic;
+  // mma_sync decode launches of fp8 caches with at most 8 packed query rows per request
+  // (max_query_len * group <= 8), head size <= 128, on sm90 with TMA stage fills (kv_fill not
+  // cp_async, rows of whole 128-byte segments): the transposed tile (keys on the MMA's M, rows
+  // on N; varlen_decode_transposed.cuh), 4 CTAs per SM. Off: the 16-row tile.
+  bool transposed_decode = true;
   // Diagnostics (mma_sync kernel): a device buffer of grid-CTAs x cuda::kCtaTraceSlots uint64
   // that receives per-CTA timestamps (cuda/cta_trace.h; attnkit_bench --decode-trace); the
   // grid is (row tiles, num_kv_heads * num_splits, num_reqs). nullptr (default) = off.

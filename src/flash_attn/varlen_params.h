@@ -86,6 +86,7 @@ struct VarlenLaunchShape {
   int q_buffers = 0;       // hopper generation: Q buffers, 1 or 2 (0: the launcher's choice)
   bool cluster_merge = true;  // mma_sync decode launches of 2 splits on sm90: merge in a cluster
   int kv_fill = 0;            // KvFill (varlen_launch.h) of mma_sync decode launches on sm90
+  bool transposed_decode = true;  // fp8 decode launches of <= 8 packed rows on sm90: the transposed tile
 };
 
 struct VarlenArgs;

@@ -83,14 +83,15 @@ __device__ __forceinline__ Loader kv_loader_for(const VarlenKernelParams& p, con
   return loader;
 }
 
-// The row facts of the two rows a thread holds (rows g and g + 8 of its warp's m16 tile).
+// The row facts of the two row slots a thread holds in layout Lay (cuda/frag_rows.h).
+template <class Lay = cuda::RowsOnM>
 __device__ __forceinline__ cuda::RowFacts row_facts(const VarlenKernelParams& p, const WorkItem& w,
                                                     int warp_row0, int lane) {
   const cuda::KeyVisibility vis{w.seq_len, p.causal, p.window_left, p.window_right};
   cuda::RowFacts f;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int m = w.m0 + warp_row0 + (lane >> 2) + 8 * r;
+    const int m = w.m0 + warp_row0 + Lay::row(lane, r);
     const int token = m / p.group;
     const int head = w.kv_head * p.group + m % p.group;
     f.pos[r] = cuda::query_position(w.seq_len, w.q_len, token);

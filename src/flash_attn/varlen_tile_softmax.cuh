@@ -13,34 +13,35 @@ namespace attnkit::flash_attn {
 // Scores to probabilities: s holds the fragment's scores over keys [key0, key0 + 8 * kS);
 // whole_tile_visible: every key of the tile is visible to every row (no mask needed).
 // `rescale` receives the factor the output rows must be multiplied by (rescale_output).
-template <int kS>
+// Lay: where the fragment's rows and keys sit (cuda/frag_rows.h).
+template <class Lay = cuda::RowsOnM, int kS>
 __device__ __forceinline__ void softmax_scores(cuda::FragC (&s)[kS], cuda::RowSoftmax& softmax,
                                                const cuda::ScoreMod& mod, float unit, bool whole_tile_visible,
                                                const VarlenKernelParams& p, const WorkItem& w, int row0, int key0,
                                                int lane, float (&rescale)[2]) {
   if (mod.active() || !whole_tile_visible) {  // boundary tiles and score mods only
-    const cuda::RowFacts rows = row_facts(p, w, row0, lane);
-    if (mod.active()) mod.apply(s, rows, key0, lane);
-    if (!whole_tile_visible) cuda::apply_mask(s, rows, key0, lane);
+    const cuda::RowFacts rows = row_facts<Lay>(p, w, row0, lane);
+    if (mod.active()) mod.apply<Lay>(s, rows, key0, lane);
+    if (!whole_tile_visible) cuda::apply_mask<Lay>(s, rows, key0, lane);
   }
-  softmax.step(s, unit, rescale);
+  softmax.step<Lay>(s, unit, rescale);
 }
 
 // Once the running maxima settle, most tiles change none of them: skip the multiply.
-template <int kO>
+template <class Lay = cuda::RowsOnM, int kO>
 __device__ __forceinline__ void rescale_output(cuda::FragC (&o)[kO], const float (&rescale)[2]) {
-  if (__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) cuda::scale_rows(o, rescale);
+  if (__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) cuda::scale_rows<Lay>(o, rescale);
 }
 
 // Both, for kernels whose output accumulator is idle during the softmax.
-template <int kS, int kO>
+template <class Lay = cuda::RowsOnM, int kS, int kO>
 __device__ __forceinline__ void softmax_tile(cuda::FragC (&s)[kS], cuda::FragC (&o)[kO], cuda::RowSoftmax& softmax,
                                              const cuda::ScoreMod& mod, float unit, bool whole_tile_visible,
                                              const VarlenKernelParams& p, const WorkItem& w, int row0, int key0,
                                              int lane) {
   float rescale[2];
-  softmax_scores(s, softmax, mod, unit, whole_tile_visible, p, w, row0, key0, lane, rescale);
-  rescale_output(o, rescale);
+  softmax_scores<Lay>(s, softmax, mod, unit, whole_tile_visible, p, w, row0, key0, lane, rescale);
+  rescale_output<Lay>(o, rescale);
 }
 
 }  // namespace attnkit::flash_attn

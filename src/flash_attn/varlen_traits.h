@@ -27,7 +27,7 @@ constexpr int ceil_div_c(int a, int b) { return (a + b - 1) / b; }
 constexpr int max_c(int a, int b) { return a > b ? a : b; }
 
 template <class Elem_, int kHeadDim_, bool kFp8Cache_, int kMFrags_, int kWarpsM_, int kWarpsN_,
-          int kBlockN_, int kStages_, int kMinBlocksPerSm_, bool kTmaStages_ = false>
+          int kBlockN_, int kStages_, int kMinBlocksPerSm_, bool kTmaStages_ = false, bool kTransposed_ = false>
 struct VarlenTraits {
   using Elem = Elem_;  // __nv_bfloat16 or __half: q and out
   // The MMA operand type: fp8 caches run both GEMMs in f16 (every fp8 value is exact in f16,
@@ -50,11 +50,20 @@ struct VarlenTraits {
   static constexpr int kKSteps = kHeadDim / 16;        // k16 steps of S = Q K^T
   // One row fragment of Q stays in registers; more (or larger heads) are re-read from smem.
   static constexpr bool kQInRegs = kMFrags == 1 && kHeadDim <= 128;
+  // The transposed decode tile (fp8 caches, <= 8 packed rows; varlen_decode_transposed.cuh):
+  // S^T = K Q^T with a warp's 16 keys on the MMA's M and the rows on N, O^T = V^T P^T with the
+  // head dimension on M. Half the MMAs, exp2 and output registers of the 16-row tile.
+  static constexpr bool kTransposed = kTransposed_;
+  static constexpr int kMaxRows = kTransposed ? 8 : kBlockM;  // packed rows a work item may have
+  static constexpr int kAccSFrags = kTransposed ? kWarpKeys / 16 : kSFrags;  // C fragments of S (S^T)
+  static constexpr int kAccOFrags = kTransposed ? kHeadDim / 16 : kOFrags;   // C fragments of O (O^T)
 
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head size must be a multiple of 16, <= 256");
   static_assert(kWarpKeys % 16 == 0, "each warp needs whole k16 steps of keys");
   static_assert(!kFp8Cache || (kHeadDim % 32 == 0 && kKSteps % 2 == 0),
                 "fp8 fragments come in 32-dim groups and pairs of k16 steps");
+  static_assert(!kTransposed || (kFp8Cache && kMFrags == 1 && kWarpsM == 1 && kQInRegs),
+                "the transposed tile is the fp8 decode tile with Q in registers");
 
   // Shared memory. 16-bit tiles have a pitch of kHeadDim + 8 elements (16 bytes of padding:
   // the 8 rows of an ldmatrix phase hit distinct banks); fp8 tiles are padded by 16 bytes.
@@ -113,6 +122,12 @@ constexpr bool kDecodeTmaRows = (kHeadDim * (kFp8Cache ? 1 : 2)) % 128 == 0 && k
 template <class Elem, int kHeadDim, bool kFp8Cache>
 using DecodeTmaTraits =
     VarlenTraits<Elem, kHeadDim, kFp8Cache, 1, 1, 4, 64, 3, ((kFp8Cache && kHeadDim <= 128) ? 3 : 2), true>;
+
+// The transposed decode tile (fp8 caches, head size <= 128, <= 8 packed rows, sm90 TMA stages):
+// with half the registers of O it fits 4 CTAs per SM under the 128-register cap without spills,
+// where the 16-row fp8 tile spilled 124 bytes.
+template <class Elem, int kHeadDim>
+using DecodeTransposedTraits = VarlenTraits<Elem, kHeadDim, true, 1, 1, 4, 64, 3, 4, true, true>;
 
 // Launches the kernel of configuration Tr (defined in varlen_kernel.cuh, instantiated in
 // varlen_hd*.cu). Throws Error on launch failure or when the device lacks the shared memory.

@@ -47,6 +47,7 @@ std::string Case::describe() const {
      << (max_ctas ? ", " + std::to_string(max_ctas) + " persistent CTAs" : "")
      << (q_buffers ? ", " + std::to_string(q_buffers) + " Q buffers" : "")
      << (cluster_merge ? "" : ", workspace merge") << (tma_kv ? "" : ", cp.async K/V")
+     << (transposed_decode ? "" : ", 16-row decode tile")
      << (pad_tokens ? ", " + std::to_string(pad_tokens) + " padding tokens" : "")
      << (v_other_layout ? ", V with the other layout's strides" : "")
      << "; requests (q_len/seq_len):";
@@ -218,6 +219,7 @@ flash_attn::VarlenArgs Problem::make_args(void* out, void* lse, void* workspace,
   a.hopper_q_buffers = c_.q_buffers;
   a.cluster_split_merge = c_.cluster_merge;
   a.kv_fill = c_.tma_kv ? flash_attn::KvFill::tma : flash_attn::KvFill::cp_async;
+  a.transposed_decode = c_.transposed_decode;
   a.workspace = workspace;
   a.workspace_bytes = workspace_bytes;
   return a;
@@ -398,6 +400,32 @@ Case random_small_case(uint64_t seed) {
   }
   c.num_splits = rng() % 2 ? 1 : uniform_int(rng, 2, 9);
   c.pad_tokens = seed % 4 == 3 ? static_cast<int>(1 + seed % 5) : 0;  // (no draw: the rest of the case stays)
+  return c;
+}
+
+Case random_transposed_decode_case(uint64_t seed) {
+  std::mt19937_64 rng(seed * 6700417 + 13);
+  Case c;
+  c.seed = seed;
+  c.head_size = 128;
+  c.dtype = seed % 2 ? DType::f16 : DType::bf16;
+  c.cache_dtype = (seed / 2) % 2 ? DType::fp8_e5m2 : DType::fp8_e4m3;
+  c.block_size = kBlockSizes[(seed / 4) % 5];
+  random_features(c, rng);
+  c.num_kv_heads = uniform_int(rng, 1, 4);
+  c.group = uniform_int(rng, 1, 8);  // every count of valid rows (and columns of padding) of the N8 tile
+  const int max_q = 8 / c.group;
+  const int n = uniform_int(rng, 1, 24);
+  for (int r = 0; r < n; ++r) {
+    const int q = rng() % 8 == 0 ? 0 : uniform_int(rng, 1, max_q);  // (0: CUDA-graph padding)
+    // Short, page-straddling and long key ranges; a query may also be longer than its keys.
+    const int kind = static_cast<int>(rng() % 4);
+    const int seq = kind == 0 ? uniform_int(rng, 0, 40) : kind == 3 ? uniform_int(rng, 2000, 5000) : uniform_int(rng, q, 900);
+    c.q_lens.push_back(q);
+    c.seq_lens.push_back(seq);
+  }
+  c.num_splits = rng() % 2 ? 1 : uniform_int(rng, 2, 9);
+  c.pad_tokens = seed % 5 == 4 ? static_cast<int>(1 + seed % 3) : 0;
   return c;
 }
 

@@ -46,6 +46,9 @@ struct Case {
   // tma; the launcher's automatic choice would take TMA only for grids of over one wave), or
   // by cp.async.
   bool tma_kv = true;
+  // fp8 decode tiles of <= 8 packed rows on sm90: the transposed tile (VarlenArgs::
+  // transposed_decode; with tma_kv) or the 16-row one.
+  bool transposed_decode = true;
   // q / out / LSE rows past the batch's last token (CUDA-graph padding): the launch must
   // leave them unwritten.
   int pad_tokens = 0;
@@ -79,6 +82,12 @@ class Problem {
   void set_q_buffers(int n) { c_.q_buffers = n; }
   void set_cluster_merge(bool on) { c_.cluster_merge = on; }
   void set_tma_kv(bool on) { c_.tma_kv = on; }
+  void set_transposed_decode(bool on) { c_.transposed_decode = on; }
+  // Whether the launch may take the transposed decode tile (fp8 cache, <= 8 packed rows): the
+  // tests then also run the 16-row tile.
+  bool transposed_eligible() const {
+    return is_fp8(c_.cache_dtype) && c_.head_size <= 128 && int64_t{c_.max_query_len()} * c_.group <= 8;
+  }
 
   // The kernel under test (out, lse and workspace poisoned with NaN first, then the workspace's
   // counters zeroed). Throws Error.
@@ -128,6 +137,9 @@ class Problem {
 Case random_small_case(uint64_t seed);
 // Batches of 1..32 requests, up to ~1k query tokens and 3.5k keys (still CPU-checkable).
 Case random_medium_case(uint64_t seed);
+// Decode-only fp8 batches of <= 8 packed rows per request at head size 128 (the transposed
+// decode tile), every group size 1..8, random features, block sizes and splits.
+Case random_transposed_decode_case(uint64_t seed);
 Case random_large_case(uint64_t seed);
 
 }  // namespace attnkit::test

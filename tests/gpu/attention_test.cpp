@@ -2,6 +2,7 @@
 // reference (small shapes, every row) and the GPU fp32 reference (large shapes, sampled rows).
 //
 // Reduced grid for compute-sanitizer: --gtest_filter='*Sanitizer*'.
+#include <tuple>
 #include <utility>
 #include <gtest/gtest.h>
 
@@ -42,14 +43,18 @@ void check_against_cpu(const Case& c) {
     for (int splits : {1, c.num_splits}) {
       // Split launches merge in a cluster where they can (sm90 decode, 2 splits) and through
       // the workspace: both.
-      // ... and decode tiles fill their stages with TMA where they can, and with cp.async: both.
-      for (auto [cluster, tma] : {std::pair{true, true}, std::pair{false, true}, std::pair{true, false}}) {
+      // ... and decode tiles fill their stages with TMA where they can, and with cp.async: both;
+      // fp8 decodes of <= 8 packed rows take the transposed tile (with TMA), and the 16-row one.
+      for (auto [cluster, tma, transposed] : {std::tuple{true, true, true}, std::tuple{false, true, true},
+                                              std::tuple{true, false, true}, std::tuple{true, true, false}}) {
         if (!cluster && splits == 1) continue;
         if (!tma && int64_t{c.max_query_len()} * c.group > 16) continue;  // (no decode tiles)
+        if (!transposed && !p.transposed_eligible()) continue;
         p.set_cluster_merge(cluster);
         p.set_tma_kv(tma);
+        p.set_transposed_decode(transposed);
         SCOPED_TRACE("num_splits " + std::to_string(splits) + (cluster ? "" : ", workspace merge") +
-                     (tma ? "" : ", cp.async K/V"));
+                     (tma ? "" : ", cp.async K/V") + (transposed ? "" : ", 16-row decode tile"));
         const Result got = p.run_kernel(splits);
         EXPECT_TRUE(outputs_match(c.dtype, got.out, ref.out, {T, H, D}));
         if (c.want_lse) EXPECT_TRUE(lse_match(got.lse, ref.lse, {H, T}));
@@ -75,6 +80,14 @@ class VarlenMediumGrid : public ::testing::TestWithParam<int> {};
 TEST_P(VarlenMediumGrid, MatchesCpuReference) { check_against_cpu(random_medium_case(GetParam())); }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, VarlenMediumGrid, ::testing::Range(0, 20));
+
+// ---- fp8 decodes of <= 8 packed rows: the transposed tile against the 16-row one and the CPU ----
+
+class VarlenTransposedDecodeGrid : public ::testing::TestWithParam<int> {};
+
+TEST_P(VarlenTransposedDecodeGrid, MatchesCpuReference) { check_against_cpu(random_transposed_decode_case(GetParam())); }
+
+INSTANTIATE_TEST_SUITE_P(Seeds, VarlenTransposedDecodeGrid, ::testing::Range(0, 80));
 
 // ---- every combination of the mask / score-mod features -------------------------------------
 
@@ -286,6 +299,14 @@ TEST(VarlenSanitizer, SmallGridOfEveryPath) {
     if (c.q_lens.size() > 3) {
       c.q_lens.resize(3);
       c.seq_lens.resize(3);
+    }
+    check_against_cpu(c);
+  }
+  for (int s = 0; s < 16; s += 3) {  // the transposed fp8 decode tile (block sizes, group sizes, splits)
+    Case c = random_transposed_decode_case(s);
+    if (c.q_lens.size() > 4) {
+      c.q_lens.resize(4);
+      c.seq_lens.resize(4);
     }
     check_against_cpu(c);
   }

@@ -17,6 +17,7 @@
 #include "attention_case.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_buffer.h"
+#include "cuda/device_props.h"
 #include "device_fill.h"
 #include "flash_attn/split_kv.h"
 #include "timing_variants.h"
@@ -153,6 +154,8 @@ int builder_splits(int batch, int kv, DType cache_dtype = DType::bf16) {
   in.num_kv_heads = 8;
   in.num_sms = sms;
   in.cache_dtype = cache_dtype;
+  in.head_size = 128;
+  in.cc_major = cuda::current_device_props().cc_major;
   return flash_attn::decide_num_splits(in).num_splits;
 }
 

@@ -7,6 +7,7 @@
 // the host merge rule.
 //
 // Filter: --gtest_filter='*VarlenSplit*:*SplitKvCombine*'
+#include <tuple>
 #include <utility>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -68,12 +69,16 @@ TEST_P(VarlenSplitGrid, FusedCombineMatchesCpuReference) {
   const int64_t T = c.num_tokens();
   const int H = c.num_heads(), D = c.head_size;
   // (cluster merge: decode rows with 2 splits on sm90; TMA stage fills: decode tiles on sm90)
-  for (auto [cluster, tma] : {std::pair{true, true}, std::pair{false, true}, std::pair{true, false}}) {
+  // (and fp8 decodes of <= 8 packed rows: the transposed tile and the 16-row one)
+  for (auto [cluster, tma, transposed] : {std::tuple{true, true, true}, std::tuple{false, true, true},
+                                          std::tuple{true, false, true}, std::tuple{true, true, false}}) {
     SCOPED_TRACE(std::string(cluster ? "cluster merge where eligible" : "workspace merge") +
-                 (tma ? "" : ", cp.async K/V"));
+                 (tma ? "" : ", cp.async K/V") + (transposed ? "" : ", 16-row decode tile"));
     if (!tma && int64_t{c.max_query_len()} * c.group > 16) continue;  // (no decode tiles)
+    if (!transposed && !p.transposed_eligible()) continue;
     p.set_cluster_merge(cluster);
     p.set_tma_kv(tma);
+    p.set_transposed_decode(transposed);
     const Result got = p.run_kernel(c.num_splits);
     EXPECT_TRUE(outputs_match(c.dtype, got.out, ref.out, {T, H, D}));
     if (c.want_lse) EXPECT_TRUE(lse_match(got.lse, ref.lse, {H, T}));
