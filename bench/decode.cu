@@ -121,7 +121,7 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
       // itself off (VarlenArgs::cluster_split_merge / l2_prefetch / enable_pdl), and for fp8 the
       // 16-row decode tile instead of the transposed one (transposed_decode). Timed in turns
       // with the default launch.
-      if (!((B == 1 || B == 16 || B == 64) && (L == 4096 || L == 32768))) continue;
+      if (!((B == 1 || B == 16 || B == 64) && (L == 4096 || L == 32768)) && !(B == 256 && L == 4096)) continue;
       for (const auto& dp : shapes) {
         Prepared& d = *dp;
         try {

@@ -402,7 +402,12 @@ TEST(LaunchPolicy, PdlOffOnlyForGridsOfHalfToNinetyPercentOfAWave) {
     for (int64_t ctas = 0; ctas <= 3 * slots; ++ctas) {
       const double fill = static_cast<double>(ctas) / static_cast<double>(slots);
       EXPECT_EQ(pdl_for_grid(ctas, slots), !(fill > 0.5 && fill < 0.9)) << ctas << " CTAs on " << slots << " slots";
+      EXPECT_EQ(pdl_for_grid(ctas, slots, true), !(fill > 0.5 && fill <= 1.0)) << ctas << " CTAs on " << slots << " slots (transposed)";
     }
+  // The transposed decode tile's shapes (528 slots): 512 CTAs (fp8 64 x 4k, 16 x 4k at 4 splits) off, 2048 on.
+  EXPECT_FALSE(pdl_for_grid(512, 528, true));
+  EXPECT_TRUE(pdl_for_grid(2048, 528, true));
+  EXPECT_TRUE(pdl_for_grid(256, 528, true));
 }
 
 TEST(SplitKV, RejectsBadInput) {

@@ -718,7 +718,7 @@ void launch_varlen(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
   const bool sm90 = dev.cc_major >= 9;
   const int64_t slots = static_cast<int64_t>(Tr::kMinBlocksPerSm) * dev.sm_count;
   const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
-  const bool pdl = shape.enable_pdl && sm90 && pdl_for_grid(ctas, slots);  // (not for part of a wave)
+  const bool pdl = shape.enable_pdl && sm90 && pdl_for_grid(ctas, slots, Tr::kTransposed);  // (not for part of a wave)
   VarlenKernelParams q = p;
   // The early L2 prefetch for the first wave only (blocks are dispatched in linear order): fp8
   // 64 x 4k (2.6 waves) ran at 66% of read BW with every CTA prefetching, 69-70% without it.

@@ -94,7 +94,14 @@ struct VarlenArgs {
 // of one wave. With PDL such a grid's first CTAs took the slots its predecessor left free long
 // before the release and the rest came after, spread unevenly over the SMs (H200: fp8 decode
 // 1 x 32k, 4 x 4k, 16 x 1k, 256 CTAs on 396 slots, 9-15% slower; bench/RESULTS.md "wip-pdl-ab").
-inline bool pdl_for_grid(int64_t ctas, int64_t slots) { return !(2 * ctas > slots && 10 * ctas < 9 * slots); }
+// The transposed fp8 decode tile (4 CTAs per SM) also loses with PDL at a whole wave: fp8
+// 64 x 4k / 64 x 32k / 16 x 32k (512 CTAs on 528 slots) 85 / 88 / 82% of read BW without PDL
+// against 81 / 80 / 78% with it (bench decode-ab at 3814cae); for it the off range runs to a
+// full wave.
+inline bool pdl_for_grid(int64_t ctas, int64_t slots, bool transposed_decode = false) {
+  if (transposed_decode) return !(2 * ctas > slots && ctas <= slots);
+  return !(2 * ctas > slots && 10 * ctas < 9 * slots);
+}
 
 // Split-KV workspace contract (layout: cuda/split_workspace.h).
 //  * Size: at least varlen_workspace_bytes(num_tokens, num_heads, head_size, num_splits) bytes,
