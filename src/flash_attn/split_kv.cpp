@@ -87,7 +87,11 @@ SplitKVDecision decide_num_splits(const SplitKVInput& in) {
     }
     return d;
   }
-  const int64_t by_fill = d.cta_slots / d.work_items;  // at most one wave of CTAs
+  // At most one wave of CTAs; the transposed decode tile's splits count 3 CTAs per SM (below).
+  const int64_t fill_slots = split_kv_ctas_per_sm(in) == kCtasPerSmDecodeTransposed
+                                 ? static_cast<int64_t>(in.num_sms) * kSplitCtasPerSmTransposed
+                                 : d.cta_slots;
+  const int64_t by_fill = fill_slots / d.work_items;
   const int64_t by_kv = max_kv / kMinKVPerSplit;
   int64_t s = std::min({by_fill, static_cast<int64_t>(kMaxUsefulSplits), static_cast<int64_t>(in.max_splits), by_kv});
   if (s <= 1) {

@@ -14,6 +14,8 @@
 //               (transposed_decode_tile), kCtasPerSmDecodeFp8 for other fp8 caches,
 //               kCtasPerSmDecode otherwise
 //   s = min(floor(S / W), kMaxUsefulSplits, max_splits, floor(max_seq_len / kMinKVPerSplit))
+//   (the transposed tile: floor(num_sms * kSplitCtasPerSmTransposed / W): its splits of one
+//   wave of 4 per SM measured no better, or worse, than of 3; the wave-fill clause below counts 4)
 //   (floor: the W * s CTAs fill at most one wave of slots, never start a partial second one)
 //   then s drops to the smallest count giving the same longest split (in KV tiles), since more
 //   splits that do not shorten the longest one only add merge work; s <= 1 -> 1.
@@ -51,6 +53,12 @@
 //   agrees with the rule on every row but fp8 64 x 32k (rule 3 splits 1207 us, best 2 1183):
 //   past two waves splitting only loses (fp8 256 x 4k: 615.8 us unsplit, 683.7 at 2 splits;
 //   bf16 256 x 4k 1029.1 vs 1049.1), hence the W <= 2S bound.
+// The transposed fp8 decode tile (4 CTAs per SM; sweep at 0a4cc11, us per call at 1 / 2 / 3 /
+//   4 splits): batch 16 x 4k 71.4 / 47.1 / 43.5 / 43.4, 8k 138.8 / 85.4 / 76.0 / 76.3, 32k
+//   534.4 / 313.3 / 277.0 / 298.8; batch 4 x 8k / 32k best at 12 splits (28.4 / 79.6 us; 16: 29.2
+//   / 82.8); batch 64 unsplit best at 4k / 8k / 32k (138.6 / 268.8 / 1080.7; 2 splits 147.6 /
+//   283.1 / 1178.1): 512 CTAs fill 97% of its 528 slots. Hence 3 per SM for the one-wave split
+//   count and 4 for the wave-fill clause.
 // Prefill tiles (64 query rows) were not swept: a batch with one keeps one CTA per SM, the
 // count the earlier rule used for everything.
 //
@@ -75,6 +83,7 @@ inline constexpr int kMaxUsefulSplits = 32;                // the rule never pic
 inline constexpr int kCtasPerSmDecode = 2;                 // decode-only batch, 16-bit cache
 inline constexpr int kCtasPerSmDecodeFp8 = 3;              // decode-only batch, fp8 cache
 inline constexpr int kCtasPerSmDecodeTransposed = 4;       // ... served by the transposed decode tile
+inline constexpr int kSplitCtasPerSmTransposed = 3;        // ... its one-wave split count (measured)
 inline constexpr int kTransposedMaxRows = 8;               // packed rows (query_len * group) it serves
 // Whether a decode launch takes the transposed fp8 tile (varlen_kernel.cuh launch_decode, with
 // the default VarlenArgs): fp8 cache, head size 128 (TMA stage rows of 128 bytes), sm90+, at
