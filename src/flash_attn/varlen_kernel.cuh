@@ -728,9 +728,9 @@ void launch_varlen(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
   // clusters of 1 x num_splits x 1 hold exactly those), for 2 splits only: on the H200, clusters
   // of 3 CTAs of the fp8 decode kernel (3 CTAs per SM) did not all fit one wave (fp8 16 x 4k:
   // 71.6 us against 45.6 us with the workspace merge, commit c6dab3d).
-  // The transposed tile (4 CTAs per SM) also takes clusters of 3: 128 of them fit its 528 slots.
-  q.cluster_merge = Tr::kClusterMerge && shape.cluster_merge && sm90 &&
-                    (p.num_splits == 2 || (Tr::kTransposed && p.num_splits == 3));
+  // Clusters of 3 lost with the transposed tile (4 CTAs per SM) too: fp8 16 x 4k / 16 x 32k 62 /
+  // 68% of read BW against 68 / 81% with the workspace merge (bench decode-ab at 33912b3).
+  q.cluster_merge = Tr::kClusterMerge && shape.cluster_merge && sm90 && p.num_splits == 2;
   const dim3 cluster(1, q.cluster_merge ? static_cast<unsigned>(p.num_splits) : 1u, 1);
   cuda::launch_kernel(kernel, grid, dim3(Tr::kThreads), Tr::kSmemBytes, stream, pdl, cluster, q);
 }

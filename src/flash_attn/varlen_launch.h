@@ -67,10 +67,9 @@ struct VarlenArgs {
   // size 128); 0 = the launcher's choice (two for persistent launches with max_seq_len <= 1024).
   // Tests set it to run both configurations on every shape.
   int hopper_q_buffers = 0;
-  // mma_sync decode launches (<= 16 packed query rows per request) with 2 splits on sm90 (2 or
-  // 3 with the transposed decode tile): the splits of a work item run as one thread-block
-  // cluster and rank 0 merges their partials from the others' shared memory (no workspace
-  // round trip at the end of the launch). Off, or
+  // mma_sync decode launches (<= 16 packed query rows per request) with 2 splits on sm90: the
+  // two splits of a work item run as one thread-block cluster and rank 0 merges their partials
+  // from the others' shared memory (no workspace round trip at the end of the launch). Off, or
   // anywhere else: the workspace merge (the last split CTA to finish merges). The workspace
   // stays required for num_splits > 1 either way.
   bool cluster_split_merge = true;
