@@ -42,10 +42,15 @@ __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t two_codes) {
 // a b16 ldmatrix of 8 keys x 16 codes hands each lane exactly its 4 codes. Q's A fragments
 // must use the same permutation (a_frag_dim_permuted); S itself is unchanged.
 // b[0]: keys key0..+7 at k-step ks, b[1]: keys key0+8..+15 at ks, b[2] / b[3]: the same at ks+1.
-template <Fp8Format kFmt, class L>
-__device__ __forceinline__ void k_frags_fp8(uint32_t tile, int key0, int ks, int lane, FragB (&b)[4]) {
+// (k_frags_fp8_offset: this lane's ldmatrix row address relative to the tile; k_frags_fp8_at:
+// the load and conversion from such an address, for callers that keep the offsets.)
+template <class L>
+__device__ __forceinline__ uint32_t k_frags_fp8_offset(int key0, int ks, int lane) {
   const int m = lane >> 3;
-  const uint32_t addr = tile + L::at(key0 + (lane & 7) + ((m & 1) << 3), (ks + (m >> 1)) * 16);
+  return L::at(key0 + (lane & 7) + ((m & 1) << 3), (ks + (m >> 1)) * 16);
+}
+template <Fp8Format kFmt>
+__device__ __forceinline__ void k_frags_fp8_at(uint32_t addr, FragB (&b)[4]) {
   uint32_t r[4];
   ldmatrix_x4(r, addr);
 #pragma unroll
@@ -53,6 +58,10 @@ __device__ __forceinline__ void k_frags_fp8(uint32_t tile, int key0, int ks, int
     b[i].r[0] = fp8x2_to_f16x2<kFmt>(r[i]);
     b[i].r[1] = fp8x2_to_f16x2<kFmt>(r[i] >> 16);
   }
+}
+template <Fp8Format kFmt, class L>
+__device__ __forceinline__ void k_frags_fp8(uint32_t tile, int key0, int ks, int lane, FragB (&b)[4]) {
+  k_frags_fp8_at<kFmt>(tile + k_frags_fp8_offset<L>(key0, ks, lane), b);
 }
 
 // Q as the A operand of k-step ks with the permutation above, from a 16-bit [row][dim] tile.
@@ -85,14 +94,11 @@ __device__ __forceinline__ FragA a_from_b_pair(const FragB (&b)[4], int half) {
 // V, the B operand of O += P V, for k-step keys key0..key0+15 and the four n8 fragments of
 // the 32-dim group `group`, with O's columns permuted: column c of fragment e is dim
 // 32 * group + 4c + e (the epilogue puts them back). Each lane reads one 32-bit word (4 codes) of 4 keys.
-template <Fp8Format kFmt, class L>
-__device__ __forceinline__ void v_frags_fp8(const unsigned char* tile, int key0, int group, int lane, FragB (&b)[4]) {
-  const int g = lane >> 2, t = lane & 3;
-  const int row = key0 + 2 * t, byte = group * 32 + 4 * g;
-  const uint32_t w0 = *reinterpret_cast<const uint32_t*>(tile + L::at(row, byte));
-  const uint32_t w1 = *reinterpret_cast<const uint32_t*>(tile + L::at(row + 1, byte));
-  const uint32_t w2 = *reinterpret_cast<const uint32_t*>(tile + L::at(row + 8, byte));
-  const uint32_t w3 = *reinterpret_cast<const uint32_t*>(tile + L::at(row + 9, byte));
+// (v_frags_fp8_from_words: the conversion of the four words, keys 2t, 2t + 1, 2t + 8, 2t + 9,
+// for callers that load them themselves.)
+template <Fp8Format kFmt>
+__device__ __forceinline__ void v_frags_fp8_from_words(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3,
+                                                       FragB (&b)[4]) {
   // Byte e of the words of keys (2t, 2t+1) side by side: e = 0, 1 in p01, e = 2, 3 in p23.
   const uint32_t p01 = __byte_perm(w0, w1, 0x5140), p23 = __byte_perm(w0, w1, 0x7362);
   const uint32_t q01 = __byte_perm(w2, w3, 0x5140), q23 = __byte_perm(w2, w3, 0x7362);
@@ -104,6 +110,15 @@ __device__ __forceinline__ void v_frags_fp8(const unsigned char* tile, int key0,
   b[2].r[1] = fp8x2_to_f16x2<kFmt>(q23);
   b[3].r[0] = fp8x2_to_f16x2<kFmt>(p23 >> 16);
   b[3].r[1] = fp8x2_to_f16x2<kFmt>(q23 >> 16);
+}
+template <Fp8Format kFmt, class L>
+__device__ __forceinline__ void v_frags_fp8(const unsigned char* tile, int key0, int group, int lane, FragB (&b)[4]) {
+  const int g = lane >> 2, t = lane & 3;
+  const int row = key0 + 2 * t, byte = group * 32 + 4 * g;
+  v_frags_fp8_from_words<kFmt>(*reinterpret_cast<const uint32_t*>(tile + L::at(row, byte)),
+                               *reinterpret_cast<const uint32_t*>(tile + L::at(row + 1, byte)),
+                               *reinterpret_cast<const uint32_t*>(tile + L::at(row + 8, byte)),
+                               *reinterpret_cast<const uint32_t*>(tile + L::at(row + 9, byte)), b);
 }
 
 }  // namespace attnkit::cuda

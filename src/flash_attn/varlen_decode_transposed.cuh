@@ -24,11 +24,35 @@ using cuda::FragA;
 using cuda::FragB;
 using cuda::FragC;
 
-// S^T over this warp's keys key0 .. key0 + 16 * kAccSFrags - 1 of the tile at sk. Even and odd
-// k16 steps accumulate in two chains (one chain of 8 dependent MMAs otherwise), summed at the end.
+// Where this lane's fp8 codes sit in a K / V stage tile of layout KvL, the same for every tile
+// of the warp's key range: computed once before the main loop (with the 128-byte swizzle the
+// addresses took ~50 instructions per warp and tile when derived inside it). Rows 16 i further
+// (fragment i) and the keys 2t + 8 / 2t + 9 of the V words are constant steps of the layout.
+template <class Tr, class KvL>
+struct TransposedLaneOffsets {
+  static constexpr int kGroups = Tr::kHeadDim / 32;
+  uint32_t k[Tr::kKSteps / 2];  // ldmatrix row address of k-step pair j (k_frags_fp8_offset)
+  uint32_t v[kGroups][2];       // 32-bit word of keys 2t / 2t + 1 of 32-dim group grp
+  __device__ __forceinline__ static uint32_t frag_step() { return KvL::at(16, 0) - KvL::at(0, 0); }
+  __device__ __forceinline__ static uint32_t row8_step() { return KvL::at(8, 0) - KvL::at(0, 0); }
+  __device__ __forceinline__ TransposedLaneOffsets(int key0, int lane) {
+#pragma unroll
+    for (int j = 0; j < Tr::kKSteps / 2; ++j) k[j] = cuda::k_frags_fp8_offset<KvL>(key0, 2 * j, lane);
+    const int row = key0 + 2 * (lane & 3), byte = 4 * (lane >> 2);
+#pragma unroll
+    for (int grp = 0; grp < kGroups; ++grp) {
+      v[grp][0] = KvL::at(row, grp * 32 + byte);
+      v[grp][1] = KvL::at(row + 1, grp * 32 + byte);
+    }
+  }
+};
+
+// S^T over this warp's keys (fragment i: keys 16 i .. 16 i + 15 of its range) of the tile at sk.
+// Even and odd k16 steps accumulate in two chains (one chain of 8 dependent MMAs otherwise),
+// summed at the end.
 template <class Tr, cuda::Fp8Format kFmt, class KvL>
 __device__ __forceinline__ void qk_tile_transposed(FragC (&s)[Tr::kAccSFrags], const FragB (&q)[Tr::kKSteps],
-                                                   uint32_t sk, int key0, int lane) {
+                                                   uint32_t sk, const TransposedLaneOffsets<Tr, KvL>& off) {
 #pragma unroll
   for (int i = 0; i < Tr::kAccSFrags; ++i) {
     FragC odd{};
@@ -36,7 +60,7 @@ __device__ __forceinline__ void qk_tile_transposed(FragC (&s)[Tr::kAccSFrags], c
 #pragma unroll
     for (int ks = 0; ks < Tr::kKSteps; ks += 2) {
       FragB b[4];
-      cuda::k_frags_fp8<kFmt, KvL>(sk, key0 + 16 * i, ks, lane, b);
+      cuda::k_frags_fp8_at<kFmt>(sk + i * off.frag_step() + off.k[ks / 2], b);
       cuda::mma_16816<__half>(s[i], cuda::a_from_b_pair(b, 0), q[ks]);
       cuda::mma_16816<__half>(odd, cuda::a_from_b_pair(b, 1), q[ks + 1]);
     }
@@ -50,15 +74,18 @@ __device__ __forceinline__ void qk_tile_transposed(FragC (&s)[Tr::kAccSFrags], c
 // (c[1], c[3]) -- the head dimension permuted as in v_frags_fp8, undone by store_o_transposed.
 template <class Tr, cuda::Fp8Format kFmt, class KvL>
 __device__ __forceinline__ void pv_tile_transposed(FragC (&o)[Tr::kAccOFrags], const FragC (&s)[Tr::kAccSFrags],
-                                                   const unsigned char* v_tile, int key0, int lane) {
+                                                   const unsigned char* v_tile, const TransposedLaneOffsets<Tr, KvL>& off) {
 #pragma unroll
   for (int i = 0; i < Tr::kAccSFrags; ++i) {
     const FragB pb{{cuda::movmatrix_trans(cuda::pack2<__half>(s[i].c[0], s[i].c[1])),
                     cuda::movmatrix_trans(cuda::pack2<__half>(s[i].c[2], s[i].c[3]))}};
 #pragma unroll
     for (int grp = 0; grp < Tr::kHeadDim / 32; ++grp) {
+      const unsigned char* w = v_tile + i * off.frag_step();
+      auto word = [&](uint32_t o) { return *reinterpret_cast<const uint32_t*>(w + o); };
       FragB b[4];
-      cuda::v_frags_fp8<kFmt, KvL>(v_tile, key0 + 16 * i, grp, lane, b);
+      cuda::v_frags_fp8_from_words<kFmt>(word(off.v[grp][0]), word(off.v[grp][1]), word(off.v[grp][0] + off.row8_step()),
+                                         word(off.v[grp][1] + off.row8_step()), b);
       cuda::mma_16816<__half>(o[2 * grp], cuda::a_from_b_pair(b, 0), pb);
       cuda::mma_16816<__half>(o[2 * grp + 1], cuda::a_from_b_pair(b, 1), pb);
     }

@@ -631,6 +631,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
 #pragma unroll
   for (int mf = 0; mf < Tr::kMFrags; ++mf) softmax[mf].init();
   FragC o[Tr::kMFrags][Tr::kAccOFrags];
+  // (transposed tile: this lane's fragment addresses within a stage, the same for every tile)
+  struct NoOffsets {
+    __device__ NoOffsets(int, int) {}
+  };
+  using LaneOffsets = std::conditional_t<Tr::kTransposed, detail::TransposedLaneOffsets<Tr, KvL>, NoOffsets>;
+  const LaneOffsets lane_offsets(warp_key0, lane);
 
   for (int it = 0; it < n_tiles; ++it) {
     if constexpr (kTma) {
@@ -665,10 +671,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
     const bool whole_tile_visible = tile_key0 >= w.full_lo && tile_key0 + Tr::kBlockN <= w.full_hi;
     FragC s[Tr::kMFrags][Tr::kAccSFrags];
     if constexpr (Tr::kTransposed) {
-      detail::qk_tile_transposed<Tr, kFmt, KvL>(s[0], q_regs, s_k, warp_key0, lane);
+      detail::qk_tile_transposed<Tr, kFmt, KvL>(s[0], q_regs, s_k, lane_offsets);
       softmax_tile<RowsOnN>(s[0], o[0], softmax[0], mod, unit, whole_tile_visible, p, w, warp_row0,
                             tile_key0 + warp_key0, lane);
-      detail::pv_tile_transposed<Tr, kFmt, KvL>(o[0], s[0], smem + (s_v - s_q), warp_key0, lane);
+      detail::pv_tile_transposed<Tr, kFmt, KvL>(o[0], s[0], smem + (s_v - s_q), lane_offsets);
     } else {
       detail::qk_tile<Tr, kFmt, KvL>(s, q_regs, smem, s_q, warp_row0, s_k, warp_key0, lane);
 #pragma unroll
