@@ -791,6 +791,16 @@ void launch_decode(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
         }
       }
     }
+    if constexpr (!kFp8Cache && kHeadDim <= 128) {
+      using Two = DecodeTwoStageTraits<Elem, kHeadDim>;
+      if (fill != KvFill::cp_async && sm90 && !decode_tma_for_grid(p, shape, 2)) {
+        VarlenKernelParams q = p;
+        if (encode_kv_maps(q, Two::kKvRowBytes)) {
+          launch_varlen<Two>(q, shape, stream);
+          return;
+        }
+      }
+    }
     if (fill != KvFill::cp_async && sm90 &&
         (fill == KvFill::tma || (kFp8Cache && decode_tma_for_grid(p, shape, Tma::kMinBlocksPerSm)))) {
       VarlenKernelParams q = p;

@@ -13,7 +13,9 @@ namespace attnkit::flash_attn {
 
 // How mma_sync decode tiles fill their K/V stages on sm90 (VarlenArgs::kv_fill).
 enum class KvFill {
-  automatic,  // TMA for fp8 caches in grids of more than one wave of CTA slots, else cp.async (varlen_kernel.cuh)
+  automatic,  // TMA for fp8 caches in grids of more than one wave of CTA slots and for the transposed
+              // fp8 tile, for 16-bit caches in grids of at most 2 CTAs per SM (the 2-stage tile), else
+              // cp.async (varlen_kernel.cuh launch_decode)
   cp_async,   // 16-byte cp.async copies by every thread
   tma,        // TMA wherever the cache allows (tests and A/B)
 };
@@ -76,7 +78,7 @@ struct VarlenArgs {
   // mma_sync decode tiles on sm90: each 16-key page group of a K/V tile may arrive as one TMA
   // box (a tensor map per cache side, encoded per launch) instead of 16-byte cp.async copies by
   // every thread, where the cache allows (row bytes a multiple of 128 up to 512, 16-byte aligned
-  // strides; else cp.async). automatic: TMA for fp8 caches in multi-wave grids only (measured rule).
+  // strides; else cp.async). automatic: the measured rules of KvFill::automatic.
   KvFill kv_fill = KvFill::automatic;
   // mma_sync decode launches of fp8 caches with at most 8 packed query rows per request
   // (max_query_len * group <= 8), head size <= 128, on sm90 with TMA stage fills (kv_fill not
