@@ -123,12 +123,14 @@ template <class Elem, int kHeadDim, bool kFp8Cache>
 using DecodeTmaTraits =
     VarlenTraits<Elem, kHeadDim, kFp8Cache, 1, 1, 4, 64, 3, ((kFp8Cache && kHeadDim <= 128) ? 3 : 2), true>;
 
-// 16-bit caches, head size <= 128, grids of at most 2 CTAs per SM (sm90): TMA stages, 2 of
+// 16-bit caches, head size <= 128, grids of one to two CTAs per SM (sm90): TMA stages, 2 of
 // them, in a CTA that fits 3 per SM (70.9 KB of shared memory at head size 128, 168 registers,
 // no spills). Same-run A/B against the 3-stage cp.async tile at 2 CTAs per SM (H200, bf16, 2
-// splits): 16 x 4k 86 vs 84% of read BW, 16 x 32k 95 vs 91%; the split count stays that of 2
-// CTAs per SM (3 splits on it: 84 / 93%). A grid of more than 2 per SM keeps the 3-stage tile
-// (batch 64 x 4k unsplit on it: 84 vs 90%).
+// splits, bench decode-ab): 16 x 4k 86 vs 84% of read BW, 16 x 32k 95 vs 91% in one run, 84 vs
+// 83% and 92 vs 91% in the next (bf40166); 1 x 32k (256 CTAs) 64 vs 63%. The split count stays
+// that of 2 CTAs per SM (3 splits on it: 84 / 93%). A grid of more than 2 per SM keeps the
+// 3-stage tile (batch 64 x 4k unsplit on it: 84 vs 90%), and so does one of at most 1 per SM
+// (1 x 4k, 64 CTAs: 24 vs 25%).
 template <class Elem, int kHeadDim>
 using DecodeTwoStageTraits = VarlenTraits<Elem, kHeadDim, false, 1, 1, 4, 64, 2, 3, true>;
 

@@ -429,6 +429,28 @@ Case random_transposed_decode_case(uint64_t seed) {
   return c;
 }
 
+Case random_two_stage_decode_case(uint64_t seed) {
+  std::mt19937_64 rng(seed * 2750159 + 17);
+  Case c;
+  c.seed = seed;
+  c.head_size = seed % 2 ? 64 : 128;
+  c.dtype = (seed / 2) % 2 ? DType::f16 : DType::bf16;
+  c.cache_dtype = c.dtype;
+  c.block_size = kBlockSizes[(seed / 4) % 5];
+  random_features(c, rng);
+  c.num_kv_heads = 8;
+  c.group = rng() % 2 ? 4 : 8;
+  // 17..33 requests x 8 KV heads (x 1 or 2 splits): 136..528 CTAs, around one to two per SM.
+  const int n = uniform_int(rng, 17, 33);
+  for (int r = 0; r < n; ++r) {
+    const int q = rng() % 10 == 0 ? 0 : uniform_int(rng, 1, 16 / c.group);
+    c.q_lens.push_back(q);
+    c.seq_lens.push_back(uniform_int(rng, q, 1500));
+  }
+  c.num_splits = rng() % 2 ? 1 : 2;
+  return c;
+}
+
 Case random_medium_case(uint64_t seed) {
   std::mt19937_64 rng(seed * 15485863 + 5);
   Case c;

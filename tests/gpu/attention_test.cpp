@@ -89,6 +89,14 @@ TEST_P(VarlenTransposedDecodeGrid, MatchesCpuReference) { check_against_cpu(rand
 
 INSTANTIATE_TEST_SUITE_P(Seeds, VarlenTransposedDecodeGrid, ::testing::Range(0, 80));
 
+// ---- 16-bit decodes on grids of one to two CTAs per SM: the 2-stage TMA tile ------------------
+
+class VarlenTwoStageDecodeGrid : public ::testing::TestWithParam<int> {};
+
+TEST_P(VarlenTwoStageDecodeGrid, MatchesCpuReference) { check_against_cpu(random_two_stage_decode_case(GetParam())); }
+
+INSTANTIATE_TEST_SUITE_P(Seeds, VarlenTwoStageDecodeGrid, ::testing::Range(0, 24));
+
 // ---- every combination of the mask / score-mod features -------------------------------------
 
 class VarlenFeatureGrid : public ::testing::TestWithParam<int> {};
@@ -302,6 +310,7 @@ TEST(VarlenSanitizer, SmallGridOfEveryPath) {
     }
     check_against_cpu(c);
   }
+  for (int s = 0; s < 4; ++s) check_against_cpu(random_two_stage_decode_case(s));  // the 2-stage decode tile
   for (int s = 0; s < 16; s += 3) {  // the transposed fp8 decode tile (block sizes, group sizes, splits)
     Case c = random_transposed_decode_case(s);
     if (c.q_lens.size() > 4) {
