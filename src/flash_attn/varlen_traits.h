@@ -145,8 +145,11 @@ using DecodeTransposedTraits = VarlenTraits<Elem, kHeadDim, true, 1, 1, 4, 64, 3
 template <class Tr>
 void launch_varlen(const VarlenKernelParams& p, const VarlenLaunchShape& shape, cudaStream_t stream);
 
-// Decode tiles: DecodeTmaTraits where TMA serves the launch (sm90, VarlenLaunchShape::kv_fill,
-// the cache's tensor maps encode), else DecodeTraits.
+// Decode tiles (sm90, where the cache's tensor maps encode; VarlenLaunchShape::kv_fill and
+// transposed_decode can refuse TMA / the transposed tile): DecodeTransposedTraits for fp8 with
+// <= 8 packed rows at head size 128, DecodeTwoStageTraits for 16-bit caches in grids of one to
+// two CTAs per SM, DecodeTmaTraits for fp8 grids of more than one wave (or kv_fill tma), else
+// DecodeTraits (cp.async).
 template <class Elem, int kHeadDim, bool kFp8Cache>
 void launch_decode(const VarlenKernelParams& p, const VarlenLaunchShape& shape, cudaStream_t stream);
 
