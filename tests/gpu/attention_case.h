@@ -13,6 +13,8 @@
 #include "attnkit/kv_cache.h"
 #include "attnkit/params.h"
 #include "cuda/device_buffer.h"
+#include "cuda/device_props.h"
+#include "flash_attn/split_kv.h"
 #include "flash_attn/varlen_launch.h"
 #include "gpu_reference.h"
 
@@ -86,7 +88,8 @@ class Problem {
   // Whether the launch may take the transposed decode tile (fp8 cache, <= 8 packed rows): the
   // tests then also run the 16-row tile.
   bool transposed_eligible() const {
-    return is_fp8(c_.cache_dtype) && c_.head_size <= 128 && int64_t{c_.max_query_len()} * c_.group <= 8;
+    return flash_attn::transposed_decode_tile(is_fp8(c_.cache_dtype), c_.head_size, cuda::current_device_props().cc_major,
+                                              int64_t{c_.max_query_len()} * c_.group);
   }
 
   // The kernel under test (out, lse and workspace poisoned with NaN first, then the workspace's
