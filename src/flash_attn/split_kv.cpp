@@ -56,7 +56,8 @@ int split_kv_ctas_per_sm(const SplitKVInput& in) {
 SplitKVDecision decide_num_splits(const SplitKVInput& in) {
   SplitKVDecision d;
   d.work_items = split_kv_work_items(in);
-  d.cta_slots = static_cast<int64_t>(in.num_sms) * split_kv_ctas_per_sm(in);
+  const int ctas_per_sm = split_kv_ctas_per_sm(in);
+  d.cta_slots = static_cast<int64_t>(in.num_sms) * ctas_per_sm;
   if (d.work_items == 0) {
     d.reason = "no query tokens: nothing to split";
     return d;
@@ -68,7 +69,7 @@ SplitKVDecision decide_num_splits(const SplitKVInput& in) {
     d.reason = std::to_string(d.work_items) + " work items fill more than half of " +
                std::to_string(d.cta_slots) + " CTA slots";
     // Decode-only batches of one to two waves: split when the last wave would run mostly empty.
-    const bool decode_only = split_kv_ctas_per_sm(in) != kCtasPerSmPrefill;
+    const bool decode_only = ctas_per_sm != kCtasPerSmPrefill;
     if (decode_only && d.work_items <= 2 * d.cta_slots) {
       auto fill = [&](int64_t s) {  // busy share of the slot-waves W * s CTAs take
         const int64_t ctas = d.work_items * s;
@@ -88,7 +89,7 @@ SplitKVDecision decide_num_splits(const SplitKVInput& in) {
     return d;
   }
   // At most one wave of CTAs; the transposed decode tile's splits count 3 CTAs per SM (below).
-  const int64_t fill_slots = split_kv_ctas_per_sm(in) == kCtasPerSmDecodeTransposed
+  const int64_t fill_slots = ctas_per_sm == kCtasPerSmDecodeTransposed
                                  ? static_cast<int64_t>(in.num_sms) * kSplitCtasPerSmTransposed
                                  : d.cta_slots;
   const int64_t by_fill = fill_slots / d.work_items;

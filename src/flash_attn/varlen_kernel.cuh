@@ -777,13 +777,13 @@ void launch_decode(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
     using Tma = DecodeTmaTraits<Elem, kHeadDim, kFp8Cache>;
     static_assert(Tma::kBlockM == 16, "decode tiles are 16 packed rows");
     const auto fill = static_cast<KvFill>(shape.kv_fill);
-    const bool sm90 = cuda::current_device_props().cc_major >= 9;
+    const int cc_major = cuda::current_device_props().cc_major;
+    const bool sm90 = cc_major >= 9;
     if constexpr (kFp8Cache && kHeadDim <= 128) {
       using Tt = DecodeTransposedTraits<Elem, kHeadDim>;
       static_assert(Tt::kMaxRows == kTransposedMaxRows);
       if (shape.transposed_decode && fill != KvFill::cp_async &&
-          transposed_decode_tile(true, kHeadDim, cuda::current_device_props().cc_major,
-                                 static_cast<int64_t>(shape.max_query_len) * p.group)) {
+          transposed_decode_tile(true, kHeadDim, cc_major, static_cast<int64_t>(shape.max_query_len) * p.group)) {
         VarlenKernelParams q = p;
         if (encode_kv_maps(q, Tt::kKvRowBytes)) {
           launch_varlen<Tt>(q, shape, stream);
