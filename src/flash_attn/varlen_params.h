@@ -73,6 +73,9 @@ struct VarlenKernelParams {
   // of the K and V sides. Unused otherwise.
   cuda::TmaDesc k_map{}, v_map{};
 
+  // TMA stage fills read K/V with an L2 evict-first policy (VarlenArgs::kv_evict_first).
+  bool kv_evict_first = true;
+
   // Diagnostics: per-CTA timestamps (cuda/cta_trace.h), [grid CTAs][kCtaTraceSlots]; nullptr = off.
   uint64_t* cta_trace = nullptr;
 };

@@ -47,7 +47,7 @@ std::string Case::describe() const {
      << (max_ctas ? ", " + std::to_string(max_ctas) + " persistent CTAs" : "")
      << (q_buffers ? ", " + std::to_string(q_buffers) + " Q buffers" : "")
      << (cluster_merge ? "" : ", workspace merge") << (tma_kv ? "" : ", cp.async K/V")
-     << (transposed_decode ? "" : ", 16-row decode tile")
+     << (transposed_decode ? "" : ", 16-row decode tile") << (kv_evict_first ? "" : ", evict-normal K/V")
      << (pad_tokens ? ", " + std::to_string(pad_tokens) + " padding tokens" : "")
      << (v_other_layout ? ", V with the other layout's strides" : "")
      << "; requests (q_len/seq_len):";
@@ -220,6 +220,7 @@ flash_attn::VarlenArgs Problem::make_args(void* out, void* lse, void* workspace,
   a.cluster_split_merge = c_.cluster_merge;
   a.kv_fill = c_.tma_kv ? flash_attn::KvFill::tma : flash_attn::KvFill::cp_async;
   a.transposed_decode = c_.transposed_decode;
+  a.kv_evict_first = c_.kv_evict_first;
   a.workspace = workspace;
   a.workspace_bytes = workspace_bytes;
   return a;

@@ -51,6 +51,9 @@ struct Case {
   // fp8 decode tiles of <= 8 packed rows on sm90: the transposed tile (VarlenArgs::
   // transposed_decode; with tma_kv) or the 16-row one.
   bool transposed_decode = true;
+  // TMA stage fills read K/V with an L2 evict-first policy (VarlenArgs::kv_evict_first), or
+  // evict-normal: a cache hint, the results must not move.
+  bool kv_evict_first = true;
   // q / out / LSE rows past the batch's last token (CUDA-graph padding): the launch must
   // leave them unwritten.
   int pad_tokens = 0;
@@ -85,6 +88,7 @@ class Problem {
   void set_cluster_merge(bool on) { c_.cluster_merge = on; }
   void set_tma_kv(bool on) { c_.tma_kv = on; }
   void set_transposed_decode(bool on) { c_.transposed_decode = on; }
+  void set_kv_evict_first(bool on) { c_.kv_evict_first = on; }
   // Whether the launch may take the transposed decode tile (fp8 cache, <= 8 packed rows): the
   // tests then also run the 16-row tile.
   bool transposed_eligible() const {
