@@ -36,23 +36,32 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
 #endif
 }
 
-// The L2 cache policy of copies: evict-first for data read once per kernel (K/V tiles of a
-// decode: what later kernels read again -- metadata, block tables, Q -- then stays in L2),
-// else evict-normal (what a copy without a policy gets).
-__device__ __forceinline__ uint64_t l2_policy_for(bool evict_first) {
+// An L2 cache policy for data read once per kernel (K/V tiles of a decode): evicted first, so
+// what later kernels read again (metadata, block tables, Q) stays in L2.
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
   uint64_t policy = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (evict_first)
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  else
-    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
 #endif
   return policy;
 }
 
 // The box of `desc` at coordinates c0..c4 (innermost first) -> shared memory at dst (aligned
-// as the descriptor's swizzle needs), under L2 cache policy `policy` (l2_policy_for); its
-// bytes count against bar's transaction count.
+// as the descriptor's swizzle needs); its bytes count against bar's transaction count.
+__device__ __forceinline__ void tma_load_5d(uint32_t dst, const TmaDesc* desc, uint32_t bar, int c0, int c1, int c2,
+                                           int c3, int c4) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, "
+      "%6, %7}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(desc)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+      : "memory");
+#endif
+}
+
+// tma_load_5d under an L2 cache policy (l2_policy_evict_first). (A policy made by
+// createpolicy ... evict_normal is not what a copy without one gets: on the H200 it cost fp8
+// batch 64 x 4k decode 15% against the plain copy.)
 __device__ __forceinline__ void tma_load_5d(uint32_t dst, const TmaDesc* desc, uint32_t bar, int c0, int c1, int c2,
                                            int c3, int c4, uint64_t policy) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -473,7 +473,8 @@ struct TmaStageLoader {
   const int32_t* block_row;
   cuda::FastDivmod block_size;
   int seq_len, kv_head, lane;
-  uint64_t l2_policy;  // of the K/V boxes (l2_policy_for)
+  bool evict_first;     // K/V boxes under l2_policy (VarlenKernelParams::kv_evict_first), else none
+  uint64_t l2_policy;
 
   // Whether this lane owns a group of tile_key0's tile: a lane per group below seq_len.
   __device__ __forceinline__ bool owns_group(int tile_key0) const {
@@ -495,8 +496,13 @@ struct TmaStageLoader {
       const int key = tile_key0 + 16 * lane;
       const int slot = key - block_size.div(key) * block_size.divisor;
       const uint32_t dst = k_tile + lane * kGroupBytes;
-      cuda::tma_load_5d(dst, k_map, bar, 0, slot, 0, kv_head, blk, l2_policy);
-      cuda::tma_load_5d(dst + Tr::kStageTileBytes, v_map, bar, 0, slot, 0, kv_head, blk, l2_policy);
+      if (evict_first) {
+        cuda::tma_load_5d(dst, k_map, bar, 0, slot, 0, kv_head, blk, l2_policy);
+        cuda::tma_load_5d(dst + Tr::kStageTileBytes, v_map, bar, 0, slot, 0, kv_head, blk, l2_policy);
+      } else {
+        cuda::tma_load_5d(dst, k_map, bar, 0, slot, 0, kv_head, blk);
+        cuda::tma_load_5d(dst + Tr::kStageTileBytes, v_map, bar, 0, slot, 0, kv_head, blk);
+      }
     }
   }
 };
@@ -562,7 +568,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   auto stage_bar = [&](int tile) { return smem_addr(&stage_bars[kTma ? Ring::stage_of(tile) : 0]); };
   auto tile_key = [&](int i) { return (w.tile_begin + i) * Tr::kBlockN; };
   const detail::TmaStageLoader<Tr> tma{&p.k_map, &p.v_map, loader.block_row, p.block_size, w.seq_len, w.kv_head, lane,
-                                           kTma && warp == 0 ? l2_policy_for(p.kv_evict_first) : 0};
+                                           p.kv_evict_first, kTma && warp == 0 ? l2_policy_evict_first() : 0};
 
   // Prologue: Q in its own group, then kStages - 1 K/V tiles (one group each, maybe empty).
   const int n_tiles = w.tile_end - w.tile_begin;

@@ -88,8 +88,8 @@ struct VarlenArgs {
   // mma_sync decode tiles with TMA stage fills (sm90): K/V boxes read with an L2 evict-first
   // policy. Each K/V byte is read once per launch; the hint keeps what the next launches read
   // again (lengths, block tables, Q, split partials) in L2 while the KV streams through it
-  // (H200, same-run A/B: fp8 16 x 4k +1.7%, fp8 1 x 32k +3%, bf16 16 x 4k +0.7%). Off: the
-  // default (evict-normal) policy.
+  // (H200, runs of the same session with and without it: fp8 16 x 4k +1.7%, fp8 1 x 32k +3%,
+  // bf16 16 x 4k +0.7%). Off: copies without a cache policy.
   bool kv_evict_first = true;
   // Diagnostics (mma_sync kernel): a device buffer of grid-CTAs x cuda::kCtaTraceSlots uint64
   // that receives per-CTA timestamps (cuda/cta_trace.h; attnkit_bench --decode-trace); the

@@ -47,7 +47,7 @@ std::string Case::describe() const {
      << (max_ctas ? ", " + std::to_string(max_ctas) + " persistent CTAs" : "")
      << (q_buffers ? ", " + std::to_string(q_buffers) + " Q buffers" : "")
      << (cluster_merge ? "" : ", workspace merge") << (tma_kv ? "" : ", cp.async K/V")
-     << (transposed_decode ? "" : ", 16-row decode tile") << (kv_evict_first ? "" : ", evict-normal K/V")
+     << (transposed_decode ? "" : ", 16-row decode tile") << (kv_evict_first ? "" : ", no L2 policy on K/V")
      << (pad_tokens ? ", " + std::to_string(pad_tokens) + " padding tokens" : "")
      << (v_other_layout ? ", V with the other layout's strides" : "")
      << "; requests (q_len/seq_len):";

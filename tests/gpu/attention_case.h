@@ -52,7 +52,7 @@ struct Case {
   // transposed_decode; with tma_kv) or the 16-row one.
   bool transposed_decode = true;
   // TMA stage fills read K/V with an L2 evict-first policy (VarlenArgs::kv_evict_first), or
-  // evict-normal: a cache hint, the results must not move.
+  // copies without a policy: a cache hint, the results must not move.
   bool kv_evict_first = true;
   // q / out / LSE rows past the batch's last token (CUDA-graph padding): the launch must
   // leave them unwritten.
