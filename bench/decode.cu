@@ -120,7 +120,7 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
       // the workspace instead of the cluster, the L2 prefetch before the PDL wait off, then PDL
       // itself off (VarlenArgs::cluster_split_merge / l2_prefetch / enable_pdl), for fp8 the
       // 16-row decode tile instead of the transposed one (transposed_decode), and TMA's K/V
-      // boxes read without the evict-first L2 policy (kv_evict_first).
+      // boxes of split launches read without the evict-first L2 policy (kv_evict_first).
       // Timed in turns with the default launch.
       if (!((B == 1 || B == 16 || B == 64) && (L == 4096 || L == 32768)) && !(B == 256 && L == 4096)) continue;
       for (const auto& dp : shapes) {
@@ -138,7 +138,8 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
                                    Variant{"no L2 prefetch", false, true, true, KvFill::automatic, true, true},
                                    Variant{"no PDL", false, false, true, KvFill::automatic, true, true},
                                    Variant{"no L2 policy", true, true, true, KvFill::automatic, true, false}})
-            if ((std::get<3>(v) || d.splits > 1) && (std::get<5>(v) || fp8) && !(fp8 && std::get<4>(v) == KvFill::tma))
+            if ((std::get<3>(v) || d.splits > 1) && (std::get<5>(v) || fp8) && !(fp8 && std::get<4>(v) == KvFill::tma) &&
+                (std::get<6>(v) || d.splits > 1))  // (the policy serves split launches only)
               variants.push_back(v);
           std::vector<TimedLaunch> launches = {{d.shape.args, d.shape.calls}};
           for (const auto& [name, prefetch, pdl, cluster, fill, transposed, evict_first] : variants) {

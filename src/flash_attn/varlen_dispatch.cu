@@ -193,7 +193,7 @@ VarlenKernelParams varlen_kernel_params(const VarlenArgs& a) {
 
   p.num_splits = a.num_splits;
   p.l2_prefetch = a.l2_prefetch && a.enable_pdl;
-  p.kv_evict_first = a.kv_evict_first;
+  p.kv_evict_first = a.kv_evict_first && a.num_splits > 1;  // (where it measured faster: VarlenArgs)
   p.cta_trace = a.cta_trace;
   const size_t need = varlen_workspace_bytes(q.size(0), a.num_heads, head_size, a.num_splits);
   if (need > 0) {  // (a batch without tokens needs none)

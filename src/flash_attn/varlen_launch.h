@@ -85,11 +85,13 @@ struct VarlenArgs {
   // cp_async, rows of whole 128-byte segments): the transposed tile (keys on the MMA's M, rows
   // on N; varlen_decode_transposed.cuh), 4 CTAs per SM. Off: the 16-row tile.
   bool transposed_decode = true;
-  // mma_sync decode tiles with TMA stage fills (sm90): K/V boxes read with an L2 evict-first
-  // policy. Each K/V byte is read once per launch; the hint keeps what the next launches read
-  // again (lengths, block tables, Q, split partials) in L2 while the KV streams through it
-  // (H200, runs of the same session with and without it: fp8 16 x 4k +1.7%, fp8 1 x 32k +3%,
-  // bf16 16 x 4k +0.7%). Off: copies without a cache policy.
+  // Split mma_sync decode launches (num_splits > 1) with TMA stage fills (sm90): K/V boxes read
+  // with an L2 evict-first policy. Each K/V byte is read once per launch; the hint keeps what
+  // is read again (the split partials the last CTA merges, lengths, block tables, Q) in L2 while
+  // the KV streams through it. H200, bench decode-ab in turns with copies without a policy
+  // (398523b): 1 x 32k (32 splits) fp8 +3.8%, bf16 +1.5%; 16 x 4k / 16 x 32k (2-3 splits)
+  // within +-0.4%; unsplit launches keep plain copies (64 x 32k fp8 lost 2.6% with it, 64 x 4k /
+  // 256 x 4k within +-0.6%). Off: plain copies everywhere.
   bool kv_evict_first = true;
   // Diagnostics (mma_sync kernel): a device buffer of grid-CTAs x cuda::kCtaTraceSlots uint64
   // that receives per-CTA timestamps (cuda/cta_trace.h; attnkit_bench --decode-trace); the

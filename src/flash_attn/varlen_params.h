@@ -73,7 +73,8 @@ struct VarlenKernelParams {
   // of the K and V sides. Unused otherwise.
   cuda::TmaDesc k_map{}, v_map{};
 
-  // TMA stage fills read K/V with an L2 evict-first policy (VarlenArgs::kv_evict_first).
+  // TMA stage fills read K/V with an L2 evict-first policy (VarlenArgs::kv_evict_first: split
+  // launches only).
   bool kv_evict_first = true;
 
   // Diagnostics: per-CTA timestamps (cuda/cta_trace.h), [grid CTAs][kCtaTraceSlots]; nullptr = off.
