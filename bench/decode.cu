@@ -120,33 +120,29 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
       // the workspace instead of the cluster, the L2 prefetch before the PDL wait off, then PDL
       // itself off (VarlenArgs::cluster_split_merge / l2_prefetch / enable_pdl), for fp8 the
       // 16-row decode tile instead of the transposed one (transposed_decode), and TMA's K/V
-      // boxes of split launches read without the evict-first L2 policy (kv_evict_first), and the
-      // workspace merge with the arrival after the partials instead of the ticket merge.
+      // boxes of split launches read without the evict-first L2 policy (kv_evict_first).
       // Timed in turns with the default launch.
       if (!((B == 1 || B == 16 || B == 64) && (L == 4096 || L == 32768)) && !(B == 256 && L == 4096)) continue;
       for (const auto& dp : shapes) {
         Prepared& d = *dp;
         try {
           using flash_attn::KvFill;
-          // name, L2 prefetch, PDL, cluster merge, K/V fill, transposed decode tile, evict-first,
-          // ticket merge
-          using Variant = std::tuple<const char*, bool, bool, bool, KvFill, bool, bool, bool>;
+          // name, L2 prefetch, PDL, cluster merge, K/V fill, transposed decode tile, evict-first
+          using Variant = std::tuple<const char*, bool, bool, bool, KvFill, bool, bool>;
           const bool fp8 = is_fp8(d.shape.args.front().cache.dtype);
           std::vector<Variant> variants;
-          for (const Variant& v : {Variant{"cp.async K/V", true, true, true, KvFill::cp_async, true, true, true},
-                                   Variant{"TMA K/V", true, true, true, KvFill::tma, true, true, true},
-                                   Variant{"16-row tile", true, true, true, KvFill::automatic, false, true, true},
-                                   Variant{"workspace merge", true, true, false, KvFill::automatic, true, true, true},
-                                   Variant{"no L2 prefetch", false, true, true, KvFill::automatic, true, true, true},
-                                   Variant{"no PDL", false, false, true, KvFill::automatic, true, true, true},
-                                   Variant{"no L2 policy", true, true, true, KvFill::automatic, true, false, true},
-                                   Variant{"arrival after partials", true, true, false, KvFill::automatic, true, true, false}})
+          for (const Variant& v : {Variant{"cp.async K/V", true, true, true, KvFill::cp_async, true, true},
+                                   Variant{"TMA K/V", true, true, true, KvFill::tma, true, true},
+                                   Variant{"16-row tile", true, true, true, KvFill::automatic, false, true},
+                                   Variant{"workspace merge", true, true, false, KvFill::automatic, true, true},
+                                   Variant{"no L2 prefetch", false, true, true, KvFill::automatic, true, true},
+                                   Variant{"no PDL", false, false, true, KvFill::automatic, true, true},
+                                   Variant{"no L2 policy", true, true, true, KvFill::automatic, true, false}})
             if ((std::get<3>(v) || d.splits > 1) && (std::get<5>(v) || fp8) && !(fp8 && std::get<4>(v) == KvFill::tma) &&
-                (std::get<6>(v) || d.splits > 1) &&  // (the policy serves split launches only)
-                (std::get<7>(v) || d.splits > 1))
+                (std::get<6>(v) || d.splits > 1))  // (the policy serves split launches only)
               variants.push_back(v);
           std::vector<TimedLaunch> launches = {{d.shape.args, d.shape.calls}};
-          for (const auto& [name, prefetch, pdl, cluster, fill, transposed, evict_first, ticket] : variants) {
+          for (const auto& [name, prefetch, pdl, cluster, fill, transposed, evict_first] : variants) {
             launches.push_back({d.shape.args, d.shape.calls});
             for (auto& a : launches.back().args) {
               a.l2_prefetch = prefetch;
@@ -155,7 +151,6 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
               a.kv_fill = fill;
               a.transposed_decode = transposed;
               a.kv_evict_first = evict_first;
-              a.ticket_split_merge = ticket;
             }
           }
           const std::vector<double> v_ms = time_interleaved(launches, stream);

@@ -104,42 +104,21 @@ __device__ __forceinline__ void merge_parts_row(const Parts& parts, int num_part
   store_merged_row<T, kMaxChunks>(acc, row_lse, chunks, out_row, lse_out, lane);
 }
 
-// The workspace's parts of a row, except part `own`, which this CTA kept in its shared memory
-// (the ticket merge of the varlen kernel: the last split CTA of a work item never writes its
-// own partial out). The values are the fp32 it would have written: results are the same
-// whichever split is last.
-struct WorkspaceRowPartsExceptOwn {
-  WorkspaceRowParts ws;
-  int own;
-  const float* own_o;  // head_size floats (16-byte aligned) in shared memory
-  float own_lse;
-  __device__ __forceinline__ float lse(int s) const { return s == own ? own_lse : ws.lse(s); }
-  template <int kMaxChunks>
-  __device__ __forceinline__ void values(int s, float4 (&v)[kMaxChunks], int chunks, int lane) const {
-    if (s != own) {
-      ws.values<kMaxChunks>(s, v, chunks, lane);
-      return;
-    }
-    const float4* o = reinterpret_cast<const float4*>(own_o);
-#pragma unroll
-    for (int i = 0; i < kMaxChunks; ++i)
-      if (lane + 32 * i < chunks) v[i] = o[lane + 32 * i];
-  }
-};
-
 // kMaxChunks: float4 chunks per lane, head_size <= 128 * kMaxChunks. `sink`: nullptr or the
 // head's sink logit; `lse_out`: nullptr or where the row's LSE goes (written by lane 0).
-// Parts: as merge_parts_row's, any number of them.
-template <class T, int kMaxChunks, class Parts>
-__device__ __forceinline__ void merge_row_of_parts(const Parts& row, int num_splits, int head_size,
-                                                   const float* sink, T* out_row, float* lse_out, int lane) {
+template <class T, int kMaxChunks>
+__device__ __forceinline__ void merge_split_row(const SplitPartials& parts, int64_t token, int head,
+                                                const float* sink, T* out_row, float* lse_out, int lane) {
+  const int num_splits = parts.num_splits;
   if (num_splits <= 32) {
-    merge_parts_row<T, kMaxChunks>(row, num_splits, head_size, sink, out_row, lse_out, lane);
+    merge_parts_row<T, kMaxChunks>(WorkspaceRowParts{&parts, token, head}, num_splits, parts.head_size, sink,
+                                   out_row, lse_out, lane);
     return;
   }
   // More splits than lanes: the LSE pass strides the splits.
+  const WorkspaceRowParts row{&parts, token, head};
   const float sink_lse = sink != nullptr ? sanitize_lse(*sink) : -INFINITY;
-  const int chunks = head_size / 4;
+  const int chunks = parts.head_size / 4;
   float acc[kMaxChunks][4] = {};
   float row_lse = -INFINITY;
   float mx = sink_lse;
@@ -159,19 +138,11 @@ __device__ __forceinline__ void merge_row_of_parts(const Parts& row, int num_spl
     for (int s = 0; s < num_splits; ++s) {
       const float w = expf(sanitize_lse(row.lse(s)) - mx) * inv_sum;
       float4 v[kMaxChunks];
-      row.template values<kMaxChunks>(s, v, chunks, lane);
+      row.values<kMaxChunks>(s, v, chunks, lane);
       merge_part_values<kMaxChunks>(acc, v, w, chunks, lane);
     }
   }
   store_merged_row<T, kMaxChunks>(acc, row_lse, chunks, out_row, lse_out, lane);
-}
-
-// The row (token, head) of the workspace's partials, merged (see merge_row_of_parts).
-template <class T, int kMaxChunks>
-__device__ __forceinline__ void merge_split_row(const SplitPartials& parts, int64_t token, int head,
-                                                const float* sink, T* out_row, float* lse_out, int lane) {
-  merge_row_of_parts<T, kMaxChunks>(WorkspaceRowParts{&parts, token, head}, parts.num_splits, parts.head_size, sink,
-                                    out_row, lse_out, lane);
 }
 
 }  // namespace attnkit::cuda

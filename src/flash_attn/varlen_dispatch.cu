@@ -236,7 +236,6 @@ void run_varlen_attention(const VarlenArgs& args) {
   shape.max_ctas = args.max_ctas;
   shape.q_buffers = args.hopper_q_buffers;
   shape.cluster_merge = args.cluster_split_merge;
-  shape.ticket_merge = args.ticket_split_merge;
   shape.kv_fill = static_cast<int>(args.kv_fill);
   shape.transposed_decode = args.transposed_decode;
   const cudaStream_t stream = cuda::as_stream(args.stream);

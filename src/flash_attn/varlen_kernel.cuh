@@ -257,14 +257,10 @@ __device__ __forceinline__ MergedRow<T> merged_row(const VarlenKernelParams& p, 
 // Split-KV, after every thread wrote its partials: the last of the work item's num_splits
 // CTAs to arrive merges all splits' partials of the tile's rows into out / LSE (one warp per
 // row, the combine kernel's merge) and puts the item's counter back to 0 for the next launch.
+// Counter of the item: its first packed row over all KV heads, unique among the launch's items
+// and < num_tokens * num_heads (the host checks the workspace holds that many counters).
 // The work item is taken again from the scheduler rather than passed in: with the main loop's
 // WorkItem kept live for this tail, the register-bound prefill kernels spilled more in their loop.
-// The split counter of work item w: its first packed row over all KV heads, unique among the
-// launch's items and < num_tokens * num_heads (the host checks the workspace holds that many).
-__device__ __forceinline__ unsigned int* split_counter(const VarlenKernelParams& p, const WorkItem& w) {
-  return p.partials.counters + (static_cast<int64_t>(w.kv_head) * p.num_tokens + w.q_start) * p.group + w.m0;
-}
-
 template <class Tr>
 __device__ __forceinline__ void combine_splits_if_last(const VarlenKernelParams& p) {
   using T = typename Tr::Elem;
@@ -275,7 +271,8 @@ __device__ __forceinline__ void combine_splits_if_last(const VarlenKernelParams&
   schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w);  // (true: this CTA has a tile)
   __syncthreads();  // every thread's partials are written before thread 0 releases them
   if (tid == 0) {
-    unsigned int* counter = split_counter(p, w);
+    unsigned int* counter =
+        p.partials.counters + (static_cast<int64_t>(w.kv_head) * p.num_tokens + w.q_start) * p.group + w.m0;
     // Releases this CTA's partials; the last arrival acquires everybody's.
     const unsigned int arrived = atomic_add_acq_rel_gpu(counter, 1u);
     s_last = arrived == static_cast<unsigned int>(p.num_splits - 1);
@@ -316,7 +313,7 @@ __device__ __forceinline__ void merge_splits_in_cluster(const VarlenKernelParams
     WorkItem w;
     schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w);  // (the item, taken again: see combine_splits_if_last)
     const int tid = threadIdx.x;
-    const uint32_t parts = smem_addr(smem + Tr::kPartOffset);
+    const uint32_t parts = smem_addr(smem + Tr::kClusterPartOffset);
     for (int m = tid >> 5; m < w.rows; m += Tr::kThreads / 32) {
       const MergedRow<T> r = merged_row<T>(p, w, m);
       const ClusterRowParts row{parts + m * Tr::kHeadDim * 4, parts + Tr::kBlockM * Tr::kHeadDim * 4 + m * 4};
@@ -327,79 +324,13 @@ __device__ __forceinline__ void merge_splits_in_cluster(const VarlenKernelParams
   cluster_sync();
 }
 
-// The ticket merge's counter word: arrivals (tickets, taken at the end of the main loop) in the
-// low half, partials published to the workspace ("done") in the high half.
-inline constexpr unsigned int kTicketMask = 0xffffu;
-inline constexpr unsigned int kDoneOne = 1u << 16;
-static_assert(kMaxSplits <= kTicketMask, "a launch's tickets fit the counter's low half");
-
-// Split-KV with ticket_merge, after the epilogue left this CTA's partial rows in its shared
-// memory. `ticket`: thread 0's relaxed atomicAdd(counter, 1) from the end of the main loop (its
-// round trip ran under the epilogue). Not last: copy the partials to the workspace, then one
-// releasing add of kDoneOne. Last (ticket == num_splits - 1): wait until the other splits'
-// done counts are in (usually already in the ticket's word), acquire, reset the counter, and
-// merge with its own partials read from shared memory -- no partial write, no release fence
-// and no atomic round trip between this CTA's loop end and its merge loads (the workspace
-// merge's end-of-launch chain). The spin cannot hang: a split holding a ticket is running and
-// publishes without waiting on anything. The merge rule and order are those of
-// combine_splits_if_last (same values: results do not depend on which split is last).
+// Split-KV, after the epilogue: the merge of the work item's splits, in the cluster or through
+// the workspace (VarlenKernelParams::cluster_merge).
 template <class Tr>
-__device__ __forceinline__ void merge_splits_by_ticket(const VarlenKernelParams& p, const unsigned char* smem,
-                                                       unsigned int ticket) {
-  using T = typename Tr::Elem;
-  constexpr int kMaxChunks = (Tr::kHeadDim / 4 + 31) / 32;
-  __shared__ int s_last;
-  const int tid = threadIdx.x;
-  WorkItem w;
-  schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w);  // (the item, taken again: see combine_splits_if_last)
-  unsigned int* counter = split_counter(p, w);
-  const float* own_o = reinterpret_cast<const float*>(smem + Tr::kPartOffset);
-  const float* own_lse = own_o + Tr::kBlockM * Tr::kHeadDim;
-  if (tid == 0) {
-    const unsigned int others = static_cast<unsigned int>(p.num_splits - 1);
-    const bool last = (ticket & kTicketMask) == others;
-    if (last) {
-      unsigned int word = ticket;
-      while ((word >> 16) < others) word = load_relaxed_gpu(counter);
-      fence_acq_rel_gpu();  // the others' partials, released with their done counts
-      store_relaxed_gpu(counter, 0u);  // every split has counted: nobody else touches it this launch
-    }
-    s_last = last;
-  }
-  __syncthreads();  // this CTA's partial rows are complete; s_last is set
-  if (!s_last) {
-    constexpr int kChunks = Tr::kHeadDim / 4;
-    for (int idx = tid; idx < w.rows * kChunks; idx += Tr::kThreads) {
-      const int m = idx / kChunks, c = idx % kChunks;
-      const MergedRow<T> r = merged_row<T>(p, w, m);
-      reinterpret_cast<float4*>(p.partials.o + p.partials.o_index(w.split, r.token, r.head))[c] =
-          reinterpret_cast<const float4*>(own_o)[idx];
-      if (c == 0) p.partials.lse[p.partials.lse_index(w.split, r.token, r.head)] = own_lse[m];
-    }
-    __syncthreads();  // every thread's partials are written before thread 0 releases them
-    if (tid == 0) red_add_release_gpu(counter, kDoneOne);
-    return;
-  }
-  cta_trace_flag(p.cta_trace, 1);
-  for (int m = tid >> 5; m < w.rows; m += Tr::kThreads / 32) {
-    const MergedRow<T> r = merged_row<T>(p, w, m);
-    const WorkspaceRowPartsExceptOwn row{{&p.partials, r.token, r.head}, w.split, own_o + m * Tr::kHeadDim, own_lse[m]};
-    merge_row_of_parts<T, kMaxChunks>(row, p.num_splits, Tr::kHeadDim, r.sink, r.out, r.lse, tid & 31);
-  }
-}
-
-// Split-KV, after the epilogue: the merge of the work item's splits, in the cluster, by ticket
-// or through the workspace (VarlenKernelParams::cluster_merge / ticket_merge).
-template <class Tr>
-__device__ __forceinline__ void merge_splits(const VarlenKernelParams& p, const unsigned char* smem,
-                                             unsigned int ticket) {
-  if constexpr (Tr::kPartsInSmem) {
+__device__ __forceinline__ void merge_splits(const VarlenKernelParams& p, const unsigned char* smem) {
+  if constexpr (Tr::kClusterMerge) {
     if (p.cluster_merge) {
       merge_splits_in_cluster<Tr>(p, smem);
-      return;
-    }
-    if (p.ticket_merge) {
-      merge_splits_by_ticket<Tr>(p, smem, ticket);
       return;
     }
   }
@@ -468,7 +399,6 @@ __device__ __forceinline__ void epilogue(const VarlenKernelParams& p, const Work
 
   // Per row: merge the warps' parts, fold in v_scale and the sink, write the LSE.
   const bool split = p.num_splits > 1;
-  const bool parts_in_smem = Tr::kPartsInSmem && (p.cluster_merge || p.ticket_merge);  // (split launches only)
   const float v_scale = Tr::kFp8Cache ? scale_of(p.v_scale, p.v_scale_stride, w.kv_head) : 1.f;
   for (int m = tid; m < w.rows; m += Tr::kThreads) {
     float mx[kN], sm[kN], wt[kN];
@@ -489,8 +419,8 @@ __device__ __forceinline__ void epilogue(const VarlenKernelParams& p, const Work
     }
 #pragma unroll
     for (int n = 0; n < kN; ++n) s_weight[m * kN + n] = wt[n] * v_scale * sink_weight;
-    if (split && parts_in_smem) {
-      reinterpret_cast<float*>(smem + Tr::kPartOffset + Tr::kBlockM * Tr::kHeadDim * 4)[m] = lse;
+    if (split && p.cluster_merge) {
+      reinterpret_cast<float*>(smem + Tr::kClusterPartOffset + Tr::kBlockM * Tr::kHeadDim * 4)[m] = lse;
     } else if (split) {
       p.partials.lse[p.partials.lse_index(w.split, token, head)] = lse;
     } else if (p.lse != nullptr) {
@@ -516,8 +446,8 @@ __device__ __forceinline__ void epilogue(const VarlenKernelParams& p, const Work
     const int gm = w.m0 + m;
     const int64_t token = w.q_start + gm / p.group;
     const int head = w.kv_head * p.group + gm % p.group;
-    if (split && parts_in_smem) {
-      float4* dst = reinterpret_cast<float4*>(smem + Tr::kPartOffset) + (m * Tr::kHeadDim + c) / 4;
+    if (split && p.cluster_merge) {
+      float4* dst = reinterpret_cast<float4*>(smem + Tr::kClusterPartOffset) + (m * Tr::kHeadDim + c) / 4;
       dst[0] = make_float4(v[0], v[1], v[2], v[3]);
       dst[1] = make_float4(v[4], v[5], v[6], v[7]);
     } else if (split) {
@@ -766,12 +696,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
   Ring::drain();
   __syncthreads();
   cta_trace_mark(p.cta_trace, kTraceLoopDone);
-  // Ticket merge: this split's arrival, taken now so that its round trip runs under the epilogue.
-  unsigned int ticket = 0;
-  if (Tr::kPartsInSmem && p.ticket_merge && tid == 0) ticket = atomic_add_relaxed_gpu(detail::split_counter(p, w), 1u);
   detail::epilogue<Tr>(p, w, smem, o, softmax, unit, warp_active, warp_m, warp_n, lane, tid);
   cta_trace_mark(p.cta_trace, kTraceEpilogue);
-  if (p.num_splits > 1) detail::merge_splits<Tr>(p, smem, ticket);
+  if (p.num_splits > 1) detail::merge_splits<Tr>(p, smem);
   cta_trace_mark(p.cta_trace, kTraceExit);
 }
 
@@ -817,10 +744,7 @@ void launch_varlen(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
   // 71.6 us against 45.6 us with the workspace merge, commit c6dab3d).
   // Clusters of 3 lost with the transposed tile (4 CTAs per SM) too: fp8 16 x 4k / 16 x 32k 62 /
   // 68% of read BW against 68 / 81% with the workspace merge (bench decode-ab at 33912b3).
-  q.cluster_merge = Tr::kPartsInSmem && shape.cluster_merge && sm90 && p.num_splits == 2;
-  // Other split launches of decode tiles merge by ticket (merge_splits_by_ticket), where the
-  // CTA's partial rows fit its shared memory.
-  q.ticket_merge = Tr::kPartsInSmem && shape.ticket_merge && p.num_splits > 1 && !q.cluster_merge;
+  q.cluster_merge = Tr::kClusterMerge && shape.cluster_merge && sm90 && p.num_splits == 2;
   const dim3 cluster(1, q.cluster_merge ? static_cast<unsigned>(p.num_splits) : 1u, 1);
   cuda::launch_kernel(kernel, grid, dim3(Tr::kThreads), Tr::kSmemBytes, stream, pdl, cluster, q);
 }

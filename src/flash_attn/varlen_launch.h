@@ -75,13 +75,6 @@ struct VarlenArgs {
   // anywhere else: the workspace merge (the last split CTA to finish merges). The workspace
   // stays required for num_splits > 1 either way.
   bool cluster_split_merge = true;
-  // mma_sync decode split launches that do not merge in a cluster: each split CTA takes its
-  // arrival ticket (a relaxed atomicAdd on the item's counter) at the end of its main loop, so
-  // the round trip runs under the epilogue; the last to arrive keeps its partials in shared
-  // memory and merges once the others have published theirs (varlen_kernel.cuh
-  // merge_splits_by_ticket). Off: every split writes its partials, then arrives with an
-  // acquire-release atomicAdd, and the last merges from the workspace. Same results either way.
-  bool ticket_split_merge = true;
   // mma_sync decode tiles on sm90: each 16-key page group of a K/V tile may arrive as one TMA
   // box (a tensor map per cache side, encoded per launch) instead of 16-byte cp.async copies by
   // every thread, where the cache allows (row bytes a multiple of 128 up to 512, 16-byte aligned

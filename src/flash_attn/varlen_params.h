@@ -60,9 +60,6 @@ struct VarlenKernelParams {
   // num_splits CTAs (one work item's splits) that merge through distributed shared memory;
   // `partials` is then not touched.
   bool cluster_merge = false;
-  // Set by the launcher (other split launches of decode tiles): the ticket merge
-  // (varlen_kernel.cuh merge_splits_by_ticket) instead of the plain workspace merge.
-  bool ticket_merge = false;
 
   // With programmatic dependent launch: before waiting for the previous kernel, each CTA of
   // the mma_sync kernel asks L2 for its work item's first K/V tiles (VarlenArgs::l2_prefetch).
@@ -92,7 +89,6 @@ struct VarlenLaunchShape {
   int max_ctas = 0;        // hopper generation: CTAs of a persistent launch (0: the launcher's choice)
   int q_buffers = 0;       // hopper generation: Q buffers, 1 or 2 (0: the launcher's choice)
   bool cluster_merge = true;  // mma_sync decode launches of 2 splits on sm90: merge in a cluster
-  bool ticket_merge = true;   // other mma_sync decode split launches: the ticket merge
   int kv_fill = 0;            // KvFill (varlen_launch.h) of mma_sync decode launches on sm90
   bool transposed_decode = true;  // fp8 decode launches of <= 8 packed rows on sm90: the transposed tile
 };

@@ -89,14 +89,13 @@ struct VarlenTraits {
   static constexpr int kEpiStatBytes = kWarpsN * kBlockM * 8;
   static constexpr int kEpiWeightBytes = kBlockM * kWarpsN * 4;
   static constexpr int kEpiBytes = kEpiOBytes + kEpiStatBytes + kEpiWeightBytes;
-  // A split CTA's normalised partial rows (fp32) and their LSEs in its own shared memory, past
-  // the epilogue's scratch (decode tiles): rank 0 of a cluster merge reads them through
-  // distributed shared memory; with the ticket merge the last split CTA merges its own from
-  // here and the others copy theirs to the workspace (varlen_kernel.cuh merge_splits).
-  static constexpr int kPartOffset = kEpiBytes;
-  static constexpr int kPartBytes = kBlockM * kHeadDim * 4 + kBlockM * 4;
+  // Split merge inside a thread-block cluster (decode tiles, sm90): each split CTA leaves its
+  // normalised partial rows (fp32) and their LSEs here, past the epilogue's scratch, for rank 0
+  // to read through distributed shared memory.
+  static constexpr int kClusterPartOffset = kEpiBytes;
+  static constexpr int kClusterPartBytes = kBlockM * kHeadDim * 4 + kBlockM * 4;
   static constexpr int kSmemBytes = max_c(kMainBytes, kEpiBytes);
-  static constexpr bool kPartsInSmem = kBlockM <= 16 && kPartOffset + kPartBytes <= kSmemBytes;
+  static constexpr bool kClusterMerge = kBlockM <= 16 && kClusterPartOffset + kClusterPartBytes <= kSmemBytes;
 };
 
 template <class Elem, int kHeadDim, bool kFp8Cache>

@@ -48,7 +48,6 @@ std::string Case::describe() const {
      << (q_buffers ? ", " + std::to_string(q_buffers) + " Q buffers" : "")
      << (cluster_merge ? "" : ", workspace merge") << (tma_kv ? "" : ", cp.async K/V")
      << (transposed_decode ? "" : ", 16-row decode tile") << (kv_evict_first ? "" : ", no L2 policy on K/V")
-     << (ticket_merge ? "" : ", arrival after the partials")
      << (pad_tokens ? ", " + std::to_string(pad_tokens) + " padding tokens" : "")
      << (v_other_layout ? ", V with the other layout's strides" : "")
      << "; requests (q_len/seq_len):";
@@ -222,7 +221,6 @@ flash_attn::VarlenArgs Problem::make_args(void* out, void* lse, void* workspace,
   a.kv_fill = c_.tma_kv ? flash_attn::KvFill::tma : flash_attn::KvFill::cp_async;
   a.transposed_decode = c_.transposed_decode;
   a.kv_evict_first = c_.kv_evict_first;
-  a.ticket_split_merge = c_.ticket_merge;
   a.workspace = workspace;
   a.workspace_bytes = workspace_bytes;
   return a;

@@ -54,9 +54,6 @@ struct Case {
   // TMA stage fills read K/V with an L2 evict-first policy (VarlenArgs::kv_evict_first), or
   // copies without a policy: a cache hint, the results must not move.
   bool kv_evict_first = true;
-  // Split launches that do not merge in a cluster merge by ticket (VarlenArgs::ticket_split_merge)
-  // or, off, through the workspace with the arrival after the partials.
-  bool ticket_merge = true;
   // q / out / LSE rows past the batch's last token (CUDA-graph padding): the launch must
   // leave them unwritten.
   int pad_tokens = 0;
@@ -92,7 +89,6 @@ class Problem {
   void set_tma_kv(bool on) { c_.tma_kv = on; }
   void set_transposed_decode(bool on) { c_.transposed_decode = on; }
   void set_kv_evict_first(bool on) { c_.kv_evict_first = on; }
-  void set_ticket_merge(bool on) { c_.ticket_merge = on; }
   // Whether the launch may take the transposed decode tile (fp8 cache, <= 8 packed rows): the
   // tests then also run the 16-row tile.
   bool transposed_eligible() const {

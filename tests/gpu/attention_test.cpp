@@ -45,9 +45,7 @@ void check_against_cpu(const Case& c) {
       // the workspace: both.
       // ... and decode tiles fill their stages with TMA where they can, and with cp.async: both;
       // fp8 decodes of <= 8 packed rows take the transposed tile (with TMA), and the 16-row one;
-      // the workspace-merge runs read K/V without the evict-first L2 policy, and merge by ticket
-      // in even seeds, with the arrival after the partials in odd ones (the other runs: by
-      // ticket wherever they do not merge in a cluster).
+      // the workspace-merge runs read K/V without the evict-first L2 policy.
       for (auto [cluster, tma, transposed] : {std::tuple{true, true, true}, std::tuple{false, true, true},
                                               std::tuple{true, false, true}, std::tuple{true, true, false}}) {
         if (!cluster && splits == 1) continue;
@@ -57,10 +55,7 @@ void check_against_cpu(const Case& c) {
         p.set_tma_kv(tma);
         p.set_transposed_decode(transposed);
         p.set_kv_evict_first(cluster);
-        const bool ticket = cluster || c.seed % 2 == 0;
-        p.set_ticket_merge(ticket);
         SCOPED_TRACE("num_splits " + std::to_string(splits) + (cluster ? "" : ", workspace merge, no L2 policy on K/V") +
-                     (ticket ? "" : ", arrival after the partials") +
                      (tma ? "" : ", cp.async K/V") + (transposed ? "" : ", 16-row decode tile"));
         const Result got = p.run_kernel(splits);
         EXPECT_TRUE(outputs_match(c.dtype, got.out, ref.out, {T, H, D}));

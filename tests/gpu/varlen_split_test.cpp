@@ -79,9 +79,6 @@ TEST_P(VarlenSplitGrid, FusedCombineMatchesCpuReference) {
     p.set_cluster_merge(cluster);
     p.set_tma_kv(tma);
     p.set_transposed_decode(transposed);
-    // (workspace merge: by ticket in even cases, the arrival after the partials in odd ones)
-    p.set_ticket_merge(cluster || i % 4 < 2);
-    SCOPED_TRACE(cluster || i % 4 < 2 ? "ticket merge" : "arrival after the partials");
     const Result got = p.run_kernel(c.num_splits);
     EXPECT_TRUE(outputs_match(c.dtype, got.out, ref.out, {T, H, D}));
     if (c.want_lse) EXPECT_TRUE(lse_match(got.lse, ref.lse, {H, T}));
