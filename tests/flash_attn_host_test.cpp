@@ -275,15 +275,15 @@ TEST(SplitKV, WorkedExamples) {
 TEST(SplitKV, TransposedDecodeTileSlots) {
   struct Case { int reqs, q, seq, heads, kv_heads, head_size, cc_major, decode_threshold, ctas_per_sm, splits; const char* why; };
   const Case cases[] = {
-      {16, 1, 4096, 32, 8, 128, 9, 1, 4, 3, "batch 16 x 4k: W = 128, floor(132 * 3 / 128) = 3"},
+      {16, 1, 4096, 32, 8, 128, 9, 1, 4, 4, "batch 16 x 4k: W = 128, floor(528 / 128) = 4"},
       {64, 1, 8192, 32, 8, 128, 9, 1, 4, 1, "batch 64: W = 512 fills 97% of one wave of 528 (wave-fill clause)"},
-      {4, 1, 32768, 32, 8, 128, 9, 1, 4, 12, "batch 4 x 32k: floor(396 / 32) = 12"},
+      {4, 1, 32768, 32, 8, 128, 9, 1, 4, 16, "batch 4 x 32k: floor(528 / 32) = 16"},
       {16, 1, 4096, 32, 8, 128, 8, 1, 3, 3, "sm89: the 16-row fp8 tile, 3 CTAs per SM"},
       {16, 1, 4096, 32, 8, 128, 0, 1, 3, 3, "unknown device"},
       {16, 1, 4096, 32, 8, 64, 9, 1, 3, 3, "head size 64: no TMA rows of 128 bytes"},
-      {16, 1, 4096, 32, 4, 128, 9, 1, 4, 6, "group 8 x 1 token = 8 rows: W = 64, floor(396 / 64) = 6"},
+      {16, 1, 4096, 32, 4, 128, 9, 1, 4, 8, "group 8 x 1 token = 8 rows: W = 64, floor(528 / 64) = 8"},
       {16, 1, 4096, 64, 4, 128, 9, 1, 3, 6, "group 16: 16 packed rows, floor(396 / 64) = 6"},
-      {16, 2, 4096, 32, 8, 128, 9, 2, 4, 3, "2 speculative tokens x group 4 = 8 rows"},
+      {16, 2, 4096, 32, 8, 128, 9, 2, 4, 4, "2 speculative tokens x group 4 = 8 rows"},
       {16, 3, 4096, 32, 8, 128, 9, 3, 3, 3, "3 tokens x group 4 = 12 rows"},
   };
   for (const Case& c : cases) {

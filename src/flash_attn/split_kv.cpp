@@ -88,11 +88,8 @@ SplitKVDecision decide_num_splits(const SplitKVInput& in) {
     }
     return d;
   }
-  // At most one wave of CTAs; the transposed decode tile's splits count 3 CTAs per SM (below).
-  const int64_t fill_slots = ctas_per_sm == kCtasPerSmDecodeTransposed
-                                 ? static_cast<int64_t>(in.num_sms) * kSplitCtasPerSmTransposed
-                                 : d.cta_slots;
-  const int64_t by_fill = fill_slots / d.work_items;
+  // At most one wave of CTAs.
+  const int64_t by_fill = d.cta_slots / d.work_items;
   const int64_t by_kv = max_kv / kMinKVPerSplit;
   int64_t s = std::min({by_fill, static_cast<int64_t>(kMaxUsefulSplits), static_cast<int64_t>(in.max_splits), by_kv});
   if (s <= 1) {

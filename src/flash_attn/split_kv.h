@@ -14,8 +14,6 @@
 //               (transposed_decode_tile), kCtasPerSmDecodeFp8 for other fp8 caches,
 //               kCtasPerSmDecode otherwise
 //   s = min(floor(S / W), kMaxUsefulSplits, max_splits, floor(max_seq_len / kMinKVPerSplit))
-//   (the transposed tile: floor(num_sms * kSplitCtasPerSmTransposed / W): its splits of one
-//   wave of 4 per SM measured no better, or worse, than of 3; the wave-fill clause below counts 4)
 //   (floor: the W * s CTAs fill at most one wave of slots, never start a partial second one)
 //   then s drops to the smallest count giving the same longest split (in KV tiles), since more
 //   splits that do not shorten the longest one only add merge work; s <= 1 -> 1.
@@ -57,8 +55,10 @@
 //   4 splits): batch 16 x 4k 71.4 / 47.1 / 43.5 / 43.4, 8k 138.8 / 85.4 / 76.0 / 76.3, 32k
 //   534.4 / 313.3 / 277.0 / 298.8; batch 4 x 8k / 32k best at 12 splits (28.4 / 79.6 us; 16: 29.2
 //   / 82.8); batch 64 unsplit best at 4k / 8k / 32k (138.6 / 268.8 / 1080.7; 2 splits 147.6 /
-//   283.1 / 1178.1): 512 CTAs fill 97% of its 528 slots. Hence 3 per SM for the one-wave split
-//   count and 4 for the wave-fill clause.
+//   283.1 / 1178.1): 512 CTAs fill 97% of its 528 slots. Its splits counted 3 per SM until the
+//   tile got 2 stages in grids of more than 3 per SM (tenth session, bench decode-ab in turns):
+//   batch 16 at 4 splits on it against 3 splits on 3 stages, +1.5% at 4k, +2.3% at 32k (4
+//   splits on 3 stages: -0.2% / -7%). Hence 4 per SM for both clauses.
 // Prefill tiles (64 query rows) were not swept: a batch with one keeps one CTA per SM, the
 // count the earlier rule used for everything.
 //
@@ -83,7 +83,6 @@ inline constexpr int kMaxUsefulSplits = 32;                // the rule never pic
 inline constexpr int kCtasPerSmDecode = 2;                 // decode-only batch, 16-bit cache
 inline constexpr int kCtasPerSmDecodeFp8 = 3;              // decode-only batch, fp8 cache
 inline constexpr int kCtasPerSmDecodeTransposed = 4;       // ... served by the transposed decode tile
-inline constexpr int kSplitCtasPerSmTransposed = 3;        // ... its one-wave split count (measured)
 inline constexpr int kTransposedMaxRows = 8;               // packed rows (query_len * group) it serves
 // Whether a decode launch takes the transposed fp8 tile (varlen_kernel.cuh launch_decode, with
 // the default VarlenArgs): fp8 cache, head size 128 (TMA stage rows of 128 bytes), sm90+, at

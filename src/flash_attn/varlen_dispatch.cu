@@ -225,6 +225,8 @@ void varlen_workspace_init(void* workspace, size_t bytes, void* stream) {
 
 void run_varlen_attention(const VarlenArgs& args) {
   ATTNKIT_REQUIRE(args.max_ctas >= 0, kWhere, "max_ctas", args.max_ctas, "must be >= 0 (0: one CTA per SM)");
+  ATTNKIT_REQUIRE(args.transposed_stages == 0 || args.transposed_stages == 2 || args.transposed_stages == 3, kWhere,
+                  "transposed_stages", args.transposed_stages, "must be 0 (the launcher's choice), 2 or 3");
   ATTNKIT_REQUIRE(args.hopper_q_buffers >= 0 && args.hopper_q_buffers <= 2, kWhere, "hopper_q_buffers",
                   args.hopper_q_buffers, "must be 0 (the launcher's choice), 1 or 2");
   const VarlenKernelParams p = varlen_kernel_params(args);
@@ -238,6 +240,7 @@ void run_varlen_attention(const VarlenArgs& args) {
   shape.cluster_merge = args.cluster_split_merge;
   shape.kv_fill = static_cast<int>(args.kv_fill);
   shape.transposed_decode = args.transposed_decode;
+  shape.transposed_stages = args.transposed_stages;
   const cudaStream_t stream = cuda::as_stream(args.stream);
   const bool fp8 = is_fp8(args.cache.dtype);
   const int head_size = static_cast<int>(args.q.size(2));

@@ -817,7 +817,12 @@ void launch_decode(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
           transposed_decode_tile(true, kHeadDim, cc_major, static_cast<int64_t>(shape.max_query_len) * p.group)) {
         VarlenKernelParams q = p;
         if (encode_kv_maps(q, Tt::kKvRowBytes)) {
-          launch_varlen<Tt>(q, shape, stream);
+          using Two = DecodeTransposedTwoStageTraits<Elem, kHeadDim>;
+          const bool two = shape.transposed_stages == 2 || (shape.transposed_stages == 0 && decode_tma_for_grid(p, shape, 3));
+          if (two)
+            launch_varlen<Two>(q, shape, stream);
+          else
+            launch_varlen<Tt>(q, shape, stream);
           return;
         }
       }

@@ -85,6 +85,10 @@ struct VarlenArgs {
   // cp_async, rows of whole 128-byte segments): the transposed tile (keys on the MMA's M, rows
   // on N; varlen_decode_transposed.cuh), 4 CTAs per SM. Off: the 16-row tile.
   bool transposed_decode = true;
+  // The transposed tile's K/V stages: 3 (grids of at most 3 CTAs per SM) or 2 (larger grids,
+  // where its 4 CTAs per SM each keep fewer bytes in flight: measured faster, varlen_traits.h
+  // DecodeTransposedTwoStageTraits); 0 = that choice, 2 / 3 force one (tests run both).
+  int transposed_stages = 0;
   // Split mma_sync decode launches (num_splits > 1) with TMA stage fills (sm90): K/V boxes read
   // with an L2 evict-first policy. Each K/V byte is read once per launch; the hint keeps what
   // is read again (the split partials the last CTA merges, lengths, block tables, Q) in L2 while

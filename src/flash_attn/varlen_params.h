@@ -91,6 +91,7 @@ struct VarlenLaunchShape {
   bool cluster_merge = true;  // mma_sync decode launches of 2 splits on sm90: merge in a cluster
   int kv_fill = 0;            // KvFill (varlen_launch.h) of mma_sync decode launches on sm90
   bool transposed_decode = true;  // fp8 decode launches of <= 8 packed rows on sm90: the transposed tile
+  int transposed_stages = 0;      // ... its stages: 2 or 3 (0: the launcher's choice)
 };
 
 struct VarlenArgs;

@@ -139,6 +139,13 @@ using DecodeTwoStageTraits = VarlenTraits<Elem, kHeadDim, false, 1, 1, 4, 64, 2,
 // where the 16-row fp8 tile spilled 124 bytes.
 template <class Elem, int kHeadDim>
 using DecodeTransposedTraits = VarlenTraits<Elem, kHeadDim, true, 1, 1, 4, 64, 3, 4, true, true>;
+// ... with 2 stages, for grids of more than 3 CTAs per SM (launch_decode). H200, bench
+// decode-ab in turns with 3 stages (tenth session): 512 CTAs on 528 slots fp8 64 x 4k +3.5%,
+// 16 x 4k at 4 splits +1.5% and 16 x 32k at 4 splits +2.3% against 3 stages at 3 splits (the
+// split rule's count before); in grids of at most 3 per SM 3 stages win (16 x 4k at 3 splits
+// -3.7% with 2, 1 x 32k -4.5%; 4 stages at 3 per SM lost as well, 16 x 32k 79 vs 84% of read BW).
+template <class Elem, int kHeadDim>
+using DecodeTransposedTwoStageTraits = VarlenTraits<Elem, kHeadDim, true, 1, 1, 4, 64, 2, 4, true, true>;
 
 // Launches the kernel of configuration Tr (defined in varlen_kernel.cuh, instantiated in
 // varlen_hd*.cu). Throws Error on launch failure or when the device lacks the shared memory.
@@ -147,7 +154,8 @@ void launch_varlen(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
 
 // Decode tiles (sm90, where the cache's tensor maps encode; VarlenLaunchShape::kv_fill and
 // transposed_decode can refuse TMA / the transposed tile): DecodeTransposedTraits for fp8 with
-// <= 8 packed rows at head size 128, DecodeTwoStageTraits for 16-bit caches in grids of one to
+// <= 8 packed rows at head size 128 (DecodeTransposedTwoStageTraits in grids of more than 3
+// CTAs per SM; VarlenLaunchShape::transposed_stages forces either), DecodeTwoStageTraits for 16-bit caches in grids of one to
 // two CTAs per SM, DecodeTmaTraits for fp8 grids of more than one wave (or kv_fill tma), else
 // DecodeTraits (cp.async).
 template <class Elem, int kHeadDim, bool kFp8Cache>

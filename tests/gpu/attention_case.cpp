@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cmath>
 #include <numeric>
@@ -47,7 +48,8 @@ std::string Case::describe() const {
      << (max_ctas ? ", " + std::to_string(max_ctas) + " persistent CTAs" : "")
      << (q_buffers ? ", " + std::to_string(q_buffers) + " Q buffers" : "")
      << (cluster_merge ? "" : ", workspace merge") << (tma_kv ? "" : ", cp.async K/V")
-     << (transposed_decode ? "" : ", 16-row decode tile") << (kv_evict_first ? "" : ", no L2 policy on K/V")
+     << (transposed_decode ? "" : ", 16-row decode tile")
+     << (transposed_stages == 0 ? "" : ", transposed tile with " + std::to_string(transposed_stages) + " stages") << (kv_evict_first ? "" : ", no L2 policy on K/V")
      << (pad_tokens ? ", " + std::to_string(pad_tokens) + " padding tokens" : "")
      << (v_other_layout ? ", V with the other layout's strides" : "")
      << "; requests (q_len/seq_len):";
@@ -220,6 +222,7 @@ flash_attn::VarlenArgs Problem::make_args(void* out, void* lse, void* workspace,
   a.cluster_split_merge = c_.cluster_merge;
   a.kv_fill = c_.tma_kv ? flash_attn::KvFill::tma : flash_attn::KvFill::cp_async;
   a.transposed_decode = c_.transposed_decode;
+  a.transposed_stages = c_.transposed_stages;
   a.kv_evict_first = c_.kv_evict_first;
   a.workspace = workspace;
   a.workspace_bytes = workspace_bytes;
@@ -427,6 +430,8 @@ Case random_transposed_decode_case(uint64_t seed) {
   }
   c.num_splits = rng() % 2 ? 1 : uniform_int(rng, 2, 9);
   c.pad_tokens = seed % 5 == 4 ? static_cast<int>(1 + seed % 3) : 0;
+  // The launcher's stage count (3 on these small grids), or 2 / 3 forced (no draw).
+  c.transposed_stages = std::array<int, 3>{0, 2, 3}[(seed % 7) % 3];
   return c;
 }
 

@@ -51,6 +51,8 @@ struct Case {
   // fp8 decode tiles of <= 8 packed rows on sm90: the transposed tile (VarlenArgs::
   // transposed_decode; with tma_kv) or the 16-row one.
   bool transposed_decode = true;
+  // ... its K/V stages (VarlenArgs::transposed_stages: 0 = the launcher's choice, 2 or 3).
+  int transposed_stages = 0;
   // TMA stage fills read K/V with an L2 evict-first policy (VarlenArgs::kv_evict_first), or
   // copies without a policy: a cache hint, the results must not move.
   bool kv_evict_first = true;
