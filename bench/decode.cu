@@ -142,7 +142,8 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
                                    Variant{"3-stage transposed", true, true, true, KvFill::automatic, true, true}})
             if ((std::get<3>(v) || d.splits > 1) && (std::get<5>(v) || fp8) && !(fp8 && std::get<4>(v) == KvFill::tma) &&
                 (std::get<6>(v) || d.splits > 1) &&  // (the policy serves split launches only)
-                (std::string(std::get<0>(v)) != "3-stage transposed" || (fp8 && int64_t{B} * kKvHeads * d.splits > 3 * props.sm_count)))
+                (std::string(std::get<0>(v)) != "3-stage transposed" ||  // (where the launcher takes 2 stages)
+                 (fp8 && int64_t{B} * kKvHeads * d.splits > 3 * props.sm_count)))
               variants.push_back(v);
           std::vector<TimedLaunch> launches = {{d.shape.args, d.shape.calls}};
           for (const auto& [name, prefetch, pdl, cluster, fill, transposed, evict_first] : variants) {

@@ -616,7 +616,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
       tma.start(pages, tile_key(0), n_tiles);
 #pragma unroll
       for (int s = 0; s < Tr::kStages - 1; ++s)
-        if (s < n_tiles) tma.issue(tile_key(s), tma.page_of_tile(pages, s, tile_key(0), n_tiles), stage_k(s), stage_bar(s));
+        if (s < n_tiles)
+          tma.issue(tile_key(s), tma.page_of_tile(pages, s, tile_key(0), n_tiles), stage_k(s), stage_bar(s));
     }
   } else {
 #pragma unroll
@@ -685,7 +686,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) varlen_atte
     const int ahead = it + Tr::kStages - 1;
     if constexpr (kTma) {
       if (warp == 0 && ahead < n_tiles)
-        tma.issue(tile_key(ahead), tma.page_of_tile(pages, ahead, tile_key(0), n_tiles), stage_k(ahead), stage_bar(ahead));
+        tma.issue(tile_key(ahead), tma.page_of_tile(pages, ahead, tile_key(0), n_tiles), stage_k(ahead),
+                  stage_bar(ahead));
     } else if constexpr (kPagesAhead) {
       if (ahead < n_tiles) loader.load(tile_key(ahead), next_pages, stage_k(ahead), stage_k(ahead) + Tr::kStageTileBytes, tid);
       cp_async_commit();
@@ -818,7 +820,9 @@ void launch_decode(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
         VarlenKernelParams q = p;
         if (encode_kv_maps(q, Tt::kKvRowBytes)) {
           using Two = DecodeTransposedTwoStageTraits<Elem, kHeadDim>;
-          const bool two = shape.transposed_stages == 2 || (shape.transposed_stages == 0 && decode_tma_for_grid(p, shape, 3));
+          // (decode_tma_for_grid(.., 3): the grid has more than 3 CTAs per SM)
+          const bool two =
+              shape.transposed_stages == 2 || (shape.transposed_stages == 0 && decode_tma_for_grid(p, shape, 3));
           if (two)
             launch_varlen<Two>(q, shape, stream);
           else

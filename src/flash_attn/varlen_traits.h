@@ -155,9 +155,9 @@ void launch_varlen(const VarlenKernelParams& p, const VarlenLaunchShape& shape, 
 // Decode tiles (sm90, where the cache's tensor maps encode; VarlenLaunchShape::kv_fill and
 // transposed_decode can refuse TMA / the transposed tile): DecodeTransposedTraits for fp8 with
 // <= 8 packed rows at head size 128 (DecodeTransposedTwoStageTraits in grids of more than 3
-// CTAs per SM; VarlenLaunchShape::transposed_stages forces either), DecodeTwoStageTraits for 16-bit caches in grids of one to
-// two CTAs per SM, DecodeTmaTraits for fp8 grids of more than one wave (or kv_fill tma), else
-// DecodeTraits (cp.async).
+// CTAs per SM; VarlenLaunchShape::transposed_stages forces either), DecodeTwoStageTraits for
+// 16-bit caches in grids of one to two CTAs per SM, DecodeTmaTraits for fp8 grids of more than
+// one wave (or kv_fill tma), else DecodeTraits (cp.async).
 template <class Elem, int kHeadDim, bool kFp8Cache>
 void launch_decode(const VarlenKernelParams& p, const VarlenLaunchShape& shape, cudaStream_t stream);
 

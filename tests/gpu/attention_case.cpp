@@ -49,7 +49,8 @@ std::string Case::describe() const {
      << (q_buffers ? ", " + std::to_string(q_buffers) + " Q buffers" : "")
      << (cluster_merge ? "" : ", workspace merge") << (tma_kv ? "" : ", cp.async K/V")
      << (transposed_decode ? "" : ", 16-row decode tile")
-     << (transposed_stages == 0 ? "" : ", transposed tile with " + std::to_string(transposed_stages) + " stages") << (kv_evict_first ? "" : ", no L2 policy on K/V")
+     << (transposed_stages == 0 ? "" : ", transposed tile with " + std::to_string(transposed_stages) + " stages")
+     << (kv_evict_first ? "" : ", no L2 policy on K/V")
      << (pad_tokens ? ", " + std::to_string(pad_tokens) + " padding tokens" : "")
      << (v_other_layout ? ", V with the other layout's strides" : "")
      << "; requests (q_len/seq_len):";

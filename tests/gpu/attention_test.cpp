@@ -372,6 +372,11 @@ TEST(VarlenErrors, RejectsInputsNoKernelServes) {
     a.hopper_q_buffers = 3;
     EXPECT_THROW(flash_attn::run_varlen_attention(a), Error);
   }
+  for (int stages : {1, 4, -1}) {
+    auto a = p.make_args(out.get(), lse.get(), nullptr, 0, 1);
+    a.transposed_stages = stages;
+    EXPECT_THROW(flash_attn::run_varlen_attention(a), Error) << "transposed_stages " << stages;
+  }
   {
     Case c80 = c;
     c80.head_size = 80;
