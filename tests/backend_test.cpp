@@ -459,36 +459,31 @@ TEST(ReferenceBackend, ForwardRejectsBadCalls) {
   auto impl = ref.make_impl(cfg);
   EXPECT_NO_THROW(impl->forward(qv, {}, {}, b.cache_view, *md, {}, ov));
 
-  auto expect_error = [&](const char* what, const std::string& needle, auto call) {
-    try {
-      call();
-      ADD_FAILURE() << what << ": no Error";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << what << ": " << e.what();
-    }
-  };
   struct OtherMetadata : BackendMetadata {};
-  expect_error("foreign metadata", "reference backend's builder",
-               [&] { impl->forward(qv, {}, {}, b.cache_view, OtherMetadata{}, {}, ov); });
-  expect_error("q too short", "q.shape[0]", [&] {
+  EXPECT_TRUE(test::throws_error_with(
+      [&] { impl->forward(qv, {}, {}, b.cache_view, OtherMetadata{}, {}, ov); },
+      {"reference backend's builder"})) << "foreign metadata";
+  EXPECT_TRUE(test::throws_error_with([&] {
     impl->forward(TensorView(q.data(), DType::f32, {n - 1, 2, 16}), {}, {}, b.cache_view, *md, {}, ov);
-  });
-  expect_error("q dtype", "q", [&] {
+  }, {"q.shape[0]"})) << "q too short";
+  EXPECT_TRUE(test::throws_error_with([&] {
     impl->forward(TensorView(q.data(), DType::f16, {n, 2, 16}), {}, {}, b.cache_view, *md, {}, ov);
-  });
-  expect_error("q on CUDA", "cuda", [&] {
+  }, {"q"})) << "q dtype";
+  EXPECT_TRUE(test::throws_error_with([&] {
     impl->forward(TensorView(q.data(), DType::f32, {n, 2, 16}, Device::CUDA), {}, {}, b.cache_view, *md, {}, ov);
-  });
-  expect_error("out shape", "out", [&] {
+  }, {"cuda"})) << "q on CUDA";
+  EXPECT_TRUE(test::throws_error_with([&] {
     impl->forward(qv, {}, {}, b.cache_view, *md, {}, TensorView(out.data(), DType::f32, {n, 1, 16}));
-  });
+  }, {"out"})) << "out shape";
   AttentionParams non_causal;
   non_causal.causal = false;
-  expect_error("causal mismatch", "causal", [&] { impl->forward(qv, {}, {}, b.cache_view, *md, non_causal, ov); });
+  EXPECT_TRUE(test::throws_error_with([&] { impl->forward(qv, {}, {}, b.cache_view, *md, non_causal, ov); },
+                                      {"causal"})) << "causal mismatch";
   // A cache with fewer blocks than the block table reads.
   TensorView small = b.cache_view;
   small.shape[0] = 1;
-  expect_error("too few blocks", "num_blocks", [&] { impl->forward(qv, {}, {}, small, *md, {}, ov); });
+  EXPECT_TRUE(test::throws_error_with([&] { impl->forward(qv, {}, {}, small, *md, {}, ov); },
+                                      {"num_blocks"})) << "too few blocks";
   // Metadata that breaks its own invariants never reaches a builder's output.
   CommonAttentionMetadata bad = b.md;
   bad.seq_lens[1] = 2;  // < query_len 3

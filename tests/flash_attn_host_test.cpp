@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,6 +16,7 @@
 #include "flash_attn/metadata_builder.h"
 #include "flash_attn/split_kv.h"
 #include "flash_attn/varlen_launch.h"
+#include "test_util.h"
 
 namespace attnkit::flash_attn {
 namespace {
@@ -657,34 +657,31 @@ TEST(FlashAttnBuilder, CascadeDecisionUsesTheConfiguration) {
 TEST(FlashAttnBuilder, RejectsMissingDeviceCopiesAndBadMetadata) {
   AttentionConfig cfg = config(90);
   FlashAttnMetadataBuilder builder(cfg);
-  auto expect_error = [&](const char* what, const std::string& needle, const CommonAttentionMetadata& md) {
-    try {
-      builder.build_flash(md);
-      ADD_FAILURE() << what << ": no Error";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << what << ": " << e.what();
-    }
-  };
   HostBatch b({1, 4}, {30, 4}, 16);
   EXPECT_NO_THROW(builder.build_flash(b.md));
   CommonAttentionMetadata md = b.md;
   md.seq_lens_dev = {};
-  expect_error("no device seq_lens", "seq_lens_dev", md);
+  EXPECT_TRUE(test::throws_error_with([&] { builder.build_flash(md); },
+                                      {"seq_lens_dev"})) << "no device seq_lens";
   md = b.md;
   md.query_start_loc_dev.device = Device::CPU;
-  expect_error("host array as device copy", "query_start_loc_dev", md);
+  EXPECT_TRUE(test::throws_error_with([&] { builder.build_flash(md); },
+                                      {"query_start_loc_dev"})) << "host array as device copy";
   md = b.md;
   md.block_table_dev.dtype = DType::i64;
-  expect_error("int64 table", "block_table_dev", md);
+  EXPECT_TRUE(test::throws_error_with([&] { builder.build_flash(md); },
+                                      {"block_table_dev"})) << "int64 table";
   md = b.md;
   md.seq_lens_dev.shape[0] = 1;
-  expect_error("short device copy", "seq_lens_dev", md);
+  EXPECT_TRUE(test::throws_error_with([&] { builder.build_flash(md); },
+                                      {"seq_lens_dev"})) << "short device copy";
   md = b.md;
   md.seq_lens[1] = 3;  // shorter than its 4 new tokens
-  expect_error("query longer than keys", "seq_lens", md);
+  EXPECT_TRUE(test::throws_error_with([&] { builder.build_flash(md); },
+                                      {"seq_lens"})) << "query longer than keys";
   md = b.md;
   md.block_table[0] = -2;
-  expect_error("negative block id", "block", md);
+  EXPECT_TRUE(test::throws_error_with([&] { builder.build_flash(md); }, {"block"})) << "negative block id";
   EXPECT_THROW(FlashAttnMetadataBuilder(cfg, {.decode_threshold = 0}), Error);
   EXPECT_THROW(FlashAttnMetadataBuilder(cfg, {.decode_threshold = 1, .max_splits = kMaxSplits + 1}), Error);
 }
@@ -714,15 +711,6 @@ struct FakeGpuCall {
   }
 };
 
-void expect_error(const char* what, const std::string& needle, const std::function<void()>& call) {
-  try {
-    call();
-    ADD_FAILURE() << what << ": no Error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << what << ": " << e.what();
-  }
-}
-
 TEST(FlashAttnImpl, ValidatesThenLaunches) {
   FakeGpuCall c;
   FlashAttnMetadataBuilder builder(c.cfg, {.decode_threshold = 1, .max_splits = 1});
@@ -740,39 +728,50 @@ TEST(FlashAttnImpl, ValidatesThenLaunches) {
   }
 #endif
   struct Other : BackendMetadata {};
-  expect_error("foreign metadata", "flash_attn builder", [&] { impl.forward(c.qv, {}, {}, c.cv, Other{}, {}, c.ov); });
+  EXPECT_TRUE(test::throws_error_with([&] { impl.forward(c.qv, {}, {}, c.cv, Other{}, {}, c.ov); },
+                                      {"flash_attn builder"})) << "foreign metadata";
   TensorView host_q = c.qv;
   host_q.device = Device::CPU;
-  expect_error("q on the CPU", "q", [&] { impl.forward(host_q, {}, {}, c.cv, md, {}, c.ov); });
+  EXPECT_TRUE(test::throws_error_with([&] { impl.forward(host_q, {}, {}, c.cv, md, {}, c.ov); },
+                                      {"q"})) << "q on the CPU";
   TensorView f16_out = c.ov;
   f16_out.dtype = DType::f16;
-  expect_error("out dtype", "out", [&] { impl.forward(c.qv, {}, {}, c.cv, md, {}, f16_out); });
+  EXPECT_TRUE(test::throws_error_with([&] { impl.forward(c.qv, {}, {}, c.cv, md, {}, f16_out); },
+                                      {"out"})) << "out dtype";
   TensorView other_gpu = c.ov;
   other_gpu.device_index = 1;
-  expect_error("out on another GPU", "device_index", [&] { impl.forward(c.qv, {}, {}, c.cv, md, {}, other_gpu); });
+  EXPECT_TRUE(test::throws_error_with([&] { impl.forward(c.qv, {}, {}, c.cv, md, {}, other_gpu); },
+                                      {"device_index"})) << "out on another GPU";
   TensorView host_cache = c.cv;
   host_cache.device = Device::CPU;
-  expect_error("cache on the CPU", "kv_cache", [&] { impl.forward(c.qv, {}, {}, host_cache, md, {}, c.ov); });
+  EXPECT_TRUE(test::throws_error_with([&] { impl.forward(c.qv, {}, {}, host_cache, md, {}, c.ov); },
+                                      {"kv_cache"})) << "cache on the CPU";
   TensorView small_cache = c.cv;
   small_cache.shape[0] = md.max_block_id;  // one block short of the largest id read
-  expect_error("cache too small", "num_blocks", [&] { impl.forward(c.qv, {}, {}, small_cache, md, {}, c.ov); });
+  EXPECT_TRUE(test::throws_error_with([&] { impl.forward(c.qv, {}, {}, small_cache, md, {}, c.ov); },
+                                      {"num_blocks"})) << "cache too small";
   TensorView bad_k = c.qv;  // k must have num_kv_heads heads
-  expect_error("k shape", "k", [&] { impl.forward(c.qv, bad_k, {}, c.cv, md, {}, c.ov); });
+  EXPECT_TRUE(test::throws_error_with([&] { impl.forward(c.qv, bad_k, {}, c.cv, md, {}, c.ov); },
+                                      {"k"})) << "k shape";
   // Features used by the call but not declared in the configuration the impl was made for.
   std::vector<float> slopes(c.cfg.num_heads, 0.1f);
   AttentionParams alibi;
   alibi.alibi_slopes = TensorView(slopes.data(), DType::f32, {c.cfg.num_heads}, Device::CUDA);
-  expect_error("undeclared ALiBi", "ALiBi", [&] { impl.forward(c.qv, {}, {}, c.cv, md, alibi, c.ov); });
+  EXPECT_TRUE(test::throws_error_with([&] { impl.forward(c.qv, {}, {}, c.cv, md, alibi, c.ov); },
+                                      {"ALiBi"})) << "undeclared ALiBi";
   AttentionParams softcap;
   softcap.softcap = 30.f;
-  expect_error("undeclared softcap", "softcap", [&] { impl.forward(c.qv, {}, {}, c.cv, md, softcap, c.ov); });
+  EXPECT_TRUE(test::throws_error_with([&] { impl.forward(c.qv, {}, {}, c.cv, md, softcap, c.ov); },
+                                      {"softcap"})) << "undeclared softcap";
   AttentionParams window;
   window.window_left = 127;
   window.window_right = 0;
-  expect_error("undeclared window", "window", [&] { impl.forward(c.qv, {}, {}, c.cv, md, window, c.ov); });
+  EXPECT_TRUE(test::throws_error_with([&] { impl.forward(c.qv, {}, {}, c.cv, md, window, c.ov); },
+                                      {"window"})) << "undeclared window";
   AttentionParams non_causal;
   non_causal.causal = false;
-  expect_error("causal mismatch", "causal", [&] { impl.forward(c.qv, {}, {}, c.cv, md, non_causal, c.ov); });
+  EXPECT_TRUE(test::throws_error_with([&] { impl.forward(c.qv, {}, {}, c.cv, md, non_causal, c.ov); },
+                                      {"causal"})) << "causal mismatch";
 }
 
 TEST(FlashAttnImpl, SplitLaunchNeedsWorkspace) {
@@ -785,7 +784,8 @@ TEST(FlashAttnImpl, SplitLaunchNeedsWorkspace) {
   EXPECT_EQ(impl.max_workspace_bytes(4096), varlen_workspace_bytes(4096, c.cfg.num_heads, c.cfg.head_size, kMaxSplits));
 #ifndef ATTNKIT_WITH_CUDA
   // A CPU build has no allocator: the caller must provide the workspace.
-  expect_error("no workspace", "set_workspace", [&] { impl.forward(c.qv, {}, {}, c.cv, md, {}, c.ov); });
+  EXPECT_TRUE(test::throws_error_with([&] { impl.forward(c.qv, {}, {}, c.cv, md, {}, c.ov); },
+                                      {"set_workspace"})) << "no workspace";
   std::vector<uint8_t> ws(md.workspace_bytes + 16);
   impl.set_workspace(ws.data(), ws.size());
   try {
@@ -798,7 +798,8 @@ TEST(FlashAttnImpl, SplitLaunchNeedsWorkspace) {
   if (md.workspace_bytes > 0) {  // CUDA builds size the partials; too small a buffer throws
     std::vector<uint8_t> small(md.workspace_bytes - 1);
     impl.set_workspace(small.data(), small.size());
-    expect_error("small workspace", "max_workspace_bytes", [&] { impl.forward(c.qv, {}, {}, c.cv, md, {}, c.ov); });
+    EXPECT_TRUE(test::throws_error_with([&] { impl.forward(c.qv, {}, {}, c.cv, md, {}, c.ov); },
+                                        {"max_workspace_bytes"})) << "small workspace";
   }
 }
 
@@ -828,7 +829,8 @@ TEST(FlashAttnImpl, DeclaredFeaturesPass) {
   }
 #endif
   p.lse = TensorView(lse.data(), DType::f32, {c.cfg.num_heads, md.num_actual_tokens - 1}, Device::CUDA);
-  expect_error("lse shape", "lse", [&] { impl.forward(c.qv, {}, {}, c.cv, md, p, c.ov); });
+  EXPECT_TRUE(test::throws_error_with([&] { impl.forward(c.qv, {}, {}, c.cv, md, p, c.ov); },
+                                      {"lse"})) << "lse shape";
 }
 
 }  // namespace

@@ -32,16 +32,6 @@ std::string joined(const std::vector<std::string>& v) {
   return s;
 }
 
-template <class F>
-void expect_error(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no Error; expected one mentioning '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
-
 // ---- capabilities and check() -------------------------------------------------------------
 
 TEST(FlashInferBackend, NameCapabilitiesAndRegistry) {
@@ -174,9 +164,12 @@ TEST(FlashInferBackend, KVCacheShapeTable) {
   for (const Row& r : rows)
     EXPECT_EQ(b.get_kv_cache_shape(r.blocks, r.block, r.kv_heads, r.head, r.dt), r.shape)
         << "block " << r.block << " head " << r.head << " " << dtype_name(r.dt);
-  expect_error([&] { b.get_kv_cache_shape(4, 24, 8, 128, DType::bf16); }, "block_size = 24");
-  expect_error([&] { b.get_kv_cache_shape(4, 16, 8, 96, DType::bf16); }, "head_size = 96");
-  expect_error([&] { b.get_kv_cache_shape(4, 16, 8, 128, DType::f32); }, "cache_dtype");
+  EXPECT_TRUE(test::throws_error_with([&] { b.get_kv_cache_shape(4, 24, 8, 128, DType::bf16); },
+                                      {"block_size = 24"}));
+  EXPECT_TRUE(test::throws_error_with([&] { b.get_kv_cache_shape(4, 16, 8, 96, DType::bf16); },
+                                      {"head_size = 96"}));
+  EXPECT_TRUE(test::throws_error_with([&] { b.get_kv_cache_shape(4, 16, 8, 128, DType::f32); },
+                                      {"cache_dtype"}));
   EXPECT_EQ(b.get_kv_cache_stride_order(KVLayout::NHD), (std::array<int, 5>{0, 1, 2, 3, 4}));
   EXPECT_EQ(b.get_kv_cache_stride_order(KVLayout::HND), (std::array<int, 5>{0, 1, 3, 2, 4}));
 }
@@ -248,26 +241,26 @@ TEST(FlashInferPageTable, Errors) {
   const CommonAttentionMetadata md = make_batch({1, 5}, {40, 100}, 16, rng);
   BatchView batch = md.batch();
   PageTable t(2, 7);  // the batch needs 3 + 7 = 10 pages
-  expect_error([&] { t.fill(batch, 0, 2, 16); }, "max_pages = 7");
+  EXPECT_TRUE(test::throws_error_with([&] { t.fill(batch, 0, 2, 16); }, {"max_pages = 7"}));
   PageTable one(1, 100);
-  expect_error([&] { one.fill(batch, 0, 2, 16); }, "max_reqs = 1");
+  EXPECT_TRUE(test::throws_error_with([&] { one.fill(batch, 0, 2, 16); }, {"max_reqs = 1"}));
   PageTable ok(4, 100);
-  expect_error([&] { ok.fill(batch, 1, 3, 16); }, "request range");
-  expect_error([&] { ok.fill(batch, 0, 2, 0); }, "page_size = 0");
+  EXPECT_TRUE(test::throws_error_with([&] { ok.fill(batch, 1, 3, 16); }, {"request range"}));
+  EXPECT_TRUE(test::throws_error_with([&] { ok.fill(batch, 0, 2, 0); }, {"page_size = 0"}));
   // A row too short for its sequence, and a negative block id.
   std::vector<int32_t> seq = {40, 100};
   batch.seq_lens = seq;
   batch.max_blocks_per_req = 2;
   std::vector<int32_t> table = {0, 1, 2, 3};
   batch.block_table = table;
-  expect_error([&] { ok.fill(batch, 0, 2, 16); }, "max_blocks_per_req = 2");
+  EXPECT_TRUE(test::throws_error_with([&] { ok.fill(batch, 0, 2, 16); }, {"max_blocks_per_req = 2"}));
   seq = {20, 30};
   table = {0, -4, 2, 3};
-  expect_error([&] { ok.fill(batch, 0, 2, 16); }, "block_table[0][1] = -4");
+  EXPECT_TRUE(test::throws_error_with([&] { ok.fill(batch, 0, 2, 16); }, {"block_table[0][1] = -4"}));
   // A rejected fill leaves the table as it was.
   ok.fill(md.batch(), 0, 2, 16);
   const std::vector<int32_t> before(ok.indices.begin(), ok.indices.begin() + ok.num_pages);
-  expect_error([&] { ok.fill(batch, 0, 2, 16); }, "-4");
+  EXPECT_TRUE(test::throws_error_with([&] { ok.fill(batch, 0, 2, 16); }, {"-4"}));
   EXPECT_EQ(ok.num_reqs, 2);
   EXPECT_TRUE(std::equal(before.begin(), before.end(), ok.indices.begin()));
 }
@@ -343,7 +336,7 @@ TEST(FlashInferBuilder, UnorderedBatchIsAnErrorNamingTheRequest) {
   std::mt19937_64 rng(1);
   FlashInferMetadataBuilder builder(config(32, 8, 16), small_limits());
   const CommonAttentionMetadata md = make_batch({1, 7, 1}, {30, 50, 60}, 16, rng);
-  expect_error([&] { builder.build(md); }, "request 2 is a decode");
+  EXPECT_TRUE(test::throws_error_with([&] { builder.build(md); }, {"request 2 is a decode"}));
   // The engine's fix: decode_first_order then permute_requests.
   const auto ordered = permute_requests(md, decode_first_order(md, 1));
   EXPECT_NO_THROW(builder.build(ordered));
@@ -389,16 +382,22 @@ TEST(FlashInferBuilder, LimitsStalenessAndFixedBuffers) {
   const void* after[] = {s.decode_plan.items.data(), s.prefill_plan.items.data(),
                          s.prefill_pages.indices.data(), s.decode_pages.indptr.data()};
   EXPECT_TRUE(std::equal(std::begin(ptrs), std::end(ptrs), std::begin(after)));
-  expect_error([&] { builder.build(make_batch({1, 1, 1, 1}, {5, 5, 5, 5}, 16, rng)); }, "max_reqs = 3");
-  expect_error([&] { builder.build(make_batch({65}, {100}, 16, rng)); }, "max_tokens = 64");
-  expect_error([&] { builder.build(make_batch({1}, {30000}, 16, rng)); }, "max_seq_len = 20000");
+  EXPECT_TRUE(test::throws_error_with([&] { builder.build(make_batch({1, 1, 1, 1}, {5, 5, 5, 5}, 16, rng)); },
+                                      {"max_reqs = 3"}));
+  EXPECT_TRUE(test::throws_error_with([&] { builder.build(make_batch({65}, {100}, 16, rng)); },
+                                      {"max_tokens = 64"}));
+  EXPECT_TRUE(test::throws_error_with([&] { builder.build(make_batch({1}, {30000}, 16, rng)); },
+                                      {"max_seq_len = 20000"}));
   // Refused and malformed configurations.
-  expect_error([&] { FlashInferMetadataBuilder b(config(32, 32, 256), small_limits()); }, "block_size = 256");
-  expect_error([&] { FlashInferMetadataBuilder b(config(32, 5, 16), small_limits()); }, "num_heads / num_kv_heads");
-  expect_error([&] { flashinfer_backend().make_builder(config(32, 8, 16, DeviceSpec::Cpu())); }, "CPU");
+  EXPECT_TRUE(test::throws_error_with(
+      [&] { FlashInferMetadataBuilder b(config(32, 32, 256), small_limits()); }, {"block_size = 256"}));
+  EXPECT_TRUE(test::throws_error_with([&] { FlashInferMetadataBuilder b(config(32, 5, 16), small_limits()); },
+                                      {"num_heads / num_kv_heads"}));
+  EXPECT_TRUE(test::throws_error_with(
+      [&] { flashinfer_backend().make_builder(config(32, 8, 16, DeviceSpec::Cpu())); }, {"CPU"}));
   AttentionConfig alibi = config(32, 8, 16);
   alibi.features.alibi = true;
-  expect_error([&] { flashinfer_backend().make_impl(alibi); }, "ALiBi");
+  EXPECT_TRUE(test::throws_error_with([&] { flashinfer_backend().make_impl(alibi); }, {"ALiBi"}));
   EXPECT_NE(flashinfer_backend().make_builder(config(32, 8, 16)), nullptr);
 }
 
@@ -438,64 +437,64 @@ TEST(FlashInferImpl, ValidatesThenSaysTheKernelsAreNotInThisBuild) {
   auto run = [&](const ForwardCase& c, const BackendMetadata& m) {
     impl->forward(c.q, c.k, c.v, c.cache, m, c.params, c.out);
   };
-  expect_error([&] { run(fc, *md); }, "kernels are not in this build yet");
+  EXPECT_TRUE(test::throws_error_with([&] { run(fc, *md); }, {"kernels are not in this build yet"}));
 
   struct OtherMetadata : BackendMetadata {};
-  expect_error([&] { run(fc, OtherMetadata{}); }, "another backend's metadata");
+  EXPECT_TRUE(test::throws_error_with([&] { run(fc, OtherMetadata{}); }, {"another backend's metadata"}));
   {
     ForwardCase c = fc;
     c.q = TensorView(fake(), DType::bf16, {c.tokens, 8, 64}, Device::CUDA);
-    expect_error([&] { run(c, *md); }, "q.shape = [41, 8, 64]");
+    EXPECT_TRUE(test::throws_error_with([&] { run(c, *md); }, {"q.shape = [41, 8, 64]"}));
   }
   {
     ForwardCase c = fc;
     c.q = TensorView(fake(), DType::bf16, {c.tokens, 8, 128});  // CPU
-    expect_error([&] { run(c, *md); }, "q.device");
+    EXPECT_TRUE(test::throws_error_with([&] { run(c, *md); }, {"q.device"}));
   }
   {
     ForwardCase c = fc;
     c.out = TensorView(fake(), DType::f16, {c.tokens, 8, 128}, Device::CUDA);
-    expect_error([&] { run(c, *md); }, "out.dtype");
+    EXPECT_TRUE(test::throws_error_with([&] { run(c, *md); }, {"out.dtype"}));
   }
   {
     ForwardCase c = fc;
     c.q = TensorView(fake(), DType::bf16, {c.tokens - 1, 8, 128}, Device::CUDA);
-    expect_error([&] { run(c, *md); }, "num_actual_tokens = 41");
+    EXPECT_TRUE(test::throws_error_with([&] { run(c, *md); }, {"num_actual_tokens = 41"}));
   }
   {
     ForwardCase c = fc;  // HND order given for an NHD configuration
     c.cache = TensorView(fake(), DType::bf16, {64, 2, 2, 16, 128}, Device::CUDA);
-    expect_error([&] { run(c, *md); }, "cache.shape = [64, 2, 2, 16, 128]");
+    EXPECT_TRUE(test::throws_error_with([&] { run(c, *md); }, {"cache.shape = [64, 2, 2, 16, 128]"}));
   }
   {
     ForwardCase c = fc;  // the plan reads page ids up to 2 * max_blocks_per_req - 1
     c.cache = TensorView(fake(), DType::bf16, {3, 2, 16, 2, 128}, Device::CUDA);
-    expect_error([&] { run(c, *md); }, "num_blocks = 3");
+    EXPECT_TRUE(test::throws_error_with([&] { run(c, *md); }, {"num_blocks = 3"}));
   }
   {
     ForwardCase c = fc;
     c.params.alibi_slopes = TensorView(fake(), DType::f32, {8}, Device::CUDA);
-    expect_error([&] { run(c, *md); }, "ALiBi");
+    EXPECT_TRUE(test::throws_error_with([&] { run(c, *md); }, {"ALiBi"}));
   }
   {
     ForwardCase c = fc;  // a feature the configuration did not declare
     c.params.softcap = 30.f;
-    expect_error([&] { run(c, *md); }, "softcap");
+    EXPECT_TRUE(test::throws_error_with([&] { run(c, *md); }, {"softcap"}));
   }
   {
     ForwardCase c = fc;
     c.params.lse = TensorView(fake(), DType::f32, {8, c.tokens}, Device::CUDA);
-    expect_error([&] { run(c, *md); }, "LSE output");
+    EXPECT_TRUE(test::throws_error_with([&] { run(c, *md); }, {"LSE output"}));
   }
   {
     ForwardCase c = fc;
     c.params.causal = false;
-    expect_error([&] { run(c, *md); }, "params.causal");
+    EXPECT_TRUE(test::throws_error_with([&] { run(c, *md); }, {"params.causal"}));
   }
   {
     ForwardCase c = fc;  // the plan assumed no window: any window is within it
     c.params.window_left = 10;
-    expect_error([&] { run(c, *md); }, "not in this build");
+    EXPECT_TRUE(test::throws_error_with([&] { run(c, *md); }, {"not in this build"}));
   }
   {
     BuilderLimits l = small_limits();
@@ -504,11 +503,11 @@ TEST(FlashInferImpl, ValidatesThenSaysTheKernelsAreNotInThisBuild) {
     auto wmd = windowed.build(make_batch({1, 40}, {100, 200}, 16, rng));
     ForwardCase c = fc;
     c.params.window_left = 16;  // wider than planned
-    expect_error([&] { run(c, *wmd); }, "planned window_left = 8");
+    EXPECT_TRUE(test::throws_error_with([&] { run(c, *wmd); }, {"planned window_left = 8"}));
     c.params.window_left = -1;
-    expect_error([&] { run(c, *wmd); }, "planned window_left = 8");
+    EXPECT_TRUE(test::throws_error_with([&] { run(c, *wmd); }, {"planned window_left = 8"}));
     c.params.window_left = 4;
-    expect_error([&] { run(c, *wmd); }, "not in this build");
+    EXPECT_TRUE(test::throws_error_with([&] { run(c, *wmd); }, {"not in this build"}));
   }
   {
     // nvfp4: the packed u8 cache (last dim 128/2 + 128/16 = 72 bytes).
@@ -519,11 +518,11 @@ TEST(FlashInferImpl, ValidatesThenSaysTheKernelsAreNotInThisBuild) {
     auto impl4 = flashinfer_backend().make_impl(cfg);
     ForwardCase c = fc;
     c.cache = TensorView(fake(), DType::u8, {64, 2, 16, 2, 72}, Device::CUDA);
-    expect_error([&] { impl4->forward(c.q, c.k, c.v, c.cache, *md4, c.params, c.out); },
-                 "not in this build");
+    EXPECT_TRUE(test::throws_error_with(
+        [&] { impl4->forward(c.q, c.k, c.v, c.cache, *md4, c.params, c.out); }, {"not in this build"}));
     c.cache = TensorView(fake(), DType::u8, {64, 2, 16, 2, 128}, Device::CUDA);
-    expect_error([&] { impl4->forward(c.q, c.k, c.v, c.cache, *md4, c.params, c.out); },
-                 "[64, 2, 16, 2, 72]");
+    EXPECT_TRUE(test::throws_error_with(
+        [&] { impl4->forward(c.q, c.k, c.v, c.cache, *md4, c.params, c.out); }, {"[64, 2, 16, 2, 72]"}));
   }
   {
     // Declared features in use, and buffers padded past num_actual_tokens (CUDA graphs).
@@ -536,11 +535,11 @@ TEST(FlashInferImpl, ValidatesThenSaysTheKernelsAreNotInThisBuild) {
     c.params.lse = TensorView(fake(), DType::f32, {8, c.tokens}, Device::CUDA);
     c.params.sinks = TensorView(fake(), DType::f32, {8}, Device::CUDA);
     c.params.softcap = 30.f;
-    expect_error([&] { full->forward(c.q, c.k, c.v, c.cache, *md, c.params, c.out); },
-                 "not in this build");
+    EXPECT_TRUE(test::throws_error_with([&] { full->forward(c.q, c.k, c.v, c.cache, *md, c.params, c.out); },
+                                        {"not in this build"}));
   }
   builder.build(make_batch({1}, {5}, 16, rng));
-  expect_error([&] { run(fc, *md); }, "re-planned");
+  EXPECT_TRUE(test::throws_error_with([&] { run(fc, *md); }, {"re-planned"}));
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "attnkit/error.h"
 #include "flashinfer/plan.h"
+#include "test_util.h"
 
 namespace attnkit::flashinfer {
 namespace {
@@ -426,16 +427,6 @@ TEST(PlanCapacityTest, ReplanningNeverReallocates) {
   EXPECT_EQ(plan.workspace_bytes(), static_cast<size_t>(plan.capacity.max_partial_rows) * 8 * 129 * 4);
 }
 
-template <class F>
-void expect_error(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no Error; expected one mentioning '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
-
 TEST(PlanCapacityTest, OverflowIsAnErrorAndKeepsThePreviousPlan) {
   PlanConfig cfg = tensor_core_config(16, 33, 4);
   PlanBuffers plan(cfg, PlanCapacity::for_limits(cfg, 4, 64));
@@ -448,10 +439,10 @@ TEST(PlanCapacityTest, OverflowIsAnErrorAndKeepsThePreviousPlan) {
 
   Batch too_many;
   for (int r = 0; r < 5; ++r) too_many.add(1, 10);
-  expect_error([&] { plan_batch(too_many.view(), plan); }, "max_reqs = 4");
+  EXPECT_TRUE(test::throws_error_with([&] { plan_batch(too_many.view(), plan); }, {"max_reqs = 4"}));
   Batch too_long;
   too_long.add(65, 100);
-  expect_error([&] { plan_batch(too_long.view(), plan); }, "max_tokens = 64");
+  EXPECT_TRUE(test::throws_error_with([&] { plan_batch(too_long.view(), plan); }, {"max_tokens = 64"}));
   EXPECT_EQ(plan.num_items, items);
   EXPECT_EQ(plan.kv_chunk_tokens, chunk);
   check_plan(ok, plan);
@@ -459,11 +450,11 @@ TEST(PlanCapacityTest, OverflowIsAnErrorAndKeepsThePreviousPlan) {
   PlanCapacity small = PlanCapacity::for_limits(cfg, 4, 64);
   small.max_items = 3;
   PlanBuffers few(cfg, small);
-  expect_error([&] { plan_batch(ok.view(), few); }, "max_items = 3");
+  EXPECT_TRUE(test::throws_error_with([&] { plan_batch(ok.view(), few); }, {"max_items = 3"}));
   small = PlanCapacity::for_limits(cfg, 4, 64);
   small.max_partial_rows = 2;
   PlanBuffers narrow(cfg, small);
-  expect_error([&] { plan_batch(ok.view(), narrow); }, "max_partial_rows = 2");
+  EXPECT_TRUE(test::throws_error_with([&] { plan_batch(ok.view(), narrow); }, {"max_partial_rows = 2"}));
 }
 
 TEST(PlanCapacityTest, CapacitiesDerivedFromLimitsHoldForExtremeBatches) {
@@ -506,21 +497,21 @@ TEST(PlanErrors, BadBatchesNameTheValue) {
     b.qo_indptr = c.qo;
     b.kv_lens = c.kv;
     b.window_left = c.wl;
-    expect_error([&] { plan_batch(b, plan); }, c.needle);
+    EXPECT_TRUE(test::throws_error_with([&] { plan_batch(b, plan); }, {c.needle}));
   }
   PlanConfig dc = cfg;
   dc.kernel = PlanKernel::CudaCoreDecode;
   PlanBuffers decode(dc, PlanCapacity::for_limits(dc, 8, 8));
   Batch two;
   two.add(2, 10);
-  expect_error([&] { plan_batch(two.view(), decode); }, "CUDA-core decode");
+  EXPECT_TRUE(test::throws_error_with([&] { plan_batch(two.view(), decode); }, {"CUDA-core decode"}));
   PlanConfig bad = cfg;
   bad.num_slots = 0;
-  expect_error([&] { PlanBuffers p(bad, PlanCapacity{}); }, "num_slots = 0");
+  EXPECT_TRUE(test::throws_error_with([&] { PlanBuffers p(bad, PlanCapacity{}); }, {"num_slots = 0"}));
   bad = cfg;
   bad.page_size = 0;
-  expect_error([&] { PlanCapacity::for_limits(bad, 1, 1); }, "page_size = 0");
-  expect_error([&] { num_slots_for(0, 8); }, "num_sms = 0");
+  EXPECT_TRUE(test::throws_error_with([&] { PlanCapacity::for_limits(bad, 1, 1); }, {"page_size = 0"}));
+  EXPECT_TRUE(test::throws_error_with([&] { num_slots_for(0, 8); }, {"num_sms = 0"}));
 }
 
 TEST(PlanErrors, EmptyBatchPlansNothing) {

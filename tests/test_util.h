@@ -75,9 +75,17 @@ template <class A, class E>
          << static_cast<double>(expected[worst]);
 }
 
-// Runs fn; succeeds iff it throws attnkit::Error whose what() contains every substring.
+// Runs fn; succeeds iff it throws attnkit::Error whose what() contains every substring. The
+// one helper for "this call is refused with a message naming X": use it as
+// EXPECT_TRUE(test::throws_error_with([&] { ... }, {"X"})) << "case name"; so that a failure
+// points at the call site and says what was thrown (or that nothing was) and the message.
 template <class Fn>
 ::testing::AssertionResult throws_error_with(Fn&& fn, const std::vector<std::string>& parts) {
+  auto expected = [&] {
+    std::string s = "expected an attnkit::Error containing";
+    for (const auto& p : parts) s += " \"" + p + "\"";
+    return s;
+  };
   try {
     fn();
   } catch (const Error& e) {
@@ -88,9 +96,12 @@ template <class Fn>
                << "message \"" << msg << "\" lacks \"" << p << "\"";
     return ::testing::AssertionSuccess();
   } catch (const std::exception& e) {
-    return ::testing::AssertionFailure() << "threw a non-attnkit exception: " << e.what();
+    return ::testing::AssertionFailure()
+           << "threw a non-attnkit exception: " << e.what() << "; " << expected();
+  } catch (...) {
+    return ::testing::AssertionFailure() << "threw something that is not a std::exception; " << expected();
   }
-  return ::testing::AssertionFailure() << "did not throw";
+  return ::testing::AssertionFailure() << "did not throw; " << expected();
 }
 
 // The model configuration most tests start from: bf16, head size 128, cache in the model's

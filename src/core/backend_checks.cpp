@@ -72,6 +72,12 @@ void require_declared_features(const AttentionParams& p, const Features& declare
   need(p.lse.defined(), declared.lse, "lse", "LSE output");
 }
 
+void require_same_gpu(const TensorView& t, std::string_view name, int device_index,
+                      std::string_view where) {
+  ATTNKIT_REQUIRE(t.device_index == device_index, where, std::string(name) + ".device_index",
+                  t.device_index, "must be q's CUDA device " + std::to_string(device_index));
+}
+
 ForwardViews check_forward_tensors(const TensorView& q, const TensorView& k, const TensorView& v,
                                    const TensorView& out, const TensorView& lse,
                                    const AttentionConfig& cfg, int64_t num_tokens, Device device,

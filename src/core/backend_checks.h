@@ -24,6 +24,10 @@ KVCacheSpec cache_spec_of(const TensorView& cache, const AttentionConfig& cfg, s
 void require_declared_features(const AttentionParams& params, const Features& declared,
                                std::string_view where);
 
+// Throws unless `t` (named `name` in the message) is on CUDA device `device_index` (q's).
+void require_same_gpu(const TensorView& t, std::string_view name, int device_index,
+                      std::string_view where);
+
 // q: [>= num_tokens, num_heads, head_size] of cfg.dtype on `device`, last dim contiguous; out
 // the same shape, of q's dtype when out_same_dtype, else any of f32/f16/bf16; lse (when
 // defined) f32 [num_heads, num_tokens];

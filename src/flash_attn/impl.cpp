@@ -15,11 +15,6 @@ namespace {
 
 constexpr std::string_view kWhere = "flash_attn forward";
 
-void require_same_gpu(const TensorView& t, std::string_view name, int device_index) {
-  ATTNKIT_REQUIRE(t.device_index == device_index, kWhere, std::string(name) + ".device_index",
-                  t.device_index, "must be q's CUDA device " + std::to_string(device_index));
-}
-
 }  // namespace
 
 #ifdef ATTNKIT_WITH_CUDA
@@ -83,10 +78,10 @@ void FlashAttnImpl::forward(const TensorView& q, const TensorView& k, const Tens
   const ForwardViews views = check_forward_tensors(q, k, v, out, params.lse, cfg_, md->num_actual_tokens,
                                                    Device::CUDA, /*out_same_dtype=*/true, kWhere);
   kv_cache.require_device(kWhere, "kv_cache", Device::CUDA);
-  require_same_gpu(out, "out", q.device_index);
-  require_same_gpu(kv_cache, "kv_cache", q.device_index);
+  require_same_gpu(out, "out", q.device_index, kWhere);
+  require_same_gpu(kv_cache, "kv_cache", q.device_index, kWhere);
   for (const auto* a : {&md->query_start_loc, &md->seq_lens, &md->block_table})
-    require_same_gpu(*a, "metadata array", q.device_index);
+    require_same_gpu(*a, "metadata array", q.device_index, kWhere);
   const KVCacheSpec spec = cache_spec_of(kv_cache, cfg_, kWhere);
   ATTNKIT_REQUIRE(md->max_block_id < spec.num_blocks, kWhere, "block id", md->max_block_id,
                   "must be < the cache's num_blocks = " + std::to_string(spec.num_blocks));

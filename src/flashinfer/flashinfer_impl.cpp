@@ -17,11 +17,6 @@ constexpr std::string_view kWhere = "flashinfer forward";
 // keys the call needs (-1 = unbounded).
 bool window_within(int call, int planned) { return planned < 0 || (call >= 0 && call <= planned); }
 
-void require_same_gpu(const TensorView& t, std::string_view name, int device_index) {
-  ATTNKIT_REQUIRE(t.device_index == device_index, kWhere, std::string(name) + ".device_index",
-                  t.device_index, "must be q's CUDA device " + std::to_string(device_index));
-}
-
 // The cache tensor made for cfg (cache_spec_of, then the dense physical layout spec.view
 // checks), and every page the plans read inside it.
 void check_cache(const TensorView& cache, const AttentionConfig& cfg, const PlanState& state) {
@@ -56,8 +51,8 @@ class FlashInferImpl final : public AttentionImpl {
     const int64_t tokens = md->num_actual_tokens;
     const ForwardViews views = check_forward_tensors(q, k, v, out, params.lse, cfg_, tokens,
                                                      Device::CUDA, /*out_same_dtype=*/true, kWhere);
-    require_same_gpu(out, "out", q.device_index);
-    require_same_gpu(kv_cache, "kv_cache", q.device_index);
+    require_same_gpu(out, "out", q.device_index, kWhere);
+    require_same_gpu(kv_cache, "kv_cache", q.device_index, kWhere);
     check_cache(kv_cache, cfg_, *md->state);
     AttentionParams p = params;
     p.lse = views.lse;
