@@ -2,9 +2,12 @@
 argument names, page-table format and **base-2 LSE** convention (attnkit itself uses natural
 log; conversion happens here, at the boundary).
 
-The FlashInfer-style GPU kernels are not part of this build yet: CPU inputs run on the reference
-backend (the page table becomes a block table), CUDA inputs raise AttnkitError. merge_state(s)
-run on both devices through attnkit's merge.
+plan() hands the page table and the batch to the C++ FlashInfer-style host side (the page table
+is validated and held by flashinfer::PageTable, the batch planned by plan_batch into
+fixed-capacity buffers; `wrapper.plan_info` shows what it decided). The FlashInfer-style GPU
+kernels are not part of this build yet: run() executes the plan on CPU inputs on the backend's
+CPU path (the reference's math, item by item through the page table), CUDA inputs raise
+AttnkitError. merge_state(s) run on both devices through attnkit's merge.
 """
 
 from __future__ import annotations
@@ -34,40 +37,10 @@ def _dtype_str(dt) -> str | None:
     return _DTYPE_ALIASES.get(name, name)
 
 
-def _page_table(indptr, indices, last_page_len, page_size, where):
-    """FlashInfer's CSR page table -> (seq_lens, block_table) host int32 arrays."""
-    indptr = A.host_int32(indptr, where, "indptr")
-    indices = A.host_int32(indices, where, "indices")
-    last = A.host_int32(last_page_len, where, "last_page_len")
-    if indptr.ndim != 1 or indptr.size < 1:
-        A.fail(where, f"indptr.shape = {list(indptr.shape)}", "must be [batch_size + 1]")
-    batch = indptr.size - 1
-    if indptr[0] != 0:
-        A.fail(where, f"indptr[0] = {indptr[0]}", "must be 0")
-    pages = np.diff(indptr)
-    if batch and pages.min() < 0:
-        r = int(np.argmin(pages))
-        A.fail(where, f"indptr[{r + 1}] = {indptr[r + 1]}", f"must be >= indptr[{r}] = {indptr[r]}")
-    if indices.ndim != 1 or indices.size < indptr[-1]:
-        A.fail(where, f"indices.shape = {list(indices.shape)}", f"must hold indptr[-1] = {indptr[-1]} page ids")
-    if last.shape != (batch,):
-        A.fail(where, f"last_page_len.shape = {list(last.shape)}", f"must be [batch_size = {batch}]")
-    for r in range(batch):
-        if pages[r] > 0 and not 1 <= last[r] <= page_size:
-            A.fail(where, f"last_page_len[{r}] = {last[r]}", f"must be in [1, page_size = {page_size}]")
-    seq_lens = np.where(pages > 0, (pages - 1) * page_size + last, 0).astype(np.int32)
-    width = max(int(pages.max()) if batch else 0, 1)
-    table = np.zeros((batch, width), dtype=np.int32)
-    for r in range(batch):
-        table[r, :pages[r]] = indices[indptr[r]:indptr[r + 1]]
-    return seq_lens, table
-
-
-def _indptr(x, where, name):
-    a = A.host_int32(x, where, name)
-    if a.ndim != 1 or a.size < 1:
-        A.fail(where, f"{name}.shape = {list(a.shape)}", "must be [batch_size + 1]")
-    return a
+def _table(where, indptr, indices, last_page_len):
+    """FlashInfer's CSR page table as host int32 arrays (the C++ PageTable checks the rest)."""
+    return [A.host_int32(x, where, name) for x, name in
+            ((indptr, "indptr"), (indices, "indices"), (last_page_len, "last_page_len"))]
 
 
 def _check_layout(kv_layout, where):
@@ -114,20 +87,10 @@ def _cuda_refused(where, q):
 
 
 class _Plan:
-    """What plan() fixed: host metadata and the attention options."""
+    """The attention options plan() fixed (the batch itself is in the C++ plan)."""
 
-    def __init__(self, qo_indptr, seq_lens, block_table, cu_seqlens_k, num_qo_heads, num_kv_heads,
-                 head_dim, page_size, causal, window_left, logits_soft_cap, sm_scale, q_data_type,
-                 kv_data_type):
-        self.qo_indptr = qo_indptr
-        self.seq_lens = seq_lens
-        self.block_table = block_table
-        self.cu_seqlens_k = cu_seqlens_k
-        self.num_qo_heads = int(num_qo_heads)
-        self.num_kv_heads = int(num_kv_heads)
+    def __init__(self, head_dim, window_left, logits_soft_cap, sm_scale, q_data_type, kv_data_type):
         self.head_dim = int(head_dim)
-        self.page_size = page_size
-        self.causal = bool(causal)
         self.window_left = int(window_left)
         self.logits_soft_cap = float(logits_soft_cap or 0.0)
         self.sm_scale = sm_scale
@@ -135,18 +98,33 @@ class _Plan:
         self.kv_data_type = _dtype_str(kv_data_type) or self.q_data_type
 
 
+def _rows(buf, extra=0):
+    """Capacity given by a CUDA-graph buffer's length (0 when there is none)."""
+    return max(int(buf.shape[0]) - extra, 0) if buf is not None else 0
+
+
 class _Wrapper:
     _name = "wrapper"
 
     def __init__(self, float_workspace_buffer=None, kv_layout="NHD", use_cuda_graph=False, backend="auto",
-                 **_buffers):
-        # The workspace and CUDA-graph buffers are FlashInfer's GPU resources; the CPU path
-        # needs none (kept for call compatibility).
+                 max_reqs=0, max_pages=0):
+        # The workspace is FlashInfer's GPU resource; the CPU path needs none (kept for call
+        # compatibility). In CUDA-graph mode the buffers' lengths fix the plan's capacity
+        # (max_reqs, max_pages; the tokens come from the first plan), as FlashInfer's do.
         self._layout = _check_layout(kv_layout, self._name)
         self._float_workspace_buffer = float_workspace_buffer
         self._use_cuda_graph = bool(use_cuda_graph)
         self._backend = backend
         self._plan = None
+        graph = self._use_cuda_graph
+        self._cpp = _C.FlashInferPlan(max_reqs if graph else 0, max_pages if graph else 0, graph)
+
+    @property
+    def plan_info(self) -> dict:
+        """What the C++ plan of the last plan() decided (a copy; {} before plan): kernel, tile_q,
+        kv_chunk_tokens, num_items, num_slots, split_kv, num_split_tiles, num_partial_rows,
+        num_merged_rows, num_reqs, num_tokens, page_size, group_size and the capacity."""
+        return self._cpp.info() if self._plan is not None else {}
 
     def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None):
         self._float_workspace_buffer = float_workspace_buffer
@@ -195,8 +173,8 @@ class _Wrapper:
             A.fail(where, f"cache dtype = {have_name}", f"must be plan()'s kv_data_type = {want}")
         return have if have in _CACHE_NAME.values() else "auto"
 
-    def _attend(self, where, q, k, v, cache_dtype, block_table, seq_lens, cu_seqlens_k, causal,
-                q_scale, k_scale, v_scale, out, lse, return_lse, window_left, sinks):
+    def _attend(self, where, q, k, v, cache_dtype, q_scale, k_scale, v_scale, out, lse, return_lse,
+                window_left, sinks):
         plan = self._need_plan(where)
         A.check_array(q, where, "q")
         _cuda_refused(where, q)
@@ -210,13 +188,8 @@ class _Wrapper:
         if out is None:
             out = A.empty(q, q.shape)
         lse_nat = A.empty(q, (q.shape[1], q.shape[0]), "float32") if (return_lse or lse is not None) else None
-        qo = plan.qo_indptr
-        max_q = int(np.diff(qo).max()) if qo.size > 1 else 0
-        max_k = int(plan.seq_lens.max()) if plan.seq_lens.size else 0
-        _C.varlen_attention(
-            q, k, v, cache_dtype, qo, cu_seqlens_k, seq_lens, block_table, max_q, max_k, scale, causal,
-            plan.window_left, 0 if causal else -1, plan.logits_soft_cap, None,
-            A.as_float32(sinks, where, "sinks"), None, None, out, lse_nat, 0, None, 0)
+        self._cpp.run(where, q, k, v, cache_dtype, scale, plan.logits_soft_cap,
+                      A.as_float32(sinks, where, "sinks"), out, lse_nat)
         if v_scale is not None and float(v_scale) != 1.0:
             out *= float(v_scale)
         if lse_nat is None:
@@ -237,7 +210,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
     def __init__(self, float_workspace_buffer=None, kv_layout="NHD", use_cuda_graph=False,
                  use_tensor_cores=False, paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None,
                  paged_kv_last_page_len_buffer=None, backend="auto", jit_args=None):
-        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend)
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend,
+                         _rows(paged_kv_indptr_buffer, 1), _rows(paged_kv_indices_buffer))
         self._use_tensor_cores = bool(use_tensor_cores)
 
     @property
@@ -254,11 +228,12 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
                 rope_theta=(rope_theta, None), q_len_per_req=(q_len_per_req, 1))
         if o_data_type is not None and _dtype_str(o_data_type) != _dtype_str(data_type or q_data_type):
             A.fail(where, f"o_data_type = {o_data_type}", "must equal q_data_type (attnkit writes q's dtype)")
-        seq_lens, table = _page_table(indptr, indices, last_page_len, int(page_size), where)
-        batch = seq_lens.size
-        self._plan = _Plan(np.arange(batch + 1, dtype=np.int32), seq_lens, table, None, num_qo_heads,
-                           num_kv_heads, head_dim, int(page_size), True, window_left, logits_soft_cap,
-                           sm_scale, data_type or q_data_type, kv_data_type or data_type)
+        self._plan = None  # kept only when the C++ page table and plan accept the batch
+        self._cpp.plan_paged(where, None, *_table(where, indptr, indices, last_page_len), int(num_qo_heads),
+                             int(num_kv_heads), int(head_dim), int(page_size), True, int(window_left),
+                             self._use_tensor_cores)
+        self._plan = _Plan(head_dim, window_left, logits_soft_cap, sm_scale, data_type or q_data_type,
+                           kv_data_type or data_type)
 
     def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None,
             lse=None, return_lse=False, enable_pdl=None, window_left=None, sinks=None):
@@ -266,14 +241,14 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         (and lse [batch_size, num_qo_heads], base 2, with return_lse)."""
         where = f"{self._name}.run"
         _no_positional_extras(where, args)
-        plan = self._need_plan(where)
+        self._need_plan(where)
         A.check_array(q, where, "q")
         _cuda_refused(where, q)
-        if q.shape[0] != plan.seq_lens.size:
-            A.fail(where, f"q.shape[0] = {q.shape[0]}", f"must be plan()'s batch size = {plan.seq_lens.size}")
+        if q.shape[0] != self._cpp.num_reqs:
+            A.fail(where, f"q.shape[0] = {q.shape[0]}", f"must be plan()'s batch size = {self._cpp.num_reqs}")
         k, v, cache_dtype = self._cache_views(paged_kv_cache, where)
-        return self._attend(where, q, k, v, cache_dtype, plan.block_table, plan.seq_lens, None, True,
-                            q_scale, k_scale, v_scale, out, lse, return_lse, window_left, sinks)
+        return self._attend(where, q, k, v, cache_dtype, q_scale, k_scale, v_scale, out, lse, return_lse,
+                            window_left, sinks)
 
     forward = run
 
@@ -300,7 +275,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
     def __init__(self, float_workspace_buffer=None, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
                  paged_kv_indptr_buf=None, paged_kv_indices_buf=None, paged_kv_last_page_len_buf=None,
                  custom_mask_buf=None, mask_indptr_buf=None, backend="auto", jit_args=None, jit_kwargs=None):
-        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend)
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend,
+                         _rows(qo_indptr_buf, 1) or _rows(paged_kv_indptr_buf, 1), _rows(paged_kv_indices_buf))
 
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
              num_kv_heads, head_dim_qk, page_size, head_dim_vo=None, custom_mask=None,
@@ -311,14 +287,12 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         _check_prefill_plan_options(where, extras, custom_mask, packed_custom_mask, pos_encoding_mode,
                                     use_fp16_qk_reduction, rope_scale, rope_theta, head_dim_qk,
                                     head_dim_vo, q_data_type, o_data_type)
-        qo = _indptr(qo_indptr, where, "qo_indptr")
-        seq_lens, table = _page_table(paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
-                                      int(page_size), where)
-        if qo.size != seq_lens.size + 1:
-            A.fail(where, f"qo_indptr.shape = [{qo.size}]", f"must be [batch_size + 1 = {seq_lens.size + 1}]")
-        self._plan = _Plan(qo, seq_lens, table, None, num_qo_heads, num_kv_heads, head_dim_qk,
-                           int(page_size), causal, window_left, logits_soft_cap, sm_scale, q_data_type,
-                           kv_data_type)
+        self._plan = None
+        self._cpp.plan_paged(where, A.host_int32(qo_indptr, where, "qo_indptr"),
+                             *_table(where, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len),
+                             int(num_qo_heads), int(num_kv_heads), int(head_dim_qk), int(page_size),
+                             bool(causal), int(window_left), True)
+        self._plan = _Plan(head_dim_qk, window_left, logits_soft_cap, sm_scale, q_data_type, kv_data_type)
 
     def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None,
             lse=None, return_lse=False, enable_pdl=None, window_left=None, sinks=None):
@@ -326,13 +300,12 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         [qo_indptr[-1], num_qo_heads], base 2, with return_lse)."""
         where = f"{self._name}.run"
         _no_positional_extras(where, args)
-        plan = self._need_plan(where)
+        self._need_plan(where)
         A.check_array(q, where, "q")
         _cuda_refused(where, q)
         k, v, cache_dtype = self._cache_views(paged_kv_cache, where)
-        return self._attend(where, q, k, v, cache_dtype, plan.block_table, plan.seq_lens, None,
-                            plan.causal, q_scale, k_scale, v_scale, out, lse, return_lse, window_left,
-                            sinks)
+        return self._attend(where, q, k, v, cache_dtype, q_scale, k_scale, v_scale, out, lse, return_lse,
+                            window_left, sinks)
 
     forward = run
 
@@ -345,7 +318,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
     def __init__(self, float_workspace_buffer=None, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
                  kv_indptr_buf=None, custom_mask_buf=None, mask_indptr_buf=None, backend="auto",
                  jit_args=None, jit_kwargs=None):
-        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend)
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend,
+                         _rows(qo_indptr_buf, 1) or _rows(kv_indptr_buf, 1))
 
     def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo=None,
              custom_mask=None, packed_custom_mask=None, causal=False, pos_encoding_mode="NONE",
@@ -356,13 +330,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
         _check_prefill_plan_options(where, extras, custom_mask, packed_custom_mask, pos_encoding_mode,
                                     use_fp16_qk_reduction, rope_scale, rope_theta, head_dim_qk,
                                     head_dim_vo, q_data_type, o_data_type)
-        qo = _indptr(qo_indptr, where, "qo_indptr")
-        kv = _indptr(kv_indptr, where, "kv_indptr")
-        if kv.size != qo.size:
-            A.fail(where, f"kv_indptr.shape = [{kv.size}]", f"must equal qo_indptr.shape = [{qo.size}]")
-        self._plan = _Plan(qo, np.diff(kv).astype(np.int32), None, kv, num_qo_heads, num_kv_heads,
-                           head_dim_qk, None, causal, window_left, logits_soft_cap, sm_scale, q_data_type,
-                           kv_data_type)
+        self._plan = None
+        self._cpp.plan_ragged(where, A.host_int32(qo_indptr, where, "qo_indptr"),
+                              A.host_int32(kv_indptr, where, "kv_indptr"), int(num_qo_heads),
+                              int(num_kv_heads), int(head_dim_qk), bool(causal), int(window_left))
+        self._plan = _Plan(head_dim_qk, window_left, logits_soft_cap, sm_scale, q_data_type, kv_data_type)
 
     def run(self, q, k, v, *args, q_scale=None, k_scale=None, v_scale=None, o_scale=None, out=None,
             lse=None, return_lse=False, enable_pdl=None, window_left=None, sinks=None):
@@ -370,7 +342,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
         head_dim] -> out like q (and lse [qo_indptr[-1], num_qo_heads], base 2)."""
         where = f"{self._name}.run"
         _no_positional_extras(where, args)
-        plan = self._need_plan(where)
+        self._need_plan(where)
         for name, x in (("q", q), ("k", k), ("v", v)):
             A.check_array(x, where, name)
         _cuda_refused(where, q)
@@ -379,8 +351,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
         k, k_fmt = A.split_fp8(k)
         v, v_fmt = A.split_fp8(v)
         cache_dtype = self._cache_dtype(k_fmt or v_fmt, A.dtype_name(k), where)
-        return self._attend(where, q, k, v, cache_dtype, None, None, plan.cu_seqlens_k, plan.causal,
-                            q_scale, k_scale, v_scale, out, lse, return_lse, window_left, sinks)
+        return self._attend(where, q, k, v, cache_dtype, q_scale, k_scale, v_scale, out, lse, return_lse,
+                            window_left, sinks)
 
     forward = run
 

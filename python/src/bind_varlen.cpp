@@ -1,6 +1,5 @@
-// The varlen attention call behind attnkit.flash_attn_varlen_func (and the FlashInfer-style
-// wrappers' CPU path): CPU arrays run on the reference backend, CUDA arrays on the
-// FlashAttention-style kernel through its launch seam (src/flash_attn/varlen_launch.h).
+// The varlen attention call behind attnkit.flash_attn_varlen_func: CPU arrays run on the
+// reference backend, CUDA arrays on the FlashAttention-style kernel through its launch seam (src/flash_attn/varlen_launch.h).
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
@@ -20,9 +19,6 @@ namespace attnkit::py {
 namespace {
 
 constexpr std::string_view kWhere = "flash_attn_varlen_func";
-
-// Block size of the identity paged view over contiguous K/V (the reference's minimum).
-constexpr int kIdentityBlock = 16;
 
 struct VarlenCall {
   TensorView q, k, v, out, lse;
@@ -96,33 +92,6 @@ void check_common(const VarlenCall& c) {
     c.k.require_ndim(kWhere, "k", 3);
     c.v.require_ndim(kWhere, "v", 3);
   }
-}
-
-// The K/V cache the call reads: the paged views as they are, or (contiguous k/v) an identity
-// paged view with no copy: block b starts at token row b and holds 16 consecutive rows (blocks
-// overlap), and request r's block-table row is cu_seqlens_k[r] + 16 * j, so logical position
-// p of request r reads row cu_seqlens_k[r] + p.
-PagedKV identity_cache(const TensorView& k, const TensorView& v) {
-  v.require_shape(kWhere, "v", {k.shape[0], k.shape[1], k.shape[2]});
-  ATTNKIT_REQUIRE(v.dtype == k.dtype, kWhere, "v.dtype", dtype_name(v.dtype),
-                  "must equal k.dtype = " + std::string(dtype_name(k.dtype)));
-  k.require_last_dim_contiguous(kWhere, "k");
-  v.require_last_dim_contiguous(kWhere, "v");
-  PagedKV kv;
-  kv.dtype = k.dtype;
-  kv.device = k.device;
-  kv.device_index = k.device_index;
-  kv.num_blocks = k.shape[0];
-  kv.block_size = kIdentityBlock;
-  kv.num_kv_heads = static_cast<int>(k.shape[1]);
-  kv.head_size = static_cast<int>(k.shape[2]);
-  for (auto [side, t] : {std::pair{&kv.k, &k}, {&kv.v, &v}}) {
-    side->base = t->data;
-    side->stride_block = t->strides[0];  // block b starts at row b ...
-    side->stride_slot = t->strides[0];   // ... and its slots are the rows after it
-    side->stride_head = t->strides[1];
-  }
-  return kv;
 }
 
 void run_cpu(const VarlenCall& c, const PagedKV& cache) {
@@ -268,7 +237,8 @@ void varlen_attention(const InArray& q, const InArray& k, const InArray& v,
   c.params.lse = c.lse;
   check_common(c);
 
-  PagedKV cache = c.block_table.defined() ? paged_kv_from_views(c.k, c.v) : identity_cache(c.k, c.v);
+  PagedKV cache = c.block_table.defined() ? paged_kv_from_views(c.k, c.v)
+                                          : identity_paged_kv(c.k, c.v, kWhere);
   // Descales only mean something for fp8 caches; FlashAttention ignores them otherwise.
   if (is_fp8(cache.dtype)) {
     c.params.k_scale = as_kv_scale(to_view(k_descale, kWhere, "k_descale"), cache.num_kv_heads, kWhere, "k_descale");

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attnkit/dtype.h"
+#include "attnkit/kv_cache.h"
 #include "attnkit/tensor.h"
 
 namespace attnkit::py {
@@ -47,6 +48,15 @@ TensorView as_kv_scale(TensorView s, int num_kv_heads, std::string_view where,
 // >= 0 checks the length. Throws Error on a wrong dtype, device or length.
 std::vector<int32_t> host_int32(const TensorView& t, std::string_view where, std::string_view name,
                                 int64_t expect_len = -1);
+
+// Block size of the identity paged view over contiguous K/V (the reference's minimum).
+inline constexpr int kIdentityBlock = 16;
+
+// Contiguous k / v [total_tokens, num_kv_heads, head_size] as a paged cache, with no copy:
+// block b starts at token row b and holds kIdentityBlock consecutive rows (blocks overlap), so a
+// request whose keys start at row s reads position p from row s + p through a block row
+// s, s + 16, s + 32, ... (num_blocks = total_tokens). Checks v against k (shape, dtype).
+PagedKV identity_paged_kv(const TensorView& k, const TensorView& v, std::string_view where);
 
 // The CUDA stream handle passed from Python as an int (0 = the legacy default stream).
 inline void* stream_ptr(uintptr_t s) { return reinterpret_cast<void*>(s); }

@@ -9,6 +9,7 @@ namespace nb = nanobind;
 
 namespace attnkit::py {
 void register_varlen(nb::module_& m);
+void register_flashinfer(nb::module_& m);
 void register_kv_ops(nb::module_& m);
 void register_native(nb::module_& m);
 void register_layer(nb::module_& m);
@@ -25,6 +26,7 @@ NB_MODULE(_attnkit, m) {
   m.attr("cuda_built") = false;
 #endif
   attnkit::py::register_varlen(m);
+  attnkit::py::register_flashinfer(m);
   attnkit::py::register_kv_ops(m);
   attnkit::py::register_native(m);
   attnkit::py::register_layer(m);

@@ -108,3 +108,12 @@ class PagedBatch:
     def expected(self, **kw):
         return pyref.attention(self.q_ref, self.keys_ref, self.values_ref, self.cu_seqlens_q.tolist(),
                                self.kv_lens, self.num_kv_heads, **kw)
+
+
+def page_table(b):
+    """FlashInfer's CSR page table (indptr, indices, last_page_len) of a PagedBatch."""
+    pages = [-(-n // b.block_size) for n in b.kv_lens]
+    indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+    indices = np.concatenate([b.block_table[r, :p] for r, p in enumerate(pages)] + [np.zeros(0, np.int32)])
+    last = np.array([n - (p - 1) * b.block_size if p else 0 for n, p in zip(b.kv_lens, pages)], np.int32)
+    return indptr, indices.astype(np.int32), last

@@ -10,18 +10,9 @@ import pytest
 import attnkit
 import attnkit.flashinfer as fi
 import pyref
-from helpers import PagedBatch, assert_close, tolerances
+from helpers import PagedBatch, assert_close, page_table, tolerances
 
 LN2 = math.log(2.0)
-
-
-def page_table(b):
-    """FlashInfer's CSR page table (indptr, indices, last_page_len) of a PagedBatch."""
-    pages = [-(-n // b.block_size) for n in b.kv_lens]
-    indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
-    indices = np.concatenate([b.block_table[r, :p] for r, p in enumerate(pages)] + [np.zeros(0, np.int32)])
-    last = np.array([n - (p - 1) * b.block_size if p else 0 for n, p in zip(b.kv_lens, pages)], np.int32)
-    return indptr, indices.astype(np.int32), last
 
 
 def base2(lse_nat):

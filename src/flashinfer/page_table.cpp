@@ -1,5 +1,6 @@
 #include "flashinfer/page_table.h"
 
+#include <algorithm>
 #include <string>
 
 #include "attnkit/error.h"
@@ -66,6 +67,50 @@ void PageTable::fill(const BatchView& batch, int begin, int end, int page) {
     // A full last page holds page_size tokens, not 0; a request with no pages has length 0.
     last_page_len[i] = seq == 0 ? 0 : static_cast<int32_t>(seq - (pages - 1) * page);
   }
+}
+
+void PageTable::assign(std::span<const int32_t> ptr, std::span<const int32_t> ids,
+                       std::span<const int32_t> last, int page) {
+  ATTNKIT_REQUIRE(page > 0, kWhere, "page_size", page, "must be > 0");
+  ATTNKIT_REQUIRE(!ptr.empty(), kWhere, "indptr.size()", ptr.size(), "must be batch_size + 1 >= 1");
+  const int64_t n = static_cast<int64_t>(ptr.size()) - 1;
+  ATTNKIT_REQUIRE(n <= max_reqs(), kWhere, "batch_size", n,
+                  "must be <= the table's capacity max_reqs = " + std::to_string(max_reqs()));
+  ATTNKIT_REQUIRE(ptr[0] == 0, kWhere, "indptr[0]", ptr[0], "must be 0");
+  for (int64_t r = 0; r < n; ++r)
+    ATTNKIT_REQUIRE(ptr[r + 1] >= ptr[r], kWhere, "indptr[" + std::to_string(r + 1) + "]",
+                    ptr[r + 1],
+                    "must be >= indptr[" + std::to_string(r) + "] = " + std::to_string(ptr[r]) +
+                        " (request r owns pages indices[indptr[r] .. indptr[r+1]))");
+  const int64_t total = ptr[n];
+  ATTNKIT_REQUIRE(static_cast<int64_t>(ids.size()) >= total, kWhere, "indices.size()", ids.size(),
+                  "must hold indptr[" + std::to_string(n) + "] = " + std::to_string(total) +
+                      " page ids");
+  ATTNKIT_REQUIRE(total <= max_pages(), kWhere, "pages indptr[" + std::to_string(n) + "]", total,
+                  "must be <= the table's capacity max_pages = " + std::to_string(max_pages()));
+  ATTNKIT_REQUIRE(static_cast<int64_t>(last.size()) == n, kWhere, "last_page_len.size()",
+                  last.size(), "must be batch_size = " + std::to_string(n));
+  for (int64_t i = 0; i < total; ++i)
+    ATTNKIT_REQUIRE(ids[i] >= 0, kWhere, "indices[" + std::to_string(i) + "]", ids[i],
+                    "must be >= 0 (a page id)");
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t pages = ptr[r + 1] - ptr[r];
+    if (pages == 0) continue;
+    ATTNKIT_REQUIRE(last[r] >= 1 && last[r] <= page, kWhere,
+                    "last_page_len[" + std::to_string(r) + "]", last[r],
+                    "must be in [1, page_size = " + std::to_string(page) +
+                        "]: the tokens held by the last of the request's " +
+                        std::to_string(pages) + " page(s)");
+    const int64_t len = (pages - 1) * page + last[r];
+    ATTNKIT_REQUIRE(len <= INT32_MAX, kWhere, "kv_len of request " + std::to_string(r), len,
+                    "must be < 2^31");
+  }
+  page_size = page;
+  num_reqs = static_cast<int>(n);
+  num_pages = total;
+  std::copy(ptr.begin(), ptr.end(), indptr.begin());
+  std::copy(ids.begin(), ids.begin() + total, indices.begin());
+  for (int64_t r = 0; r < n; ++r) last_page_len[r] = ptr[r + 1] > ptr[r] ? last[r] : 0;
 }
 
 int64_t PageTable::kv_len(int r) const {

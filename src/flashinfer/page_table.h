@@ -3,6 +3,7 @@
 // holds last_page_len[r] valid tokens, so kv_len = (pages - 1) * page_size + last_page_len.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "attnkit/metadata.h"
@@ -29,6 +30,15 @@ struct PageTable {
   // pages than the capacity is an Error, as are a bad range, a negative seq_len, a row too short
   // for ceil(seq_len / page_size) blocks or a negative block id.
   void fill(const BatchView& batch, int begin, int end, int page_size);
+
+  // Copies a table given in this form (FlashInfer's plan() arguments: indptr [num_reqs + 1],
+  // indices, last_page_len [num_reqs]) with pages of `page_size` tokens. Checks it first, so a
+  // rejected table leaves the previous one as it was: indptr from 0 and non-decreasing, indices
+  // holding indptr[num_reqs] page ids >= 0, last_page_len in [1, page_size] for every request
+  // with pages (0 is stored for one without), kv_len < 2^31, and the capacity (never
+  // reallocates). Page ids are checked against a cache where one is read (it is not known here).
+  void assign(std::span<const int32_t> indptr, std::span<const int32_t> indices,
+              std::span<const int32_t> last_page_len, int page_size);
 
   // Tokens of part-local request r: (pages - 1) * page_size + last_page_len, 0 with no pages.
   int64_t kv_len(int r) const;
