@@ -73,11 +73,18 @@ flash_attn::VarlenArgs varlen_args(const UniformBatch& b, const PagedKV& cache, 
 
 namespace {
 
+// Call i's tuning: tunings[i % size], or the defaults when there are none.
+const flash_attn::LaunchTuning& tuning_of(const std::vector<flash_attn::LaunchTuning>& tunings, int i) {
+  static const flash_attn::LaunchTuning kDefault;
+  return tunings.empty() ? kDefault : tunings[i % tunings.size()];
+}
+
 // `calls` launches rotating over `args`, run once eagerly (module load, first-launch setup) and
 // then captured as one CUDA graph; throws when the capture fails.
-cudaGraphExec_t capture_rotating(const std::vector<flash_attn::VarlenArgs>& args, int calls, cudaStream_t stream) {
+cudaGraphExec_t capture_rotating(const std::vector<flash_attn::VarlenArgs>& args, int calls, cudaStream_t stream,
+                                 const std::vector<flash_attn::LaunchTuning>& tunings) {
   auto enqueue = [&] {
-    for (int i = 0; i < calls; ++i) flash_attn::run_varlen_attention(args[i % args.size()]);
+    for (int i = 0; i < calls; ++i) flash_attn::run_varlen_attention(args[i % args.size()], tuning_of(tunings, i));
   };
   enqueue();
   ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -100,11 +107,12 @@ cudaGraphExec_t capture_rotating(const std::vector<flash_attn::VarlenArgs>& args
 
 }  // namespace
 
-GraphTiming time_rotating(const std::vector<flash_attn::VarlenArgs>& args, int calls, cudaStream_t stream) {
+GraphTiming time_rotating(const std::vector<flash_attn::VarlenArgs>& args, int calls, cudaStream_t stream,
+                          const std::vector<flash_attn::LaunchTuning>& tunings) {
   GraphTiming t;
   cudaGraphExec_t exec = nullptr;
   try {
-    exec = capture_rotating(args, calls, stream);
+    exec = capture_rotating(args, calls, stream, tunings);
   } catch (const std::exception& e) {
     std::printf("decode: graph capture failed (%s); timing eager back-to-back launches\n", e.what());
     cudaGetLastError();
@@ -115,7 +123,7 @@ GraphTiming time_rotating(const std::vector<flash_attn::VarlenArgs>& args, int c
   } else {
     t.graph = false;
     t.ms_per_call = time_ms([&] {
-      for (int i = 0; i < calls; ++i) flash_attn::run_varlen_attention(args[i % args.size()]);
+      for (int i = 0; i < calls; ++i) flash_attn::run_varlen_attention(args[i % args.size()], tuning_of(tunings, i));
     }, stream, 0, 5) / calls;
   }
   return t;
@@ -134,7 +142,7 @@ std::vector<double> time_interleaved(const std::vector<TimedLaunch>& launches, c
   std::vector<std::vector<float>> samples(n);
   try {
     for (size_t c = 0; c < n; ++c) {
-      execs[c] = capture_rotating(launches[c].args, launches[c].calls, stream);
+      execs[c] = capture_rotating(launches[c].args, launches[c].calls, stream, {launches[c].tuning});
       ATTNKIT_CUDA_CHECK(cudaGraphLaunch(execs[c], stream));  // one warm replay
     }
     ATTNKIT_CUDA_CHECK(cudaEventCreate(&a));
@@ -233,6 +241,7 @@ int builder_num_splits(int num_reqs, int q_len, int kv_len, int num_heads, int n
   in.cache_dtype = cache_dtype;
   in.head_size = head_size;
   in.cc_major = cuda::current_device_props().cc_major;
+  in.hopper_kernels = flash_attn::hopper_kernels_available();
   return flash_attn::decide_num_splits(in).num_splits;
 }
 

@@ -42,7 +42,9 @@ struct GraphTiming {
   double ms_per_call = 0;
   bool graph = true;
 };
-GraphTiming time_rotating(const std::vector<flash_attn::VarlenArgs>& args, int calls, cudaStream_t stream);
+// tunings: call i's is tunings[i % size] (none: the defaults).
+GraphTiming time_rotating(const std::vector<flash_attn::VarlenArgs>& args, int calls, cudaStream_t stream,
+                          const std::vector<flash_attn::LaunchTuning>& tunings = {});
 
 // Per-call times of several launches (`calls` calls rotating over `args`, one CUDA graph each),
 // replayed in turns: `reps` rounds, each round one replay of every launch, starting one launch
@@ -52,6 +54,7 @@ GraphTiming time_rotating(const std::vector<flash_attn::VarlenArgs>& args, int c
 struct TimedLaunch {
   std::vector<flash_attn::VarlenArgs> args;
   int calls = 1;
+  flash_attn::LaunchTuning tuning = {};  // (tests and A/B rows: launch_plan.h)
 };
 std::vector<double> time_interleaved(const std::vector<TimedLaunch>& launches, cudaStream_t stream, int reps = 9);
 

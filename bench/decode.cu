@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <memory>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "attention_setup.h"
@@ -115,57 +114,43 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
                       shapes.size() > 1 ? "; in turns with the other dtype" : "");
         rec.add({"decode", d.key, "attnkit", "GB/s", gbps, ms[i], note});
       }
-      // What the launch options give, same shapes, same run: K/V stages filled by cp.async or by
-      // TMA on every grid (kv_fill; the default picks by dtype and grid size), split merge through
-      // the workspace instead of the cluster, the L2 prefetch before the PDL wait off, then PDL
-      // itself off (VarlenArgs::cluster_split_merge / l2_prefetch / enable_pdl), for fp8 the
-      // 16-row decode tile instead of the transposed one (transposed_decode), and TMA's K/V
-      // boxes of split launches read without the evict-first L2 policy (kv_evict_first), and the
-      // transposed fp8 tile with 3 stages where the launcher takes 2 (transposed_stages).
-      // Timed in turns with the default launch.
+      // What the launch options give, same shapes, same run (LaunchTuning, launch_plan.h): K/V
+      // stages filled by cp.async instead of TMA, the L2 prefetch before the PDL wait off, then
+      // PDL itself off, TMA's K/V boxes of split launches read without the evict-first L2 policy,
+      // and the transposed fp8 tile with 3 stages where the launch decision takes 2. Timed in
+      // turns with the default launch.
       if (!((B == 1 || B == 16 || B == 64) && (L == 4096 || L == 32768)) && !(B == 256 && L == 4096)) continue;
       for (const auto& dp : shapes) {
         Prepared& d = *dp;
         try {
-          using flash_attn::KvFill;
-          // name, L2 prefetch, PDL, cluster merge, K/V fill, transposed decode tile, evict-first
-          using Variant = std::tuple<const char*, bool, bool, bool, KvFill, bool, bool>;
           const bool fp8 = is_fp8(d.shape.args.front().cache.dtype);
+          const flash_attn::LaunchPlan plan = flash_attn::choose_launch(flash_attn::varlen_launch_facts(d.shape.args.front()));
+          struct Variant {
+            const char* name;
+            flash_attn::LaunchTuning tuning;
+          };
           std::vector<Variant> variants;
-          for (const Variant& v : {Variant{"cp.async K/V", true, true, true, KvFill::cp_async, true, true},
-                                   Variant{"TMA K/V", true, true, true, KvFill::tma, true, true},
-                                   Variant{"16-row tile", true, true, true, KvFill::automatic, false, true},
-                                   Variant{"workspace merge", true, true, false, KvFill::automatic, true, true},
-                                   Variant{"no L2 prefetch", false, true, true, KvFill::automatic, true, true},
-                                   Variant{"no PDL", false, false, true, KvFill::automatic, true, true},
-                                   Variant{"no L2 policy", true, true, true, KvFill::automatic, true, false},
-                                   Variant{"3-stage transposed", true, true, true, KvFill::automatic, true, true}})
-            if ((std::get<3>(v) || d.splits > 1) && (std::get<5>(v) || fp8) && !(fp8 && std::get<4>(v) == KvFill::tma) &&
-                (std::get<6>(v) || d.splits > 1) &&  // (the policy serves split launches only)
-                (std::string(std::get<0>(v)) != "3-stage transposed" ||  // (where the launcher takes 2 stages)
-                 (fp8 && int64_t{B} * kKvHeads * d.splits > 3 * props.sm_count)))
-              variants.push_back(v);
+          auto add = [&](const char* name, auto&& set) {
+            Variant v{name, {}};
+            set(v.tuning);
+            variants.push_back(v);
+          };
+          add("cp.async K/V", [](flash_attn::LaunchTuning& t) { t.cp_async_fill = true; });
+          add("no L2 prefetch", [](flash_attn::LaunchTuning& t) { t.l2_prefetch = false; });
+          add("no PDL", [](flash_attn::LaunchTuning& t) { t.l2_prefetch = t.pdl = false; });
+          if (plan.kv_evict_first) add("no L2 policy", [](flash_attn::LaunchTuning& t) { t.kv_evict_first = false; });
+          if (fp8 && plan.tile == flash_attn::TileId::decode_transposed_two_stage)
+            add("3-stage transposed", [](flash_attn::LaunchTuning& t) { t.transposed_stages = 3; });
           std::vector<TimedLaunch> launches = {{d.shape.args, d.shape.calls}};
-          for (const auto& [name, prefetch, pdl, cluster, fill, transposed, evict_first] : variants) {
-            launches.push_back({d.shape.args, d.shape.calls});
-            for (auto& a : launches.back().args) {
-              a.l2_prefetch = prefetch;
-              a.enable_pdl = pdl;
-              a.cluster_split_merge = cluster;
-              a.kv_fill = fill;
-              a.transposed_decode = transposed;
-              a.kv_evict_first = evict_first;
-              if (std::string(name) == "3-stage transposed") a.transposed_stages = 3;
-            }
-          }
+          for (const Variant& v : variants) launches.push_back({d.shape.args, d.shape.calls, v.tuning});
           const std::vector<double> v_ms = time_interleaved(launches, stream);
           const double g0 = d.shape.bytes / v_ms[0] / 1e6;
           for (size_t v = 0; v < variants.size(); ++v) {
             const double g = d.shape.bytes / v_ms[v + 1] / 1e6;
             char ab[200];
             std::snprintf(ab, sizeof ab, "%s: %.0f%% of read BW, default launch %.0f%% in the same turns (%.4f ms)",
-                          std::get<0>(variants[v]), pct(g), pct(g0), v_ms[0]);
-            rec.add({"decode-ab", d.key + " " + std::get<0>(variants[v]), "attnkit", "GB/s", g, v_ms[v + 1], ab});
+                          variants[v].name, pct(g), pct(g0), v_ms[0]);
+            rec.add({"decode-ab", d.key + " " + variants[v].name, "attnkit", "GB/s", g, v_ms[v + 1], ab});
           }
         } catch (const std::exception& e) {
           rec.fail("decode-ab", d.key, e.what());

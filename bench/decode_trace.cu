@@ -5,7 +5,6 @@
 //   first   median / max time its CTAs' first K/V tile landed
 //   loop    min / median / max time its CTAs' main loops ended
 //   epi     median epilogue length; merge: median length of the split merges (the merging CTAs)
-// ("ws": the split merge through the workspace instead of the cluster, VarlenArgs::cluster_split_merge)
 //   exit    its last CTA's exit (E_k)
 //   next    call k+1's CTAs: first / median entry (resident on an SM) and R_{k+1}
 //   gap     R_{k+1} - E_k: grid completion -> the next grid's release
@@ -34,7 +33,6 @@ constexpr int kCalls = 12;  // graph length; calls 2 .. kCalls-3 are reported
 struct TraceShape {
   DType cache;
   int batch, kv_len, splits;  // splits 0: the builder's count
-  bool cluster_merge = true;  // VarlenArgs::cluster_split_merge
 };
 
 double quantile(std::vector<double> v, double q) {
@@ -75,8 +73,7 @@ void run_decode_trace(Recorder& rec, cudaStream_t stream, double read_gbps, cons
     return;
   }
   const std::vector<TraceShape> shapes = {
-      {DType::bf16, 16, 4096, 0},  {DType::bf16, 16, 4096, 0, false}, {DType::bf16, 16, 4096, 1},
-      {DType::fp8_e4m3, 16, 4096, 0, false},  {DType::bf16, 16, 32768, 0},
+      {DType::bf16, 16, 4096, 0},  {DType::bf16, 16, 4096, 1},  {DType::bf16, 16, 32768, 0},
       {DType::bf16, 64, 4096, 0},  {DType::fp8_e4m3, 16, 4096, 0}, {DType::fp8_e4m3, 16, 32768, 0},
       {DType::fp8_e4m3, 64, 4096, 0}};
   std::printf("\ndecode trace: us from R_k (call k's first CTA past its PDL wait), medians over calls 2..%d; read BW %.0f GB/s\n",
@@ -106,22 +103,23 @@ void run_decode_trace(Recorder& rec, cudaStream_t stream, double read_gbps, cons
       const int ctas = t.batch * kKvHeads * splits;  // decode: one row tile per (request, KV head, split)
       cuda::DeviceBuffer trace(static_cast<size_t>(kCalls) * ctas * cuda::kCtaTraceSlots * sizeof(uint64_t));
       std::vector<flash_attn::VarlenArgs> calls;
+      std::vector<flash_attn::LaunchTuning> tunings;
       for (int i = 0; i < kCalls; ++i) {
         flash_attn::VarlenArgs a = shape.args[i % shape.args.size()];
         a.num_splits = splits;
         a.workspace = workspace.get();
         a.workspace_bytes = workspace.bytes();
-        a.cluster_split_merge = t.cluster_merge;
-        a.cta_trace = trace.as<uint64_t>() + static_cast<int64_t>(i) * ctas * cuda::kCtaTraceSlots;
         calls.push_back(a);
+        tunings.emplace_back();
+        tunings.back().cta_trace = trace.as<uint64_t>() + static_cast<int64_t>(i) * ctas * cuda::kCtaTraceSlots;
       }
-      time_rotating(calls, kCalls, stream);  // warm-up, then graph replays; the last one's stamps stay
+      time_rotating(calls, kCalls, stream, tunings);  // warm-up, then graph replays; the last one's stamps stay
       ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
       std::vector<uint64_t> host(static_cast<size_t>(kCalls) * ctas * cuda::kCtaTraceSlots);
       ATTNKIT_CUDA_CHECK(cudaMemcpy(host.data(), trace.get(), host.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
 
       if (!dump_dir.empty()) {  // every CTA of every call, ns from the first call's first release
-        std::string name = key.substr(7) + "_s" + std::to_string(splits) + (t.cluster_merge ? "" : "_ws");  // (CTA = kv_head * splits + split + z * ...)
+        std::string name = key.substr(7) + "_s" + std::to_string(splits);  // (CTA = kv_head * splits + split + z * ...)
         for (char& ch : name) if (ch == ' ') ch = '_';
         const std::string path = dump_dir + "/trace_" + name + ".csv";
         if (FILE* f = std::fopen(path.c_str(), "w")) {
@@ -165,7 +163,7 @@ void run_decode_trace(Recorder& rec, cudaStream_t stream, double read_gbps, cons
       }
       const double ideal = read_gbps > 0 ? shape.bytes / read_gbps / 1e3 : 0;
       char name[64];
-      std::snprintf(name, sizeof name, "%s s%d%s", key.c_str() + 7, splits, t.cluster_merge ? "" : " ws");
+      std::snprintf(name, sizeof name, "%s s%d", key.c_str() + 7, splits);
       std::printf("%-22s %5d %7.1f %7.1f | %6.2f %6.2f | %6.1f %6.1f %6.1f | %5.2f %5.2f | %6.1f | %6.1f %6.1f %6.1f | %5.2f\n",
                   name, ctas, quantile(call_us, 0.5), ideal, quantile(first50, 0.5), quantile(first_mx, 0.5),
                   quantile(loop0, 0.5), quantile(loop50, 0.5), quantile(loopmx, 0.5), quantile(epi, 0.5),
@@ -175,7 +173,7 @@ void run_decode_trace(Recorder& rec, cudaStream_t stream, double read_gbps, cons
       char note[200];
       std::snprintf(note, sizeof note, "R_k to R_k+1 (traced graph of %d calls, %d splits); ideal at read BW %.1f us",
                     kCalls, splits, ideal);
-      rec.add({"trace", key + " s" + std::to_string(splits) + (t.cluster_merge ? "" : " ws"), "attnkit", "us/call", quantile(call_us, 0.5),
+      rec.add({"trace", key + " s" + std::to_string(splits), "attnkit", "us/call", quantile(call_us, 0.5),
                quantile(call_us, 0.5) / 1e3, note});
     } catch (const std::exception& e) {
       rec.fail("trace", key, e.what());

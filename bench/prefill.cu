@@ -5,6 +5,8 @@
 // convention, which bench/peers.py uses too). Keys match bench/peers.py's. Section
 // prefill-grid: head size 128 causal shapes again with the hopper launch forced persistent and
 // forced one CTA per item, and with one and two Q buffers: the data behind the launcher's choices.
+// Section prefill-split: short chunked prefills over long contexts (head size 128, 32/8 heads),
+// where the split rule may split, timed at forced split counts next to the rule's.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -60,7 +62,7 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
             flash_attn::VarlenArgs args = varlen_args(b, cache, q.get(), out.get(), kHeads, hd, causal, stream);
             // The builder's split-KV rule (it splits only when the q tiles leave SMs idle).
             args.num_splits = builder_num_splits(batch, seqlen, seqlen, kHeads, hkv, DType::bf16,
-                                                 cuda::current_device_props().sm_count);
+                                                 cuda::current_device_props().sm_count, hd);
             cuda::DeviceBuffer workspace =
                 split_workspace(flash_attn::varlen_workspace_bytes(kTokens, kHeads, hd, args.num_splits), stream);
             args.workspace = workspace.get();
@@ -82,15 +84,14 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
               std::vector<GridChoice> choices = {{"persistent", sms, 0}, {"per-item", INT_MAX, 0}};
               if (seqlen <= 4096) choices.insert(choices.end(), {{"persistent 1 Q", sms, 1}, {"persistent 2 Q", sms, 2}});
               for (const auto& [name, ctas, q_buffers] : choices) {
-                args.max_ctas = ctas;
-                args.hopper_q_buffers = q_buffers;
-                const double t = time_ms([&] { flash_attn::run_varlen_attention(args); }, stream, 1, 5);
+                flash_attn::LaunchTuning tuning;
+                tuning.max_ctas = ctas;
+                tuning.q_buffers = q_buffers;
+                const double t = time_ms([&] { flash_attn::run_varlen_attention(args, tuning); }, stream, 1, 5);
                 rec.add({"prefill-grid", "hopper grid " + key + " " + name, "attnkit", "TFLOP/s", flops / t / 1e9, t,
-                         std::string(name) + " launch (VarlenArgs::max_ctas " + std::to_string(ctas) +
-                             ", hopper_q_buffers " + std::to_string(q_buffers) + ")"});
+                         std::string(name) + " launch (LaunchTuning::max_ctas " + std::to_string(ctas) +
+                             ", q_buffers " + std::to_string(q_buffers) + ")"});
               }
-              args.hopper_q_buffers = 0;
-              args.max_ctas = 0;
             }
           } catch (const std::exception& e) {
             rec.fail("prefill", key, e.what());
@@ -98,6 +99,43 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
           }
         }
       }
+
+  // Chunked prefills whose work items leave SMs idle: the split rule's count against forced ones.
+  struct Chunk {
+    int reqs, q_len, kv_len;
+  };
+  constexpr int kSplitHd = 128, kSplitKv = 8;
+  KVCacheSpec spec = max_spec;
+  spec.num_kv_heads = kSplitKv;
+  spec.head_size = kSplitHd;
+  const PagedKV cache = pool_view(spec, pool.get());
+  for (const Chunk& c : {Chunk{1, 128, 8192}, Chunk{2, 64, 8192}, Chunk{4, 32, 4096}, Chunk{1, 512, 16384}}) {
+    const std::string key = "prefill-split d128 h32/8 causal q" + std::to_string(c.q_len) + "x" + std::to_string(c.reqs) +
+                            " kv" + std::to_string(c.kv_len);
+    if (!key_selected(key)) continue;
+    try {
+      const UniformBatch b = make_uniform_batch(c.reqs, c.q_len, c.kv_len, kBlock, 0, 77 + c.q_len, stream);
+      flash_attn::VarlenArgs args = varlen_args(b, cache, q.get(), out.get(), kHeads, kSplitHd, true, stream);
+      const int rule = builder_num_splits(c.reqs, c.q_len, c.kv_len, kHeads, kSplitKv, DType::bf16,
+                                          cuda::current_device_props().sm_count, kSplitHd);
+      const double flops = 4.0 * c.reqs * c.q_len * (c.kv_len - c.q_len / 2.0) * kSplitHd * kHeads;
+      for (int splits : {1, 2, 4, 8}) {
+        args.num_splits = splits;
+        cuda::DeviceBuffer workspace = split_workspace(
+            flash_attn::varlen_workspace_bytes(int64_t{c.reqs} * c.q_len, kHeads, kSplitHd, splits), stream);
+        args.workspace = workspace.get();
+        args.workspace_bytes = workspace.bytes();
+        const double ms = time_ms([&] { flash_attn::run_varlen_attention(args); }, stream, 3, 9);
+        ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+        rec.add({"prefill-split", key + " splits " + std::to_string(splits), "attnkit", "TFLOP/s", flops / ms / 1e9, ms,
+                 std::string(splits == rule ? "the split rule's count" : "forced") + " (rule: " + std::to_string(rule) +
+                     ")"});
+      }
+    } catch (const std::exception& e) {
+      rec.fail("prefill-split", key, e.what());
+      cudaGetLastError();
+    }
+  }
 }
 
 }  // namespace attnkit::bench

@@ -155,19 +155,14 @@ TEST(FlashAttnBackend, CapabilitiesAndRules) {
 // ---- split-KV ------------------------------------------------------------------------------
 
 TEST(SplitKV, DocumentedConstants) {
-  EXPECT_EQ(kQTileRows, 64);
-  EXPECT_EQ(kKVTileTokens, 64);
   EXPECT_EQ(kMinKVPerSplit, 512);
   EXPECT_EQ(kMaxWaveSplits, 4);
   EXPECT_DOUBLE_EQ(kMinWaveFillGain, 0.15);
   EXPECT_EQ(kMinKVPerWaveSplit, 2048);
-  EXPECT_EQ(kMinKVPerSplit % kKVTileTokens, 0);
+  EXPECT_EQ(kMinKVPerSplit % tile_config(TileId::prefill, 128, false).keys, 0);
   EXPECT_EQ(kMaxSplits, 32);
   EXPECT_EQ(kMaxUsefulSplits, 32);
   EXPECT_LE(kMaxUsefulSplits, kMaxSplits);
-  EXPECT_EQ(kCtasPerSmDecode, 2);
-  EXPECT_EQ(kCtasPerSmDecodeFp8, 3);
-  EXPECT_EQ(kCtasPerSmPrefill, 1);
 }
 
 struct Batch {
@@ -191,23 +186,26 @@ SplitKVInput input(const Batch& b, int heads, int kv_heads, int sms, int max_spl
   return in;
 }
 
-TEST(SplitKV, WorkItemsPackDecodeGroupsAndTilePrefills) {
+// The work items are the grid's: the CTAs of the launch's tile that have rows.
+TEST(SplitKV, WorkItemsCountTheLaunchTilesRows) {
   Batch b;
-  b.add(1, 1000);    // decode, group 4 packed: ceil(4/64) = 1 tile per KV head
+  b.add(1, 1000);    // decode in a prefill-shaped launch: ceil(4 / 128) = 1 tile per KV head
   b.add(0, 0);       // empty: nothing
-  b.add(100, 500);   // prefill: 4 heads x ceil(100/64) = 8 tiles per KV head
-  EXPECT_EQ(split_kv_work_items(input(b, 32, 8, 132)), 8 * 1 + 8 * 8);
+  b.add(100, 500);   // prefill: 400 packed rows, ceil(400 / 128) = 4 tiles per KV head
+  EXPECT_EQ(split_kv_work_items(input(b, 32, 8, 132)), 8 * 1 + 8 * 4);
+  Batch decodes;
+  decodes.add(1, 1000);  // decode-shaped launch: 16-row tiles, one per (request, KV head)
+  decodes.add(1, 10);
+  EXPECT_EQ(split_kv_work_items(input(decodes, 32, 8, 132)), 2 * 8);
+  EXPECT_EQ(split_kv_tile(input(decodes, 32, 8, 132)).rows, kDecodeTileRows);
   Batch big_group;
-  big_group.add(1, 100);  // group 128 (MQA, 128 heads): ceil(128/64) = 2 tiles
-  EXPECT_EQ(split_kv_work_items(input(big_group, 128, 1, 132)), 2);
-  SplitKVInput spec = input(big_group, 128, 1, 132);
+  big_group.add(1, 100);  // group 128 (MQA, 128 heads): 128 packed rows, one 128-row tile
+  EXPECT_EQ(split_kv_work_items(input(big_group, 128, 1, 132)), 1);
   Batch spec_b;
-  spec_b.add(3, 100);  // 3 speculative tokens x group 16 = 48 rows: one tile when a decode
-  spec = input(spec_b, 16, 1, 132);
-  spec.decode_threshold = 4;
-  EXPECT_EQ(split_kv_work_items(spec), 1);
-  spec.decode_threshold = 1;  // as a prefill: 16 heads x 1 tile
-  EXPECT_EQ(split_kv_work_items(spec), 16);
+  spec_b.add(3, 100);  // 3 speculative tokens x group 16 = 48 rows: one 128-row tile
+  EXPECT_EQ(split_kv_work_items(input(spec_b, 16, 1, 132)), 1);
+  spec_b.add(1, 100);  // 1 x 16 = 16 rows fit the decode tile, but the launch is prefill-shaped
+  EXPECT_EQ(split_kv_work_items(input(spec_b, 16, 1, 132)), 2);
 }
 
 TEST(SplitKV, WorkedExamples) {
@@ -248,14 +246,14 @@ TEST(SplitKV, WorkedExamples) {
       {64, 1, 4096, 32, 8, 132, 32, fp8, 2, "fp8 batch 64 x 4k: 2 splits of 2048 keys"},
       {128, 1, 32768, 32, 8, 132, 32, fp8, 1, "W = 1024 > two waves of 396: no split"},
       {48, 1, 32768, 32, 8, 132, 32, fp8, 1, "W = 384 fills 97% of one wave"},
-      // Two prefills: W = 2 x 8 KV heads x 4 heads x ceil(100/64) = 128 > 132 / 2 fills 97% of
-      // one wave of 132 slots anyway; with a prefill the wave-fill clause never splits.
-      {2, 100, 5000, 32, 8, 132, 32, bf16, 1, "prefill batch past half a wave"},
-      {3, 100, 5000, 32, 8, 132, 32, bf16, 1, "prefill batch: W = 192 fills 73% of two waves, no split"},
-      // A prefill in the batch: one CTA per SM. W = 8 KV heads x 4 heads x ceil(100/64) = 64,
-      // floor(132 / 64) = 2.
-      {1, 100, 5000, 32, 8, 132, 32, bf16, 2, "prefill: one CTA per SM"},
-      {1, 100, 5000, 32, 8, 132, 32, fp8, 2, "prefill ignores the cache dtype"},
+      // Prefill-shaped batches (no hopper kernel here: the mma_sync prefill tile of 128 rows,
+      // 2 CTAs per SM at head size <= 128): a request of 100 tokens x group 4 = 400 rows is
+      // ceil(400 / 128) = 4 tiles per KV head. One request: W = 32, floor(264 / 32) = 8.
+      {1, 100, 5000, 32, 8, 132, 32, bf16, 8, "prefill: 2 CTAs per SM of the prefill tile"},
+      {1, 100, 5000, 32, 8, 132, 32, fp8, 8, "prefill ignores the cache dtype"},
+      {2, 100, 5000, 32, 8, 132, 32, bf16, 4, "two prefills: W = 64, floor(264 / 64) = 4"},
+      {3, 100, 5000, 32, 8, 132, 32, bf16, 2, "three prefills: W = 96"},
+      {5, 100, 5000, 32, 8, 132, 32, bf16, 1, "W = 160 past half a wave: prefills never take the wave-fill clause"},
       // 40 tiles: floor(2560 / 512) = 5 splits of 8 tiles (4 would need 10).
       {1, 1, 40 * 64, 8, 1, 132, 32, bf16, 5, "by_kv = 5"},
       // W 8 -> 16 splits; 141 tiles are 9 per split at 16 and 10 at 15.
@@ -273,7 +271,7 @@ TEST(SplitKV, WorkedExamples) {
 // fp8 decodes the transposed tile serves (head size 128, sm90, <= 8 packed rows) run 4 CTAs
 // per SM: the slots, and with them the split counts, follow.
 TEST(SplitKV, TransposedDecodeTileSlots) {
-  struct Case { int reqs, q, seq, heads, kv_heads, head_size, cc_major, decode_threshold, ctas_per_sm, splits; const char* why; };
+  struct Case { int reqs, q, seq, heads, kv_heads, head_size, cc_major, unused, ctas_per_sm, splits; const char* why; };
   const Case cases[] = {
       {16, 1, 4096, 32, 8, 128, 9, 1, 4, 4, "batch 16 x 4k: W = 128, floor(528 / 128) = 4"},
       {64, 1, 8192, 32, 8, 128, 9, 1, 4, 1, "batch 64: W = 512 fills 97% of one wave of 528 (wave-fill clause)"},
@@ -292,11 +290,10 @@ TEST(SplitKV, TransposedDecodeTileSlots) {
     SplitKVInput in = input(b, c.heads, c.kv_heads, 132, kMaxSplits, DType::fp8_e4m3);
     in.head_size = c.head_size;
     in.cc_major = c.cc_major;
-    in.decode_threshold = std::max(c.decode_threshold, 2);
-    EXPECT_EQ(split_kv_ctas_per_sm(in), c.ctas_per_sm) << c.why;
+    EXPECT_EQ(split_kv_tile(in).ctas_per_sm, c.ctas_per_sm) << c.why;
     EXPECT_EQ(decide_num_splits(in).num_splits, c.splits) << c.why << ": " << decide_num_splits(in).reason;
     in.cache_dtype = DType::bf16;
-    EXPECT_EQ(split_kv_ctas_per_sm(in), kCtasPerSmDecode) << c.why << " (bf16)";
+    EXPECT_EQ(split_kv_tile(in).ctas_per_sm, 2) << c.why << " (bf16)";
   }
 }
 
@@ -306,7 +303,7 @@ TEST(SplitKV, TrimsSplitsThatDoNotShortenTheLongestSplit) {
   struct Case { int tiles, max_splits, expect; };
   for (const Case& c : {Case{100, 11, 10}, Case{150, 32, 17}, Case{40, 32, 5}, Case{64, 32, 8}}) {
     Batch b;
-    b.add(1, c.tiles * kKVTileTokens);
+    b.add(1, c.tiles * 64);  // (KV tiles of 64 keys: the mma_sync tiles a split launch runs)
     const auto d = decide_num_splits(input(b, 8, 8, 132, c.max_splits));
     EXPECT_EQ(d.num_splits, c.expect) << c.tiles << " tiles: " << d.reason;
   }
@@ -328,8 +325,9 @@ TEST(SplitKV, PropertiesOverARandomGrid) {
     const DType cache = rng() % 2 ? DType::fp8_e4m3 : DType::bf16;
     const SplitKVInput in = input(b, kv_heads * group, kv_heads, sms, max_splits, cache);
     const SplitKVDecision d = decide_num_splits(in);
-    bool prefill = false;
-    for (int r = 0; r < reqs; ++r) prefill = prefill || b.qsl[r + 1] - b.qsl[r] > 1;
+    int max_q = 0;
+    for (int r = 0; r < reqs; ++r) max_q = std::max(max_q, b.qsl[r + 1] - b.qsl[r]);
+    const bool prefill = max_q * group > kDecodeTileRows;  // a prefill-shaped launch
     int max_kv = 0;
     for (int r = 0; r < reqs; ++r)
       if (b.qsl[r + 1] > b.qsl[r]) max_kv = std::max(max_kv, b.seq[r]);
@@ -337,8 +335,10 @@ TEST(SplitKV, PropertiesOverARandomGrid) {
     ASSERT_GE(d.num_splits, 1) << ctx;
     EXPECT_LE(d.num_splits, std::min(kMaxUsefulSplits, max_splits)) << ctx;
     EXPECT_EQ(d.work_items, split_kv_work_items(in));
-    const int per_sm = prefill ? kCtasPerSmPrefill : cache == DType::bf16 ? kCtasPerSmDecode : kCtasPerSmDecodeFp8;
+    // (head size unknown, no sm90: the prefill tile 2 CTAs per SM, decode 2 for 16-bit, 3 for fp8)
+    const int per_sm = prefill ? 2 : cache == DType::bf16 ? 2 : 3;
     EXPECT_EQ(d.cta_slots, int64_t{sms} * per_sm) << ctx;
+    EXPECT_EQ(split_kv_tile(in).ctas_per_sm, per_sm) << ctx;
     const bool one_wave_rule = 2 * d.work_items <= d.cta_slots;
     if (!one_wave_rule) {
       // Past half a wave: only decode-only batches of at most two waves split, into at most
@@ -360,7 +360,7 @@ TEST(SplitKV, PropertiesOverARandomGrid) {
       // The split CTAs fit in one wave of slots.
       EXPECT_LE(int64_t{d.num_splits} * d.work_items, d.cta_slots) << ctx;
       // Minimal: one split fewer would lengthen the longest split.
-      const int tiles = (max_kv + kKVTileTokens - 1) / kKVTileTokens;
+      const int tiles = (max_kv + 63) / 64;
       const int s = d.num_splits;
       EXPECT_GT((tiles + s - 2) / (s - 1), (tiles + s - 1) / s) << ctx;
     }
@@ -384,30 +384,6 @@ TEST(SplitKV, PropertiesOverARandomGrid) {
         EXPECT_GE(decide_num_splits(as_fp8).num_splits, db.num_splits) << ctx;
     }
   }
-}
-
-// The launcher's PDL rule: off only for grids of more than half and less than 90% of a wave.
-TEST(LaunchPolicy, PdlOffOnlyForGridsOfHalfToNinetyPercentOfAWave) {
-  struct Case {
-    int64_t ctas, slots;
-    bool pdl;
-  };
-  // The H200 shapes behind the rule (fp8: 396 slots, bf16: 264), then the bounds.
-  for (const Case& c : {Case{256, 396, false}, Case{64, 396, true}, Case{128, 396, true}, Case{384, 396, true},
-                        Case{128, 264, true}, Case{256, 264, true}, Case{64, 264, true}, Case{1024, 396, true},
-                        Case{50, 100, true}, Case{51, 100, false}, Case{89, 100, false}, Case{90, 100, true},
-                        Case{0, 100, true}, Case{1, 1, true}})
-    EXPECT_EQ(pdl_for_grid(c.ctas, c.slots), c.pdl) << c.ctas << " CTAs on " << c.slots << " slots";
-  for (int64_t slots : {1, 7, 264, 396, 528})
-    for (int64_t ctas = 0; ctas <= 3 * slots; ++ctas) {
-      const double fill = static_cast<double>(ctas) / static_cast<double>(slots);
-      EXPECT_EQ(pdl_for_grid(ctas, slots), !(fill > 0.5 && fill < 0.9)) << ctas << " CTAs on " << slots << " slots";
-      EXPECT_EQ(pdl_for_grid(ctas, slots, true), !(fill > 0.5 && fill <= 1.0)) << ctas << " CTAs on " << slots << " slots (transposed)";
-    }
-  // The transposed decode tile's shapes (528 slots): 512 CTAs (fp8 64 x 4k, 16 x 4k at 4 splits) off, 2048 on.
-  EXPECT_FALSE(pdl_for_grid(512, 528, true));
-  EXPECT_TRUE(pdl_for_grid(2048, 528, true));
-  EXPECT_TRUE(pdl_for_grid(256, 528, true));
 }
 
 TEST(SplitKV, RejectsBadInput) {
@@ -617,6 +593,9 @@ TEST(FlashAttnBuilder, SplitDecisionAndWorkspace) {
       in.num_sms = cfg.device.sms_or_default();
       in.max_splits = max_splits;
       in.cache_dtype = cfg.cache_dtype;
+      in.head_size = cfg.head_size;
+      in.cc_major = cfg.device.cc_major;
+      in.hopper_kernels = choose_generation(cfg).chosen == Generation::hopper;
       EXPECT_EQ(m.split.num_splits, decide_num_splits(in).num_splits) << sms << " " << max_splits;
       EXPECT_LE(m.split.num_splits, max_splits);
       EXPECT_EQ(m.workspace_bytes, m.split.num_splits > 1 ? varlen_workspace_bytes(b.md.num_actual_tokens, cfg.num_heads,

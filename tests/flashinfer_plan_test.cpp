@@ -66,7 +66,7 @@ Batch random_batch(Kind kind, std::mt19937_64& rng, int max_reqs, int max_prefil
   return b;
 }
 
-// The keys visible to query i of a request (DESIGN.md section 4), as [lo, hi).
+// The keys visible to query i of a request (docs/architecture.md section 4), as [lo, hi).
 std::pair<int64_t, int64_t> visible_keys(const Batch& b, int64_t qo, int64_t kv, int64_t i) {
   const int64_t p = kv - qo + i;
   int64_t lo = 0, hi = kv;

@@ -1,4 +1,4 @@
-// The CPU reference against a separate dense brute force written here from DESIGN.md section 4:
+// The CPU reference against a separate dense brute force written here from docs/architecture.md section 4:
 // each request's K/V as dense float64 arrays (the dequantized values the cache holds), a mask
 // test per key, a plain softmax. Grids cover shapes, layouts, cache dtypes, every feature alone
 // and combined, and the edge cases (rows with no visible key, empty requests, padding,
@@ -259,7 +259,7 @@ struct Expected {
   std::vector<double> lse;  // [num_heads, num_tokens]
 };
 
-// The brute force: DESIGN.md section 4 key by key, in double.
+// The brute force: docs/architecture.md section 4 key by key, in double.
 Expected brute_force(const Built& b) {
   const Shape& s = b.pr.s;
   const Feats& f = b.pr.f;

@@ -1,4 +1,4 @@
-// The backend abstraction (DESIGN.md sections 6-7): what a backend can serve, how its KV cache
+// The backend abstraction (docs/architecture.md sections 6-7): what a backend can serve, how its KV cache
 // is shaped, how it turns batch metadata into its own, and how it runs attention.
 #pragma once
 #include <array>

@@ -34,7 +34,7 @@ KVLayout parse_layout(std::string_view name);  // "NHD" / "HND" (case-insensitiv
 //   scales at b*bytes_per_block + side*side_bytes + block_size*num_kv_heads*(head_size/2)
 //             + r*(head_size/16),   side_bytes = block_size*num_kv_heads*row_elems.
 // Inside a data row, value 2i is the low nibble of byte i and value 2i+1 the high nibble;
-// scale byte j covers values 16j..16j+15 (DESIGN.md section 2).
+// scale byte j covers values 16j..16j+15 (docs/architecture.md section 2).
 struct PagedKVSide {
   void* base = nullptr;
   void* scale_base = nullptr;  // nvfp4 only

@@ -1,4 +1,4 @@
-// Batch metadata shared by every backend (DESIGN.md section 3).
+// Batch metadata shared by every backend (docs/architecture.md section 3).
 #pragma once
 #include <cstdint>
 #include <span>
@@ -46,7 +46,7 @@ struct CommonAttentionMetadata {
 
   int query_len(int r) const { return query_start_loc[r + 1] - query_start_loc[r]; }
   BatchView batch() const;
-  // Full validation (DESIGN.md section 3): sizes agree, num_actual_tokens ==
+  // Full validation (docs/architecture.md section 3): sizes agree, num_actual_tokens ==
   // query_start_loc.back(), max_* are the true maxima, query_len <= seq_len, blocks needed
   // <= max_blocks_per_req, block ids < num_blocks, slots < num_blocks * block_size.
   void validate(int64_t num_blocks, int block_size) const;

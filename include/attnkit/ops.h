@@ -4,7 +4,7 @@
 
 namespace attnkit {
 
-// Merges two partial results over disjoint key sets (DESIGN.md section 5):
+// Merges two partial results over disjoint key sets (docs/architecture.md section 5):
 // lse = logaddexp(lse_a, lse_b); out = out_a*exp(lse_a-lse) + out_b*exp(lse_b-lse).
 // out_*: [num_tokens, num_heads, head_size] (f32/f16/bf16, may differ); lse_*: f32
 // [num_heads, num_tokens] natural log. An LSE of -inf, +inf or NaN is an empty side; both

@@ -1,4 +1,4 @@
-// Per-call attention parameters (DESIGN.md section 4).
+// Per-call attention parameters (docs/architecture.md section 4).
 #pragma once
 #include "attnkit/tensor.h"
 

@@ -7,7 +7,7 @@
 
 namespace attnkit {
 
-// Attention of every query token of `batch` over the paged cache (DESIGN.md section 4),
+// Attention of every query token of `batch` over the paged cache (docs/architecture.md section 4),
 // accumulated in double, parallel over (token, head).
 // q: [num_tokens, num_heads, head_size] f32/f16/bf16 (last dim contiguous), CPU.
 // out: same shape, f32/f16/bf16. params.lse, if defined: f32 [num_heads, num_tokens].

@@ -1,7 +1,7 @@
 """The tests' oracle in plain Python floats (IEEE double): no NumPy, no PyTorch, so a bug in an
 array library or in attnkit's own reference cannot hide in both sides of a comparison.
 
-Inputs are nested lists (array.tolist()); the semantics are DESIGN.md section 4.
+Inputs are nested lists (array.tolist()); the semantics are docs/architecture.md section 4.
 """
 
 import bisect
@@ -61,7 +61,7 @@ def attention(q, keys, values, query_start_loc, seq_lens, num_kv_heads, *, scale
 
 
 def merge(out_a, lse_a, out_b, lse_b):
-    """DESIGN.md section 5 for one (token, head): returns (out, lse)."""
+    """docs/architecture.md section 5 for one (token, head): returns (out, lse)."""
     def clean(x):
         return -math.inf if (math.isnan(x) or math.isinf(x)) else x
     la, lb = clean(lse_a), clean(lse_b)

@@ -56,7 +56,7 @@ struct ScheduledRequest {
   int context_len = 0;  // tokens already cached
 };
 
-// A step's request counts the way engines count them (DESIGN.md section 3): a decode is a
+// A step's request counts the way engines count them (docs/architecture.md section 3): a decode is a
 // request with query_len <= this, even the one-token last chunk of a prompt.
 inline constexpr int kDecodeThreshold = 1;
 

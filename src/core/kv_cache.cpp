@@ -1,4 +1,4 @@
-// KVCacheSpec: shape, stride order and addressing of the paged KV cache (DESIGN.md section 2).
+// KVCacheSpec: shape, stride order and addressing of the paged KV cache (docs/architecture.md section 2).
 #include "attnkit/kv_cache.h"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Batch metadata: validation, decode/prefill split and decode-first reordering (DESIGN.md 3).
+// Batch metadata: validation, decode/prefill split and decode-first reordering (docs/architecture.md section 3).
 #include "attnkit/metadata.h"
 
 #include <algorithm>

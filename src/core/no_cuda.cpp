@@ -50,10 +50,17 @@ void varlen_workspace_init(void*, size_t, void*) {
               "this attnkit was built without CUDA (ATTNKIT_CUDA=OFF or no nvcc)");
 }
 
-void run_varlen_attention(const VarlenArgs&) {
+void run_varlen_attention(const VarlenArgs&, const LaunchTuning&) {
   throw Error("flash_attn varlen attention", "device = cuda",
               "this attnkit was built without CUDA (ATTNKIT_CUDA=OFF or no nvcc)");
 }
+
+LaunchFacts varlen_launch_facts(const VarlenArgs&) {
+  throw Error("flash_attn varlen launch facts", "device = cuda",
+              "this attnkit was built without CUDA (ATTNKIT_CUDA=OFF or no nvcc)");
+}
+
+bool hopper_kernels_available() { return false; }
 
 }  // namespace attnkit::flash_attn
 #endif

@@ -1,4 +1,4 @@
-// Masks and score modifications (DESIGN.md section 4) as small policies over a score tile.
+// Masks and score modifications (docs/architecture.md section 4) as small policies over a score tile.
 //
 //  * KeyVisibility: which keys j a query at position p sees: causal bottom-right (j <= p),
 //    sliding window (p - left <= j <= p + right), always j < seq_len. Positions come from

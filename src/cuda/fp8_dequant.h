@@ -3,8 +3,8 @@
 // Every e4m3 and e5m2 value is exactly representable in fp16 (and bf16), so the conversion
 // here is exact and carries no scale: the dequant scale (per tensor or per KV head, uniform
 // over a CTA that serves one KV head) is folded into the softmax scale for K and into the
-// epilogue for V. The value the kernel computes with is therefore code * scale, as DESIGN.md
-// section 2 defines it, with the multiplication done in fp32.
+// epilogue for V. The value the kernel computes with is therefore code * scale, as
+// docs/architecture.md section 2 defines it, with the multiplication done in fp32.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -36,15 +36,20 @@ bool fail(std::string* why, const std::string& rule) {
 
 }  // namespace
 
-bool encode_paged_side_map(const PagedSideGeometry& g, TmaDesc& out, std::string* why) {
-  static_assert(sizeof(CUtensorMap) == sizeof(TmaDesc), "TmaDesc holds one CUtensorMap");
+std::string paged_side_map_refusal(const PagedSideGeometry& g) {
   if (g.row_bytes <= 0 || g.row_bytes % 128 != 0 || g.row_bytes > 512)
-    return fail(why, "row bytes " + std::to_string(g.row_bytes) + " must be a multiple of 128 up to 512");
-  if (g.block_size % 16 != 0) return fail(why, "block size must be a multiple of 16");
-  if (reinterpret_cast<uintptr_t>(g.base) % 16 != 0) return fail(why, "cache base must be 16-byte aligned");
+    return "row bytes " + std::to_string(g.row_bytes) + " must be a multiple of 128 up to 512";
+  if (g.block_size % 16 != 0) return "block size must be a multiple of 16";
+  if (reinterpret_cast<uintptr_t>(g.base) % 16 != 0) return "cache base must be 16-byte aligned";
   for (int64_t s : {g.stride_block, g.stride_slot, g.stride_head})
     if (s <= 0 || s % 16 != 0 || s >= (int64_t{1} << 40))
-      return fail(why, "stride " + std::to_string(s) + " must be a positive multiple of 16 below 2^40");
+      return "stride " + std::to_string(s) + " must be a positive multiple of 16 below 2^40";
+  return {};
+}
+
+bool encode_paged_side_map(const PagedSideGeometry& g, TmaDesc& out, std::string* why) {
+  static_assert(sizeof(CUtensorMap) == sizeof(TmaDesc), "TmaDesc holds one CUtensorMap");
+  if (std::string rule = paged_side_map_refusal(g); !rule.empty()) return fail(why, rule);
   const EncodeTiled fn = encode_fn();
   if (fn == nullptr) return fail(why, "the driver has no cuTensorMapEncodeTiled");
   const cuuint64_t dims[5] = {128, static_cast<cuuint64_t>(g.block_size), static_cast<cuuint64_t>(g.row_bytes / 128),

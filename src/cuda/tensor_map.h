@@ -21,6 +21,9 @@ struct PagedSideGeometry {
   int64_t stride_block = 0, stride_slot = 0, stride_head = 0;
 };
 
+// The rule `g` breaks for a map (empty: it has one, if the driver has the encoder). Host only.
+std::string paged_side_map_refusal(const PagedSideGeometry& g);
+
 // Encodes `g` into `out`. Returns false (with the rule that failed in *why) when the geometry
 // has no such map (row size, alignment, strides, a driver without the entry point); the caller
 // then loads with cp.async.

@@ -3,14 +3,13 @@
 #include <algorithm>
 
 #include "attnkit/error.h"
+#include "core/int_math.h"
 
 namespace attnkit::flash_attn {
 
 namespace {
 
 constexpr std::string_view kWhere = "flash_attn cascade decision";
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 

@@ -1,4 +1,4 @@
-// Whether cascade attention pays for a batch (DESIGN.md section 6).
+// Whether cascade attention pays for a batch (docs/architecture.md section 6).
 //
 // Cascade = one non-causal pass of every query over the prefix all requests share, plus one
 // causal pass per request over its own suffix, merged by LSE. It reads the shared prefix

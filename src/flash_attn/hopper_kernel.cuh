@@ -7,7 +7,7 @@
 //
 // Warp-specialised: a producer warpgroup copies Q and the K/V tiles through the block table
 // (cp.async into two rings of stages, K and V apart, signalled by mbarriers); two consumer
-// warpgroups of 64 rows take turns at the tensor cores:
+// warpgroups of 64 rows take turns at the tensor cores (every ring a cuda::Pipeline):
 //
 //   step j:  wait V_{j-1}, K_j; S_j = Q K_j^T; O += P_{j-1} V_{j-1}  (both async)
 //            -> the other warpgroup's turn
@@ -15,19 +15,28 @@
 //            P V done: release V_{j-1}; rescale O
 //   last:    O += P V of the last tile; epilogue: normalise, sink, write O and LSE
 //
-// Persistent where items are short: one CTA per SM walks the list of work items; the producer loads the
-// next item's tiles while the consumers finish the current one and write its output, and its Q
-// too where the configuration has two Q buffers (HopperShortItemTraits, items up to 1k keys).
+// Persistent where items are short (PersistentScheduler, varlen_schedule.cuh): one CTA per SM
+// walks the list of work items; the producer loads the next item's tiles while the consumers
+// finish the current one and write its output, and its Q too where the tile has two Q buffers
+// (hopper_short). Which tile, how many CTAs: the LaunchPlan (launch_plan.cpp).
 #pragma once
 #include <algorithm>
 #include <type_traits>
 
 #include "attnkit/detail/merge_rule.h"
+#include "cuda/cp_async.h"
+#include "cuda/cuda_check.h"
+#include "cuda/online_softmax.h"
+#include "cuda/output_store.h"
+#include "cuda/paged_kv_tile.h"
 #include "cuda/pdl.h"
+#include "cuda/pipeline_sm90.h"
 #include "cuda/sync_sm90.h"
 #include "cuda/wgmma_sm90.h"
 #include "flash_attn/hopper_traits.h"
-#include "flash_attn/varlen_kernel.cuh"
+#include "flash_attn/launch_plan.h"
+#include "flash_attn/varlen_schedule.cuh"
+#include "flash_attn/varlen_tile_softmax.cuh"
 
 namespace attnkit::flash_attn {
 
@@ -69,43 +78,9 @@ __device__ __forceinline__ void register_epilogue(const VarlenKernelParams& p, c
 
 }  // namespace detail
 
-// The work items of a persistent launch: index i of nx * ny * nz in the order of the
-// one-CTA-per-item grid (varlen_schedule.cuh: x = row tile fastest, then KV head, then request),
-// so the CTAs running at one time share a KV head's tiles in L2 (row tiles outermost measured
-// the same at 512 x 32: 197 vs 206 TFLOP/s). Row tiles are taken in reverse, so under a causal
-// mask each (request, head) starts with its longest items, and CTAs striding over the list by
-// the grid size get mixed lengths.
-struct HopperItems {
-  int nx, ny, nz;
-  int64_t total;
-  // Item i (false: no rows there, e.g. past its request's row tiles).
-  template <int kBlockM, int kBlockN>
-  __device__ __forceinline__ bool at(const VarlenKernelParams& p, int64_t i, WorkItem& w) const {
-    const int64_t yz = i / nx;
-    return schedule_work<kBlockM, kBlockN>(p, static_cast<int>(i - yz * nx), static_cast<int>(yz % ny),
-                                           static_cast<int>(yz / ny), w);
-  }
-};
-
-// A position in a ring of kStages stages: the stage and the parity of this lap. Kept as running
-// state (no division by kStages per tile). Waiting on an "empty" barrier with the parity of
-// the lap before (phase ^ 1) returns at once on the first lap: a fresh barrier counts its
-// previous phase as complete.
-template <int kStages>
-struct RingPos {
-  int stage = 0;
-  uint32_t phase = 0;
-  __device__ __forceinline__ void advance() {
-    if (++stage == kStages) {
-      stage = 0;
-      phase ^= 1;
-    }
-  }
-};
-
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const VarlenKernelParams p,
-                                                                        const HopperItems items) {
+                                                                        const PersistentScheduler<Tr::kBlockM, Tr::kBlockN> items) {
 #if ATTNKIT_HAS_WGMMA
   using namespace attnkit::cuda;
   using T = typename Tr::Elem;
@@ -116,54 +91,34 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
   // (the 128 producer threads' copies landed: cp.async arrivals) and an "empty" one (the 256
   // consumer threads no longer read it). K and V are separate so that a K stage frees as soon as
   // S = Q K^T is done, while V is still needed for O += P V one step later. The rings run on
-  // across the CTA's work items (RingPos); so does the ring of Q buffers (one or two), each
-  // with its own full / empty pair.
+  // across the CTA's work items (their PipelineStates); so does the ring of Q buffers (one or two).
   constexpr int kQB = Tr::kQBuffers;
-  __shared__ __align__(8) uint64_t bars[4 * kS + 2 * kQB];
+  using Pipe = Pipeline<kS>;
+  using Pos = typename Pipe::State;
+  __shared__ PipelineBarriers<kS> k_bars, v_bars;
+  __shared__ PipelineBarriers<kQB> q_bars;
 
   pdl_wait();  // everything below may read what the previous kernel wrote (metadata, q, cache)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   unsigned char* smem = smem_raw + ((Tr::kAlign - (smem_addr(smem_raw) & (Tr::kAlign - 1))) & (Tr::kAlign - 1));
   const uint32_t s_base = smem_addr(smem);
   auto s_q = [&](int buffer) { return s_base + Tr::kQOffset + buffer * Tr::kQBytes; };
-  enum Ring { kFullK, kFullV, kEmptyK, kEmptyV };
-  const uint32_t bars0 = smem_addr(&bars[0]);
-  auto q_full = [&](int buffer) { return bars0 + 8 * (4 * kS + buffer); };
-  auto q_empty = [&](int buffer) { return bars0 + 8 * (4 * kS + kQB + buffer); };
-  using Pos = RingPos<kS>;
-  auto bar = [&](Ring r, int stage) { return bars0 + 8 * (r * kS + stage); };
+  const Pipe k_pipe(k_bars), v_pipe(v_bars);
+  const Pipeline<kQB> q_pipe(q_bars);
   auto k_stage = [&](const Pos& at) { return s_base + at.stage * Tr::kTileBytes; };
   auto v_stage = [&](const Pos& at) { return s_base + (kS + at.stage) * Tr::kTileBytes; };
   auto tile_key = [](const WorkItem& w, int t) { return (w.tile_begin + t) * Tr::kBlockN; };
 
   if (tid == 0) {
-    for (int i = 0; i < kS; ++i) {
-      mbar_init(bar(kFullK, i), Tr::kProducerThreads);
-      mbar_init(bar(kFullV, i), Tr::kProducerThreads);
-      mbar_init(bar(kEmptyK, i), Tr::kConsumerThreads);
-      mbar_init(bar(kEmptyV, i), Tr::kConsumerThreads);
-    }
-    for (int i = 0; i < kQB; ++i) {
-      mbar_init(q_full(i), Tr::kProducerThreads);
-      mbar_init(q_empty(i), Tr::kConsumerThreads);
-    }
+    k_pipe.init(Tr::kProducerThreads, Tr::kConsumerThreads);
+    v_pipe.init(Tr::kProducerThreads, Tr::kConsumerThreads);
+    q_pipe.init(Tr::kProducerThreads, Tr::kConsumerThreads);
   }
   __syncthreads();  // the last CTA-wide barrier: producer and consumers part here
   pdl_launch_dependents();  // the next kernel's CTAs may take SM slots as this grid frees them
 
-  // Both roles walk the same items and count the same tiles. Round r gives CTA b item
-  // r * G + b (G CTAs), counted from the other end in odd rounds (r * G + G - 1 - b): a CTA that
-  // drew one of the longer items of a stretch draws one of the shorter ones next. (Plain
-  // striding by G gave every CTA the same row tile of each request when the row-tile count
-  // divides G: causal work then piles up on a quarter of the CTAs, e.g. 4 row tiles, 132 SMs.)
-  auto next_item = [&](int64_t& r, WorkItem& w) {
-    const int64_t G = gridDim.x, b = blockIdx.x;
-    for (; r * G < items.total; ++r) {
-      const int64_t i = r * G + ((r & 1) ? G - 1 - b : b);
-      if (i < items.total && items.template at<Tr::kBlockM, Tr::kBlockN>(p, i, w)) return true;
-    }
-    return false;
-  };
+  // Both roles walk the same items and count the same tiles.
+  auto next_item = [&](int64_t& r, WorkItem& w) { return items.next(p, r, w); };
 
   if (tid >= Tr::kConsumerThreads) {
     // Producer: per item, V of tile t - 1, then K of tile t (with Q after K of tile 0, once the
@@ -175,7 +130,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
     regs_dec<Tr::kProducerRegs>();
     const int ptid = tid - Tr::kConsumerThreads;
     Pos k_at, v_at;  // the next K tile's stage; the next V tile's (one tile behind)
-    RingPos<kQB> q_at;
+    typename Pipeline<kQB>::State q_at;
     WorkItem w;
     for (int64_t r = 0; next_item(r, w); ++r) {
       const int n = w.tile_end - w.tile_begin;
@@ -184,23 +139,23 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
       typename Loader::Offsets prev{};
       typename Loader::Pages pages = loader.pages(tile_key(w, 0), ptid);
       auto load_v = [&](int t) {
-        mbar_wait(bar(kEmptyV, v_at.stage), v_at.phase ^ 1);
+        v_pipe.acquire(v_at);
         loader.copy_side(loader.v.head_base, prev, tile_key(w, t), v_stage(v_at), ptid);
-        mbar_arrive_on_cp_async(bar(kFullV, v_at.stage));
+        v_pipe.commit_cp_async(v_at);
         v_at.advance();
       };
       for (int t = 0; t < n; ++t) {
         if (t >= 1) load_v(t - 1);
         prev = loader.offsets(loader.k, tile_key(w, t), pages, ptid);
         if (t + 1 < n) pages = loader.pages(tile_key(w, t + 1), ptid);
-        mbar_wait(bar(kEmptyK, k_at.stage), k_at.phase ^ 1);
+        k_pipe.acquire(k_at);
         loader.copy_side(loader.k.head_base, prev, tile_key(w, t), k_stage(k_at), ptid);
-        mbar_arrive_on_cp_async(bar(kFullK, k_at.stage));
+        k_pipe.commit_cp_async(k_at);
         k_at.advance();
         if (t == 0) {
-          mbar_wait(q_empty(q_at.stage), q_at.phase ^ 1);  // the Q of kQB items back is no longer read
-          detail::load_q_tile<Tr, Swizzle128Tile<Tr::kBlockM>, Tr::kProducerThreads>(p, w, s_q(q_at.stage), ptid);
-          mbar_arrive_on_cp_async(q_full(q_at.stage));
+          q_pipe.acquire(q_at);  // the Q of kQB items back is no longer read
+          load_q_tile<Tr, Swizzle128Tile<Tr::kBlockM>, Tr::kProducerThreads>(p, w, s_q(q_at.stage), ptid);
+          q_pipe.commit_cp_async(q_at);
           q_at.advance();
         }
       }
@@ -225,7 +180,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
   FragC o[Tr::kOFrags];
   FragA pa[Tr::kSFrags / 2];
   Pos at, prev_at;  // the stages of tile j (K) and of tile j - 1 (V): K and V rings move together
-  RingPos<kQB> q_at;
+  typename Pipeline<kQB>::State q_at;
   WorkItem w;
   // This warpgroup's 64 rows of the current item's Q buffer (a constant with one buffer).
   // (The consumers sit at their register limit: computed per step, ptxas 13.0 spilled 80 bytes.)
@@ -248,8 +203,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
     // V_{j-1} and K_j (the order they are loaded in) before any wgmma: a wait loop between
     // wgmmas in flight makes ptxas serialise them. The fence: cp.async wrote the tiles
     // (generic proxy), wgmma reads them (async proxy).
-    if constexpr (kPV) mbar_wait(bar(kFullV, prev_at.stage), prev_at.phase);
-    mbar_wait(bar(kFullK, at.stage), at.phase);
+    if constexpr (kPV) v_pipe.wait(prev_at);
+    k_pipe.wait(at);
     fence_proxy_async_smem();
     named_bar_sync(my_turn, Tr::kConsumerThreads);
     FragC s[Tr::kSFrags];
@@ -270,7 +225,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
       wgmma_wait<0>();
     }
     wgmma_hold(s);
-    mbar_arrive(bar(kEmptyK, at.stage));
+    k_pipe.release(at);
 
     const int tile_key0 = tile_key(w, it);
     const bool whole_tile_visible = tile_key0 >= w.full_lo && tile_key0 + Tr::kBlockN <= w.full_hi;
@@ -280,7 +235,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
       wgmma_wait<0>();
       wgmma_hold(o);
       wgmma_hold(pa);  // P_{j-1} is read by the P V just waited for: its registers stay until here
-      mbar_arrive(bar(kEmptyV, prev_at.stage));
+      v_pipe.release(prev_at);
     }
     prev_at = at;
     at.advance();
@@ -296,19 +251,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
 #pragma unroll
     for (int f = 0; f < Tr::kOFrags; ++f) o[f] = FragC{};
     if (n > 0) {
-      mbar_wait(q_full(q_at.stage), q_at.phase);
+      q_pipe.wait(q_at);
       step(0, std::false_type{});
       for (int it = 1; it < n; ++it) step(it, std::true_type{});
-      mbar_arrive(q_empty(q_at.stage));  // every S of the item is done: the producer may reuse it
+      q_pipe.release(q_at);  // every S of the item is done: the producer may reuse it
       q_at.advance();
-      mbar_wait(bar(kFullV, prev_at.stage), prev_at.phase);
+      v_pipe.wait(prev_at);
       fence_proxy_async_smem();
       wgmma_fence();
       issue_pv(prev_at);
       wgmma_wait<0>();
       wgmma_hold(o);
       wgmma_hold(pa);
-      mbar_arrive(bar(kEmptyV, prev_at.stage));
+      v_pipe.release(prev_at);
     }
     if (warp_row0 < w.rows) detail::register_epilogue<Tr>(p, w, o, softmax, unit, warp_row0, lane);
   }
@@ -320,56 +275,29 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
 #endif
 }
 
-namespace detail {
-
-template <class Tr>
-void launch_hopper_config(const VarlenKernelParams& p, const HopperItems& items, int64_t ctas, bool pdl,
-                          cudaStream_t stream) {
-  auto kernel = hopper_varlen_kernel<Tr>;
-  ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
-  cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(ctas)), dim3(Tr::kThreads), Tr::kSmemBytes, stream, pdl, dim3(1, 1, 1),
-                      p, items);
-}
-
-}  // namespace detail
-
 template <class Elem, int kHeadDim>
-void launch_hopper(const VarlenKernelParams& p, const VarlenLaunchShape& shape, cudaStream_t stream) {
-  using Long = HopperTraits<Elem, kHeadDim>;
-  using Short = HopperShortItemTraits<Elem, kHeadDim>;
+void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   const char* where = "flash_attn varlen attention (hopper)";
   ATTNKIT_REQUIRE(p.num_splits == 1, where, "num_splits", p.num_splits,
                   "must be 1 (split launches run the mma_sync kernels)");
-  dim3 grid;
-  if (!varlen_grid(p, shape, Long::kBlockM, std::max(Long::kSmemBytes, Short::kSmemBytes), where, grid)) return;
-  // Short items (keys <= kPersistentMaxKeys): one CTA per SM loops over them, so one item's
-  // epilogue and the next one's first loads overlap. Long ones: one CTA per item, which the
-  // hardware hands out as SMs free up, where a static share per CTA leaves the slowest CTA
-  // behind. H200, head size 128, causal, 16k tokens, TFLOP/s persistent vs one CTA per item
-  // in the same run (bench section prefill-grid, 333f3bf), 32 / 8 heads: 512 x 32 200 vs 163,
-  // 1k x 16 293 vs 254, 2k x 8 385 vs 349, 4k x 4 451 vs 418, 8k x 2 467 vs 460, 16k x 1 466 vs
-  // 472; 32 / 32 heads: within 5% either way at every length (per item ahead up to 2k).
-  // Persistent launches of items up to kDoubleQMaxKeys keys take two Q buffers
-  // (HopperShortItemTraits): there the wait for each item's Q is a visible share of the item.
-  constexpr int kPersistentMaxKeys = 4096, kDoubleQMaxKeys = 1024;
-  const HopperItems items{static_cast<int>(grid.x), static_cast<int>(grid.y), static_cast<int>(grid.z),
-                          static_cast<int64_t>(grid.x) * grid.y * grid.z};
-  int64_t ctas = items.total;
-  if (shape.max_ctas > 0) {
-    ctas = std::min<int64_t>(ctas, shape.max_ctas);
-  } else if (shape.max_seq_len <= kPersistentMaxKeys) {
-    ctas = std::min<int64_t>(ctas, cuda::current_device_props().sm_count);
-  }
-  ATTNKIT_REQUIRE(ctas <= 0x7fffffff, where, "work items", ctas, "must fit one grid dimension");
-  const bool two_q = shape.q_buffers > 0 ? shape.q_buffers == 2 : (ctas < items.total && shape.max_seq_len <= kDoubleQMaxKeys);
-  if (two_q) {
-    detail::launch_hopper_config<Short>(p, items, ctas, shape.enable_pdl, stream);
-  } else {
-    detail::launch_hopper_config<Long>(p, items, ctas, shape.enable_pdl, stream);
-  }
+  auto launch = [&]<TileId kTile>() {
+    using Tr = HopperTraits<Elem, kHeadDim, kTile>;
+    dim3 grid;
+    if (!varlen_grid(p, plan, Tr::kSmemBytes, where, grid)) return;
+    const PersistentScheduler<Tr::kBlockM, Tr::kBlockN> items{static_cast<int>(grid.x), static_cast<int>(grid.y),
+                                                              static_cast<int>(grid.z), plan.grid_ctas};
+    ATTNKIT_REQUIRE(plan.ctas <= 0x7fffffff, where, "work items", plan.ctas, "must fit one grid dimension");
+    auto kernel = hopper_varlen_kernel<Tr>;
+    ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+    cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(plan.ctas)), dim3(Tr::kThreads), Tr::kSmemBytes, stream,
+                        plan.pdl, dim3(1, 1, 1), p, items);
+  };
+  if (plan.tile == TileId::hopper_short) launch.template operator()<TileId::hopper_short>();
+  else if (plan.tile == TileId::hopper) launch.template operator()<TileId::hopper>();
+  else fail(where, "tile", plan.config.name, "is not a hopper tile");
 }
 
 }  // namespace attnkit::flash_attn
 
 #define ATTNKIT_HOPPER_INSTANTIATE(ELEM, HEAD_DIM)                                                  \
-  template void launch_hopper<ELEM, HEAD_DIM>(const VarlenKernelParams&, const VarlenLaunchShape&, cudaStream_t);
+  template void launch_hopper<ELEM, HEAD_DIM>(const VarlenKernelParams&, const LaunchPlan&, cudaStream_t);

@@ -11,19 +11,25 @@
 #include <cuda_runtime.h>
 
 #include "flash_attn/varlen_params.h"
+#include "flash_attn/launch_plan.h"
+#include "flash_attn/tile_set.h"
 #include "flash_attn/varlen_traits.h"
 
 namespace attnkit::flash_attn {
 
-// kStages_: depth of the K ring and of the V ring; kQBuffers_: Q tiles in shared memory (2: a
-// persistent CTA loads the next item's Q while it still computes on the current one).
-template <class Elem_, int kHeadDim_, int kStages_ = (kHeadDim_ <= 64 ? 4 : 3), int kQBuffers_ = 1>
+// kTile_ (tile_set.h: hopper, hopper_short): its stages are the depth of the K ring and of the
+// V ring; its Q buffers the Q tiles in shared memory (2: a persistent CTA loads the next item's
+// Q while it still computes on the current one).
+template <class Elem_, int kHeadDim_, TileId kTile_>
 struct HopperTraits {
+  static constexpr TileConfig kConfig = tile_config(kTile_, kHeadDim_, false);
+  static_assert(kConfig.generation == Generation::hopper && tile_instantiated(kTile_, kHeadDim_, false),
+                "a hopper tile");
   using Elem = Elem_;
   using MmaElem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kFp8Cache = false;
-  static constexpr int kWarpGroups = 2;  // consumers: 64 rows each
+  static constexpr int kWarpGroups = kConfig.warps_m;  // consumers: 64 rows each
   static constexpr int kConsumerThreads = 128 * kWarpGroups;
   static constexpr int kProducerThreads = 128;  // the third warpgroup loads Q and K / V
   static constexpr int kThreads = kConsumerThreads + kProducerThreads;
@@ -33,7 +39,8 @@ struct HopperTraits {
   // the consumers fit 208 without spills.
   static constexpr int kProducerRegs = 88, kConsumerRegs = 208;
   static constexpr int kBlockM = 64 * kWarpGroups;
-  static constexpr int kBlockN = 128;
+  static_assert(kBlockM == kConfig.rows, "64 rows per consumer warpgroup");
+  static constexpr int kBlockN = kConfig.keys;
   static constexpr int kSFrags = kBlockN / 8;
   static constexpr int kOFrags = kHeadDim / 8;
   static constexpr int kKSteps = kHeadDim / 16;
@@ -47,8 +54,8 @@ struct HopperTraits {
   // every work item of more than one K/V tile.
   static constexpr int kTileBytes = kBlockN * kHeadDim * 2;
   static constexpr int kStageBytes = 2 * kTileBytes;
-  static constexpr int kStages = kStages_;
-  static constexpr int kQBuffers = kQBuffers_;
+  static constexpr int kStages = kConfig.stages;
+  static constexpr int kQBuffers = kConfig.q_buffers;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kQOffset = kStages * kStageBytes;
   static constexpr int kAlign = 1024;  // swizzle atoms
@@ -56,22 +63,10 @@ struct HopperTraits {
   static_assert(kSmemBytes <= 227 * 1024, "K/V rings and Q buffers must fit the opt-in shared memory");
 };
 
-// Persistent launches over short items (hopper_kernel.cuh, launch_hopper): Q double-buffered,
-// so the next item's Q is in flight while the consumers finish the current item, where a
-// single buffer made them wait for it at every item start (ncu, MHA 512 x 32: 10% of the
-// consumer warps' stall samples). Head size 128 gives a K/V stage for it (2 x 32 KB).
+// Launches the hopper kernel for (Elem, kHeadDim) with the plan's tile (hopper / hopper_short),
+// grid and CTA count (hopper_kernel.cuh). The plan only picks it on an sm90 device of a build
+// with sm_90a code.
 template <class Elem, int kHeadDim>
-using HopperShortItemTraits = HopperTraits<Elem, kHeadDim, (kHeadDim <= 64 ? 4 : 2), 2>;
-
-// Launches the hopper kernel for (Elem, kHeadDim), choosing the grid (persistent or one CTA
-// per item) and the configuration (HopperTraits, or HopperShortItemTraits for persistent
-// launches of short items) (hopper_kernel.cuh). The caller checks the device is sm90 and the
-// build has sm_90a code (hopper_kernels_available()).
-template <class Elem, int kHeadDim>
-void launch_hopper(const VarlenKernelParams& p, const VarlenLaunchShape& shape, cudaStream_t stream);
-
-// True when this build compiled the hopper kernels (sm_90a among its CUDA architectures) and
-// the current device is sm90.
-bool hopper_kernels_available();
+void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStream_t stream);
 
 }  // namespace attnkit::flash_attn

@@ -78,12 +78,13 @@ FlashAttnMetadata FlashAttnMetadataBuilder::build_flash(const CommonAttentionMet
   in.seq_lens = c.seq_lens;
   in.num_heads = cfg_.num_heads;
   in.num_kv_heads = cfg_.num_kv_heads;
-  in.decode_threshold = opts_.decode_threshold;
   in.num_sms = cfg_.device.sms_or_default();
   in.max_splits = opts_.max_splits;
   in.cache_dtype = cfg_.cache_dtype;
   in.head_size = cfg_.head_size;
   in.cc_major = cfg_.device.cpu ? 0 : cfg_.device.cc_major;
+  // (the impl runs the generation choose_generation picks: the split rule counts its tile)
+  in.hopper_kernels = choose_generation(cfg_).chosen == Generation::hopper;
   m.split = decide_num_splits(in);
   m.workspace_bytes = m.split.num_splits > 1
                           ? varlen_workspace_bytes(c.num_actual_tokens, cfg_.num_heads,

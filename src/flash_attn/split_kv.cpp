@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "attnkit/error.h"
+#include "core/int_math.h"
 
 namespace attnkit::flash_attn {
 
@@ -10,7 +11,6 @@ namespace {
 
 constexpr std::string_view kWhere = "flash_attn split-KV decision";
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 void validate(const SplitKVInput& in) {
   ATTNKIT_REQUIRE(in.num_kv_heads > 0 && in.num_heads % in.num_kv_heads == 0, kWhere, "num_heads",
@@ -20,56 +20,64 @@ void validate(const SplitKVInput& in) {
                   "must be num_reqs + 1 = " + std::to_string(in.seq_lens.size() + 1));
   ATTNKIT_REQUIRE(in.num_sms > 0, kWhere, "num_sms", in.num_sms, "must be > 0");
   ATTNKIT_REQUIRE(in.max_splits >= 1, kWhere, "max_splits", in.max_splits, "must be >= 1");
-  ATTNKIT_REQUIRE(in.decode_threshold >= 1, kWhere, "decode_threshold", in.decode_threshold, "must be >= 1");
 }
 
 }  // namespace
 
-int64_t split_kv_work_items(const SplitKVInput& in) {
+LaunchFacts split_kv_facts(const SplitKVInput& in) {
   validate(in);
+  LaunchFacts f;
+  f.cc_major = in.cc_major;
+  f.sm_count = in.num_sms;
+  f.hopper_kernels = in.hopper_kernels;
+  f.head_size = in.head_size;
+  f.fp8_cache = is_fp8(in.cache_dtype);
+  f.num_reqs = static_cast<int>(in.seq_lens.size());
+  f.num_kv_heads = in.num_kv_heads;
+  f.group = in.num_heads / in.num_kv_heads;
+  for (size_t r = 0; r + 1 < in.query_start_loc.size(); ++r) {
+    const int32_t q = in.query_start_loc[r + 1] - in.query_start_loc[r];
+    ATTNKIT_REQUIRE(q >= 0, kWhere, "query_len[" + std::to_string(r) + "]", q, "must be >= 0");
+    f.max_query_len = std::max(f.max_query_len, q);
+    if (q > 0) f.max_seq_len = std::max(f.max_seq_len, in.seq_lens[r]);
+  }
+  return f;
+}
+
+TileConfig split_kv_tile(const SplitKVInput& in) {
+  const LaunchFacts f = split_kv_facts(in);
+  return tile_config(split_rule_tile(f), f.head_size, f.fp8_cache);
+}
+
+int64_t split_kv_work_items(const SplitKVInput& in) {
+  const TileConfig tile = split_kv_tile(in);
   const int group = in.num_heads / in.num_kv_heads;
   int64_t items = 0;
   for (size_t r = 0; r + 1 < in.query_start_loc.size(); ++r) {
     const int64_t q = in.query_start_loc[r + 1] - in.query_start_loc[r];
-    ATTNKIT_REQUIRE(q >= 0, kWhere, "query_len[" + std::to_string(r) + "]", q, "must be >= 0");
-    if (q == 0) continue;
-    const int64_t tiles = q <= in.decode_threshold ? ceil_div(q * group, kQTileRows)
-                                                   : group * ceil_div(q, kQTileRows);
-    items += in.num_kv_heads * tiles;
+    items += in.num_kv_heads * ceil_div(q * group, tile.rows);
   }
   return items;
 }
 
-int split_kv_ctas_per_sm(const SplitKVInput& in) {
-  validate(in);
-  int64_t max_q = 0;
-  for (size_t r = 0; r + 1 < in.query_start_loc.size(); ++r) {
-    const int64_t q = in.query_start_loc[r + 1] - in.query_start_loc[r];
-    if (q > in.decode_threshold) return kCtasPerSmPrefill;
-    max_q = std::max(max_q, q);
-  }
-  if (!is_fp8(in.cache_dtype)) return kCtasPerSmDecode;
-  const int64_t rows = max_q * (in.num_heads / in.num_kv_heads);
-  return transposed_decode_tile(true, in.head_size, in.cc_major, rows) ? kCtasPerSmDecodeTransposed : kCtasPerSmDecodeFp8;
-}
-
 SplitKVDecision decide_num_splits(const SplitKVInput& in) {
   SplitKVDecision d;
+  const LaunchFacts facts = split_kv_facts(in);
+  const TileConfig tile = tile_config(split_rule_tile(facts), facts.head_size, facts.fp8_cache);
+  // KV tiles of the split launch (the mma_sync kernel's, whatever the unsplit tile).
+  const int split_tile_keys = tile_config(TileId::prefill, facts.head_size, facts.fp8_cache).keys;
   d.work_items = split_kv_work_items(in);
-  const int ctas_per_sm = split_kv_ctas_per_sm(in);
-  d.cta_slots = static_cast<int64_t>(in.num_sms) * ctas_per_sm;
+  d.cta_slots = static_cast<int64_t>(in.num_sms) * tile.ctas_per_sm;
   if (d.work_items == 0) {
     d.reason = "no query tokens: nothing to split";
     return d;
   }
-  int32_t max_kv = 0;  // longest KV among requests that have queries
-  for (size_t r = 0; r < in.seq_lens.size(); ++r)
-    if (in.query_start_loc[r + 1] > in.query_start_loc[r]) max_kv = std::max(max_kv, in.seq_lens[r]);
+  const int32_t max_kv = facts.max_seq_len;  // longest KV among requests that have queries
   if (2 * d.work_items > d.cta_slots) {
     d.reason = std::to_string(d.work_items) + " work items fill more than half of " +
                std::to_string(d.cta_slots) + " CTA slots";
-    // Decode-only batches of one to two waves: split when the last wave would run mostly empty.
-    const bool decode_only = ctas_per_sm != kCtasPerSmPrefill;
+    // Batches of decode tiles, one to two waves: split when the last wave would run mostly empty.
+    const bool decode_only = tile.rows == kDecodeTileRows;
     if (decode_only && d.work_items <= 2 * d.cta_slots) {
       auto fill = [&](int64_t s) {  // busy share of the slot-waves W * s CTAs take
         const int64_t ctas = d.work_items * s;
@@ -99,12 +107,12 @@ SplitKVDecision decide_num_splits(const SplitKVInput& in) {
     return d;
   }
   // Drop splits that do not shorten the longest split (in KV tiles).
-  const int64_t tiles = ceil_div(max_kv, kKVTileTokens);
+  const int64_t tiles = ceil_div(max_kv, split_tile_keys);
   while (s > 1 && ceil_div(tiles, s - 1) == ceil_div(tiles, s)) --s;
   d.num_splits = static_cast<int>(s);
   d.reason = std::to_string(d.work_items) + " work items for " + std::to_string(d.cta_slots) +
              " CTA slots: " + std::to_string(s) + " splits of <= " +
-             std::to_string(ceil_div(tiles, s) * kKVTileTokens) + " KV tokens";
+             std::to_string(ceil_div(tiles, s) * split_tile_keys) + " KV tokens (" + tile.name + " tile)";
   return d;
 }
 

@@ -1,5 +1,6 @@
-// run_varlen_attention: VarlenArgs -> kernel parameters, and the one place where runtime
-// values (dtype, cache dtype, head size, decode vs prefill shape) choose a compiled kernel.
+// run_varlen_attention: VarlenArgs -> kernel parameters and launch facts, the plan of
+// choose_launch (launch_plan.cpp, where every launch choice is made), and the map from the
+// runtime dtype / cache kind / head size and the plan's tile to a compiled kernel.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -9,8 +10,10 @@
 #include "cuda/fp8_dequant.h"
 #include "cuda/device_props.h"
 #include "cuda/split_kv_combine.h"
-#include "flash_attn/hopper_traits.h"
 #include "cuda/split_workspace.h"
+#include "cuda/tensor_map.h"
+#include "flash_attn/hopper_traits.h"
+#include "flash_attn/launch_plan.h"
 #include "flash_attn/varlen_launch.h"
 #include "flash_attn/varlen_traits.h"
 
@@ -20,42 +23,44 @@ namespace {
 
 constexpr const char* kWhere = "flash_attn varlen attention";
 constexpr int kMaxSplits = 256;
-// Packed rows (query tokens x GQA group) up to which one 16-row tile with the warps split
-// over the keys serves a request better than 128-row tiles.
-constexpr int kDecodeMaxPackedRows = 16;
-
-template <class Elem, int kHeadDim, bool kFp8>
-void launch_config(const VarlenKernelParams& p, const VarlenLaunchShape& shape, Generation generation,
-                   cudaStream_t stream) {
-  if (static_cast<int64_t>(shape.max_query_len) * p.group <= kDecodeMaxPackedRows) {
-    launch_decode<Elem, kHeadDim, kFp8>(p, shape, stream);
-    return;
-  }
-  if constexpr (!kFp8 && (kHeadDim == 64 || kHeadDim == 128)) {
-    // Split launches (decode-heavy batches with few requests) stay on the mma_sync kernel,
-    // whose epilogue writes and merges split partials; so do caches whose K and V strides
-    // differ (the hopper producer computes one set of page offsets for both).
-    const bool same_kv_strides = p.k_stride_block == p.v_stride_block && p.k_stride_slot == p.v_stride_slot;
-    if (generation == Generation::hopper && p.num_splits == 1 && same_kv_strides && hopper_kernels_available()) {
-      launch_hopper<Elem, kHeadDim>(p, shape, stream);
-      return;
-    }
-  }
-  launch_varlen<PrefillTraits<Elem, kHeadDim, kFp8>>(p, shape, stream);
-}
 
 template <class Elem, bool kFp8>
-void launch_head_dim(int head_size, const VarlenKernelParams& p, const VarlenLaunchShape& shape, Generation g,
-                     cudaStream_t stream) {
+void launch_head_dim(int head_size, const VarlenKernelParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+  auto run = [&]<int kHeadDim>() {
+    if constexpr (!kFp8 && tile_instantiated(TileId::hopper, kHeadDim, false)) {
+      if (plan.generation == Generation::hopper) return launch_hopper<Elem, kHeadDim>(p, plan, stream);
+    }
+    launch_mma_sync<Elem, kHeadDim, kFp8>(p, plan, stream);
+  };
   switch (head_size) {
-    case 64: return launch_config<Elem, 64, kFp8>(p, shape, g, stream);
-    case 96: return launch_config<Elem, 96, kFp8>(p, shape, g, stream);
-    case 128: return launch_config<Elem, 128, kFp8>(p, shape, g, stream);
-    case 192: return launch_config<Elem, 192, kFp8>(p, shape, g, stream);
-    case 256: return launch_config<Elem, 256, kFp8>(p, shape, g, stream);
+    case 64: return run.template operator()<64>();
+    case 96: return run.template operator()<96>();
+    case 128: return run.template operator()<128>();
+    case 192: return run.template operator()<192>();
+    case 256: return run.template operator()<256>();
     default:
       fail(kWhere, "head_size", head_size, "must be one of 64, 96, 128, 192, 256");
   }
+}
+
+// The geometry of one cache side as a TMA map sees it (cuda/tensor_map.h).
+cuda::PagedSideGeometry side_geometry(const VarlenKernelParams& q, bool v_side, int row_bytes) {
+  cuda::PagedSideGeometry g;
+  g.row_bytes = row_bytes;
+  g.block_size = q.block_size.divisor;
+  g.num_kv_heads = q.num_kv_heads;
+  g.num_blocks = q.num_blocks;
+  g.base = v_side ? q.v_cache : q.k_cache;
+  g.stride_block = v_side ? q.v_stride_block : q.k_stride_block;
+  g.stride_slot = v_side ? q.v_stride_slot : q.k_stride_slot;
+  g.stride_head = v_side ? q.v_stride_head : q.k_stride_head;
+  return g;
+}
+
+// The tensor maps of the K and V sides, or false where the cache has none.
+bool encode_kv_maps(VarlenKernelParams& q, int row_bytes) {
+  return cuda::encode_paged_side_map(side_geometry(q, false, row_bytes), q.k_map, nullptr) &&
+         cuda::encode_paged_side_map(side_geometry(q, true, row_bytes), q.v_map, nullptr);
 }
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
@@ -192,9 +197,6 @@ VarlenKernelParams varlen_kernel_params(const VarlenArgs& a) {
   }
 
   p.num_splits = a.num_splits;
-  p.l2_prefetch = a.l2_prefetch && a.enable_pdl;
-  p.kv_evict_first = a.kv_evict_first && a.num_splits > 1;  // (where it measured faster: VarlenArgs)
-  p.cta_trace = a.cta_trace;
   const size_t need = varlen_workspace_bytes(q.size(0), a.num_heads, head_size, a.num_splits);
   if (need > 0) {  // (a batch without tokens needs none)
     ATTNKIT_REQUIRE(a.workspace != nullptr && a.workspace_bytes >= need && aligned16(a.workspace), kWhere,
@@ -216,6 +218,31 @@ bool hopper_kernels_available() {
 #endif
 }
 
+static LaunchFacts varlen_launch_facts(const VarlenArgs& a, const VarlenKernelParams& p) {
+  const cuda::DeviceProps& dev = cuda::current_device_props();
+  LaunchFacts f;
+  f.cc_major = dev.cc_major;
+  f.sm_count = dev.sm_count;
+  f.hopper_kernels = hopper_kernels_available();
+  f.preferred = a.generation;
+  f.head_size = static_cast<int>(a.q.size(2));
+  f.fp8_cache = is_fp8(a.cache.dtype);
+  f.same_kv_strides = p.k_stride_block == p.v_stride_block && p.k_stride_slot == p.v_stride_slot;
+  // The cache's sides must encode as TMA maps (strides, alignment) for TMA tiles: checked here
+  // without the driver; the launch encodes them when its plan takes such a tile.
+  const int row_bytes = kv_row_bytes(f.head_size, f.fp8_cache);
+  f.tma_geometry = tma_rows(f.head_size, f.fp8_cache) &&
+                   cuda::paged_side_map_refusal(side_geometry(p, false, row_bytes)).empty() &&
+                   cuda::paged_side_map_refusal(side_geometry(p, true, row_bytes)).empty();
+  f.num_reqs = a.num_reqs;
+  f.num_kv_heads = p.num_kv_heads;
+  f.group = p.group;
+  f.max_query_len = a.max_query_len;
+  f.max_seq_len = a.max_seq_len;
+  f.num_splits = a.num_splits;
+  return f;
+}
+
 void varlen_workspace_init(void* workspace, size_t bytes, void* stream) {
   ATTNKIT_REQUIRE(workspace != nullptr || bytes == 0, "flash_attn varlen workspace init", "bytes", bytes,
                   "a workspace of > 0 bytes needs a device pointer");
@@ -223,34 +250,28 @@ void varlen_workspace_init(void* workspace, size_t bytes, void* stream) {
   if (counters > 0) ATTNKIT_CUDA_CHECK(cudaMemsetAsync(workspace, 0, counters, cuda::as_stream(stream)));
 }
 
-void run_varlen_attention(const VarlenArgs& args) {
-  ATTNKIT_REQUIRE(args.max_ctas >= 0, kWhere, "max_ctas", args.max_ctas, "must be >= 0 (0: one CTA per SM)");
-  ATTNKIT_REQUIRE(args.transposed_stages == 0 || args.transposed_stages == 2 || args.transposed_stages == 3, kWhere,
-                  "transposed_stages", args.transposed_stages, "must be 0 (the launcher's choice), 2 or 3");
-  ATTNKIT_REQUIRE(args.hopper_q_buffers >= 0 && args.hopper_q_buffers <= 2, kWhere, "hopper_q_buffers",
-                  args.hopper_q_buffers, "must be 0 (the launcher's choice), 1 or 2");
-  const VarlenKernelParams p = varlen_kernel_params(args);
+LaunchFacts varlen_launch_facts(const VarlenArgs& args) {
+  return varlen_launch_facts(args, varlen_kernel_params(args));
+}
+
+void run_varlen_attention(const VarlenArgs& args, const LaunchTuning& tuning) {
+  VarlenKernelParams p = varlen_kernel_params(args);
   if (p.num_tokens == 0 || args.num_reqs == 0) return;
-  VarlenLaunchShape shape;
-  shape.max_query_len = args.max_query_len;
-  shape.enable_pdl = args.enable_pdl;
-  shape.max_seq_len = args.max_seq_len;
-  shape.max_ctas = args.max_ctas;
-  shape.q_buffers = args.hopper_q_buffers;
-  shape.cluster_merge = args.cluster_split_merge;
-  shape.kv_fill = static_cast<int>(args.kv_fill);
-  shape.transposed_decode = args.transposed_decode;
-  shape.transposed_stages = args.transposed_stages;
+  LaunchFacts facts = varlen_launch_facts(args, p);
+  LaunchPlan plan = choose_launch(facts, tuning);
+  if (plan.config.fill == KvFill::tma && !encode_kv_maps(p, kv_row_bytes(facts.head_size, facts.fp8_cache))) {
+    facts.tma_geometry = false;  // (a driver without the encoder: the cp.async tiles)
+    plan = choose_launch(facts, tuning);
+  }
+  p.cta_trace = tuning.cta_trace;
   const cudaStream_t stream = cuda::as_stream(args.stream);
-  const bool fp8 = is_fp8(args.cache.dtype);
-  const int head_size = static_cast<int>(args.q.size(2));
-  const Generation g = args.generation;
+  const bool fp8 = facts.fp8_cache;
   if (args.q.dtype == DType::bf16) {
-    if (fp8) launch_head_dim<__nv_bfloat16, true>(head_size, p, shape, g, stream);
-    else launch_head_dim<__nv_bfloat16, false>(head_size, p, shape, g, stream);
+    if (fp8) launch_head_dim<__nv_bfloat16, true>(facts.head_size, p, plan, stream);
+    else launch_head_dim<__nv_bfloat16, false>(facts.head_size, p, plan, stream);
   } else {
-    if (fp8) launch_head_dim<__half, true>(head_size, p, shape, g, stream);
-    else launch_head_dim<__half, false>(head_size, p, shape, g, stream);
+    if (fp8) launch_head_dim<__half, true>(facts.head_size, p, plan, stream);
+    else launch_head_dim<__half, false>(facts.head_size, p, plan, stream);
   }
 }
 

@@ -1,5 +1,5 @@
 // Varlen attention kernels for head size 64, bf16 queries: 16-bit and fp8 caches.
-#include "flash_attn/varlen_kernel.cuh"
+#include "flash_attn/varlen_launcher.cuh"
 
 namespace attnkit::flash_attn {
 ATTNKIT_VARLEN_INSTANTIATE(__nv_bfloat16, 64, false)

@@ -1,5 +1,5 @@
 // Varlen attention kernels for head size 64, f16 queries: 16-bit and fp8 caches.
-#include "flash_attn/varlen_kernel.cuh"
+#include "flash_attn/varlen_launcher.cuh"
 
 namespace attnkit::flash_attn {
 ATTNKIT_VARLEN_INSTANTIATE(__half, 64, false)

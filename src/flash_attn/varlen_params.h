@@ -34,7 +34,7 @@ struct VarlenKernelParams {
   int num_reqs = 0;
   int num_heads = 0, num_kv_heads = 0, group = 1;  // group = num_heads / num_kv_heads
 
-  // Semantics (DESIGN.md section 4).
+  // Semantics (docs/architecture.md section 4).
   float scale = 1.f;  // resolved softmax scale
   bool causal = true;
   int window_left = -1, window_right = -1;
@@ -56,13 +56,9 @@ struct VarlenKernelParams {
   // CTA of each work item to finish merges them into out / lse (counters in the workspace).
   int num_splits = 1;
   cuda::SplitPartials partials;
-  // Set by the launcher (decode tiles, sm90, 2 splits): the launch is a grid of clusters of
-  // num_splits CTAs (one work item's splits) that merge through distributed shared memory;
-  // `partials` is then not touched.
-  bool cluster_merge = false;
-
-  // With programmatic dependent launch: before waiting for the previous kernel, each CTA of
-  // the mma_sync kernel asks L2 for its work item's first K/V tiles (VarlenArgs::l2_prefetch).
+  // Set by the launcher from the LaunchPlan (launch_plan.h):
+  // with programmatic dependent launch, before waiting for the previous kernel, each CTA of
+  // the mma_sync kernel asks L2 for its work item's first K/V tiles (LaunchPlan::l2_prefetch).
   bool l2_prefetch = false;
   // ... only CTAs whose linear block index is below this (set by the launcher: the first wave,
   // CTAs per SM x SMs). Later CTAs start after the previous kernel is done; for them the
@@ -73,25 +69,11 @@ struct VarlenKernelParams {
   // of the K and V sides. Unused otherwise.
   cuda::TmaDesc k_map{}, v_map{};
 
-  // TMA stage fills read K/V with an L2 evict-first policy (VarlenArgs::kv_evict_first: split
-  // launches only).
-  bool kv_evict_first = true;
+  // TMA stage fills read K/V with an L2 evict-first policy (LaunchPlan::kv_evict_first).
+  bool kv_evict_first = false;
 
   // Diagnostics: per-CTA timestamps (cuda/cta_trace.h), [grid CTAs][kCtaTraceSlots]; nullptr = off.
   uint64_t* cta_trace = nullptr;
-};
-
-// Host facts that size and configure the launch.
-struct VarlenLaunchShape {
-  int max_query_len = 0;
-  bool enable_pdl = true;  // programmatic dependent launch where the device has it (sm90+)
-  int max_seq_len = 0;     // a hint (the launch's longest key range) for the hopper grid choice
-  int max_ctas = 0;        // hopper generation: CTAs of a persistent launch (0: the launcher's choice)
-  int q_buffers = 0;       // hopper generation: Q buffers, 1 or 2 (0: the launcher's choice)
-  bool cluster_merge = true;  // mma_sync decode launches of 2 splits on sm90: merge in a cluster
-  int kv_fill = 0;            // KvFill (varlen_launch.h) of mma_sync decode launches on sm90
-  bool transposed_decode = true;  // fp8 decode launches of <= 8 packed rows on sm90: the transposed tile
-  int transposed_stages = 0;      // ... its stages: 2 or 3 (0: the launcher's choice)
 };
 
 struct VarlenArgs;

@@ -1,11 +1,21 @@
-// The tile scheduler of the varlen kernel: which work item a CTA takes and which K/V tiles
-// that item (and its split) must visit.
+// The work items of the varlen kernels and their schedulers: which work item a CTA takes and
+// which K/V tiles that item (and its split) must visit, and the K/V source arguments of an item.
 //
-// Grid: x = packed-row tiles (sized by max_query_len * group), y = kv_head * num_splits + split,
-// z = request. CTAs past their request's row tiles exit at once. Row tiles are taken in
-// reverse so that, under the causal mask, the longest ones start first.
+// Work item (x, y, z): x = packed-row tile (sized by max_query_len * group), y = kv_head *
+// num_splits + split, z = request. Items past their request's row tiles are empty. Row tiles
+// are taken in reverse so that, under the causal mask, the longest ones start first.
+// Schedulers: GridScheduler (one CTA per item, the grid's coordinates: the mma_sync kernel) and
+// PersistentScheduler (a CTA walks the item list: the hopper kernel).
 #pragma once
+#include <string>
+
+#include "attnkit/error.h"
 #include "cuda/attention_mask.h"
+#include "cuda/cp_async.h"
+#include "cuda/device_props.h"
+#include "cuda/kv_source.cuh"
+#include "cuda/paged_kv_tile.h"
+#include "flash_attn/launch_plan.h"
 #include "flash_attn/varlen_params.h"
 
 namespace attnkit::flash_attn {
@@ -71,6 +81,43 @@ __device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, WorkI
   return schedule_work<kBlockM, kBlockN, kL2Only>(p, blockIdx.x, blockIdx.y, blockIdx.z, w);
 }
 
+// The grid scheduler: the CTA's item is its grid coordinates.
+template <int kBlockM, int kBlockN>
+struct GridScheduler {
+  // This CTA's item; false: it has none (past its request's row tiles).
+  __device__ __forceinline__ static bool take(const VarlenKernelParams& p, WorkItem& w) {
+    return schedule_work<kBlockM, kBlockN>(p, w);
+  }
+};
+
+// The persistent scheduler: gridDim.x CTAs walk the items of a grid of nx x ny x nz, item i in
+// the order of the one-CTA-per-item grid (x = row tile fastest, then KV head, then request), so
+// the CTAs running at one time share a KV head's tiles in L2. Round r gives CTA b item
+// r * G + b (G CTAs), counted from the other end in odd rounds (r * G + G - 1 - b): a CTA that
+// drew one of the longer items of a stretch draws one of the shorter ones next (plain striding
+// by G gave every CTA the same row tile of each request when the row-tile count divides G:
+// causal work then piles up on a quarter of the CTAs, e.g. 4 row tiles, 132 SMs). Row tiles
+// are taken in reverse, so under a causal mask each (request, head) starts with its longest
+// items. Every role of a CTA that walks the list counts the same rounds.
+template <int kBlockM, int kBlockN>
+struct PersistentScheduler {
+  int nx, ny, nz;
+  int64_t total;
+  // The next item with rows from round r on (r advances past it); false when none is left.
+  __device__ __forceinline__ bool next(const VarlenKernelParams& p, int64_t& r, WorkItem& w) const {
+    const int64_t G = gridDim.x, b = blockIdx.x;
+    for (; r * G < total; ++r) {
+      const int64_t i = r * G + ((r & 1) ? G - 1 - b : b);
+      if (i >= total) continue;
+      const int64_t yz = i / nx;
+      if (schedule_work<kBlockM, kBlockN>(p, static_cast<int>(i - yz * nx), static_cast<int>(yz % ny),
+                                          static_cast<int>(yz / ny), w))
+        return true;
+    }
+    return false;
+  }
+};
+
 // A paged K/V tile loader (cuda/paged_kv_tile.h) over the work item's request and KV head.
 template <class Loader>
 __device__ __forceinline__ Loader kv_loader_for(const VarlenKernelParams& p, const WorkItem& w) {
@@ -81,6 +128,63 @@ __device__ __forceinline__ Loader kv_loader_for(const VarlenKernelParams& p, con
   loader.block_size = p.block_size;
   loader.seq_len = w.seq_len;
   return loader;
+}
+
+// Q rows of the tile -> shared memory laid out by Layout (zero rows past the tile's real rows).
+template <class Tr, class Layout = cuda::PitchedTile<Tr::kPitch * 2>, int kLoaders = Tr::kThreads>
+__device__ __forceinline__ void load_q_tile(const VarlenKernelParams& p, const WorkItem& w,
+                                            uint32_t sq, int tid) {
+  using T = typename Tr::Elem;
+  constexpr int kChunksPerRow = Tr::kHeadDim / 8;
+  const T* q = static_cast<const T*>(p.q);
+  for (int idx = tid; idx < Tr::kBlockM * kChunksPerRow; idx += kLoaders) {
+    const int m = idx / kChunksPerRow, chunk = idx % kChunksPerRow;
+    const bool valid = m < w.rows;
+    const T* src = q;
+    if (valid) {
+      const int gm = w.m0 + m;
+      const int64_t token = w.q_start + gm / p.group;
+      const int head = w.kv_head * p.group + gm % p.group;
+      src = q + token * p.q_stride_token + head * p.q_stride_head + chunk * 8;
+    }
+    cuda::cp_async_16(sq + Layout::offset(m, chunk), src, valid);
+  }
+}
+
+// What a block-table K/V source (cuda/kv_source.cuh) reads for work item w, with its stages.
+template <int kBlockN>
+__device__ __forceinline__ cuda::BlockTableSourceArgs block_table_source_args(const VarlenKernelParams& p,
+                                                                              const WorkItem& w, uint32_t stages,
+                                                                              unsigned char* stages_ptr) {
+  cuda::BlockTableSourceArgs a;
+  a.k = {static_cast<const char*>(p.k_cache) + w.kv_head * p.k_stride_head, p.k_stride_block, p.k_stride_slot};
+  a.v = {static_cast<const char*>(p.v_cache) + w.kv_head * p.v_stride_head, p.v_stride_block, p.v_stride_slot};
+  a.block_row = p.block_table + static_cast<int64_t>(w.req) * p.max_blocks_per_req;
+  a.block_size = p.block_size;
+  a.seq_len = w.seq_len;
+  a.kv_head = w.kv_head;
+  a.k_map = &p.k_map;
+  a.v_map = &p.v_map;
+  a.evict_first = p.kv_evict_first;
+  a.first_key = w.tile_begin * kBlockN;
+  a.n_tiles = w.tile_end - w.tile_begin;
+  a.stages = stages;
+  a.stages_ptr = stages_ptr;
+  return a;
+}
+
+// Before pdl_wait (VarlenKernelParams::l2_prefetch): L2 prefetch of the first kTiles K/V tiles
+// of this CTA's work item. The metadata may still be being written by the previous kernel, so
+// the item is only a guess: keys are clamped to the request's block-table row and page ids to
+// the cache (PagedKVTileLoader::prefetch_l2), and nothing here is kept.
+template <int kBlockM, int kBlockN, class Loader, int kTiles>
+__device__ __forceinline__ void prefetch_first_tiles(const VarlenKernelParams& p, int tid) {
+  WorkItem w;
+  if (!schedule_work<kBlockM, kBlockN, /*kL2Only=*/true>(p, w)) return;
+  Loader loader = kv_loader_for<Loader>(p, w);
+  loader.seq_len = min(w.seq_len, p.max_blocks_per_req * p.block_size.divisor);
+  const int n = min(w.tile_end - w.tile_begin, kTiles);
+  for (int i = 0; i < n; ++i) loader.prefetch_l2((w.tile_begin + i) * kBlockN, p.num_blocks, tid);
 }
 
 // The row facts of the two row slots a thread holds in layout Lay (cuda/frag_rows.h).
@@ -99,6 +203,23 @@ __device__ __forceinline__ cuda::RowFacts row_facts(const VarlenKernelParams& p,
     f.alibi_slope[r] = p.alibi_slopes != nullptr ? p.alibi_slopes[head * p.alibi_stride] : 0.f;
   }
   return f;
+}
+
+// The grid of a launch (x = packed-row tiles, y = KV head x split, z = request) and the checks
+// every generation's launcher makes: false = nothing to launch.
+inline bool varlen_grid(const VarlenKernelParams& p, const LaunchPlan& plan, size_t smem_bytes, const char* where,
+                        dim3& grid) {
+  if (plan.row_tiles == 0 || p.num_reqs == 0) return false;
+  ATTNKIT_REQUIRE(plan.row_tiles <= 0x7fffffff, where, "max_query_len * group", plan.row_tiles,
+                  "must fit one grid (in tiles of " + std::to_string(plan.config.rows) + " rows)");
+  ATTNKIT_REQUIRE(p.num_reqs <= 65535, where, "num_reqs", p.num_reqs, "must be <= 65535 (grid z)");
+  const int64_t y = static_cast<int64_t>(p.num_kv_heads) * p.num_splits;
+  ATTNKIT_REQUIRE(y <= 65535, where, "num_kv_heads * num_splits", y, "must be <= 65535 (grid y)");
+  const cuda::DeviceProps& dev = cuda::current_device_props();
+  ATTNKIT_REQUIRE(smem_bytes <= dev.smem_per_block_optin, where, "shared memory per block", smem_bytes,
+                  "must fit the device's opt-in limit of " + std::to_string(dev.smem_per_block_optin) + " bytes");
+  grid = dim3(static_cast<unsigned>(plan.row_tiles), static_cast<unsigned>(y), static_cast<unsigned>(p.num_reqs));
+  return true;
 }
 
 }  // namespace attnkit::flash_attn

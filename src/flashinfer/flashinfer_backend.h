@@ -1,4 +1,4 @@
-// The FlashInfer-style backend (DESIGN.md section 6): what it serves, how its cache is shaped,
+// The FlashInfer-style backend (docs/architecture.md section 6): what it serves, how its cache is shaped,
 // and the accessor the registry lists.
 #pragma once
 #include <vector>

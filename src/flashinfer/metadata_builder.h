@@ -1,4 +1,4 @@
-// The FlashInfer-style metadata builder (DESIGN.md section 6): checks the batch is ordered
+// The FlashInfer-style metadata builder (docs/architecture.md section 6): checks the batch is ordered
 // decodes first, splits it into a decode part and a prefill part, converts each part's block
 // table rows to the page-table form, and plans each part (plan.h). All buffers are the
 // builder's and are sized once, at creation, from its limits; build() re-fills them.

@@ -40,7 +40,7 @@ struct Tile {
 };
 
 // The union of the visible keys of queries [i0, i1] of a request with qo query tokens over kv
-// keys (positions p = kv - qo + i; DESIGN.md section 4).
+// keys (positions p = kv - qo + i; docs/architecture.md section 4).
 void visible_range(const PlanBatch& b, int64_t qo, int64_t kv, int64_t i0, int64_t i1,
                    int64_t& lo, int64_t& hi) {
   const int64_t p0 = kv - qo + i0, p1 = kv - qo + i1;

@@ -1,4 +1,4 @@
-// The FlashInfer-style plan (DESIGN.md section 6, study 2.3): a host-side partition of one
+// The FlashInfer-style plan (docs/architecture.md section 6, study 2.3): a host-side partition of one
 // batch part (the decodes, or the prefills) into (request, query tile, KV chunk) work items,
 // spread over a fixed number of CTA slots, plus the merge map for tiles split into several KV
 // chunks. Everything lands in fixed-capacity buffers sized once at creation, so re-planning a
@@ -98,7 +98,7 @@ struct PlanBatch {
   std::span<const int32_t> qo_indptr;  // num_reqs + 1 query-token offsets, from 0
   std::span<const int32_t> kv_lens;    // num_reqs; query_len <= kv_len (new tokens are keys)
   bool causal = true;
-  int window_left = -1, window_right = -1;  // -1 = unbounded (DESIGN.md section 4)
+  int window_left = -1, window_right = -1;  // -1 = unbounded (docs/architecture.md section 4)
 };
 
 struct WorkItem {

@@ -1,5 +1,5 @@
 // The attention math for one query row (one token, one query head) over its request's keys,
-// in double, straight from DESIGN.md section 4: mask -> logits -> score mods -> softmax.
+// in double, straight from docs/architecture.md section 4: mask -> logits -> score mods -> softmax.
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -1,5 +1,5 @@
 // Reads one row (one cache slot, one KV head) of the K or V side of a paged cache as floats,
-// dequantizing on the way (DESIGN.md section 2): the reference's only access to the cache.
+// dequantizing on the way (docs/architecture.md section 2): the reference's only access to the cache.
 #pragma once
 #include <array>
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Every check reference_attention makes before it touches memory (DESIGN.md section 8).
+// Every check reference_attention makes before it touches memory (docs/architecture.md section 8).
 #pragma once
 #include "attnkit/kv_cache.h"
 #include "attnkit/metadata.h"

@@ -31,11 +31,6 @@ int64_t Case::num_tokens() const {
 int Case::max_query_len() const { return q_lens.empty() ? 0 : *std::max_element(q_lens.begin(), q_lens.end()); }
 int Case::max_seq_len() const { return seq_lens.empty() ? 0 : *std::max_element(seq_lens.begin(), seq_lens.end()); }
 
-bool Case::hopper_eligible() const {
-  return flash_attn::hopper_kernels_available() && (head_size == 64 || head_size == 128) && !is_fp8(cache_dtype) &&
-         static_cast<int64_t>(max_query_len()) * group > 16;
-}
-
 std::string Case::describe() const {
   std::ostringstream os;
   os << "seed " << seed << ": " << dtype_name(dtype) << " q, " << dtype_name(cache_dtype) << " cache "
@@ -45,12 +40,11 @@ std::string Case::describe() const {
      << (sinks ? ", sinks" : "") << (per_head_kv_scale ? ", per-head kv scale" : "") << ", scale " << scale
      << ", q_amp " << q_amp << ", splits " << num_splits << (want_lse ? "" : ", no lse")
      << ", " << flash_attn::generation_name(generation) << " preferred"
-     << (max_ctas ? ", " + std::to_string(max_ctas) + " persistent CTAs" : "")
-     << (q_buffers ? ", " + std::to_string(q_buffers) + " Q buffers" : "")
-     << (cluster_merge ? "" : ", workspace merge") << (tma_kv ? "" : ", cp.async K/V")
-     << (transposed_decode ? "" : ", 16-row decode tile")
-     << (transposed_stages == 0 ? "" : ", transposed tile with " + std::to_string(transposed_stages) + " stages")
-     << (kv_evict_first ? "" : ", no L2 policy on K/V")
+     << (tuning.max_ctas ? ", " + std::to_string(tuning.max_ctas) + " persistent CTAs" : "")
+     << (tuning.q_buffers ? ", " + std::to_string(tuning.q_buffers) + " Q buffers" : "")
+     << (tuning.cp_async_fill ? ", cp.async K/V" : "")
+     << (tuning.transposed_stages == 0 ? "" : ", transposed tile with " + std::to_string(tuning.transposed_stages) + " stages")
+     << (tuning.kv_evict_first ? "" : ", no L2 policy on K/V")
      << (pad_tokens ? ", " + std::to_string(pad_tokens) + " padding tokens" : "")
      << (v_other_layout ? ", V with the other layout's strides" : "")
      << "; requests (q_len/seq_len):";
@@ -218,16 +212,37 @@ flash_attn::VarlenArgs Problem::make_args(void* out, void* lse, void* workspace,
   if (lse) a.params.lse = TensorView(lse, DType::f32, {H, T}, Device::CUDA);
   a.num_splits = num_splits;
   a.generation = c_.generation;
-  a.max_ctas = c_.max_ctas;
-  a.hopper_q_buffers = c_.q_buffers;
-  a.cluster_split_merge = c_.cluster_merge;
-  a.kv_fill = c_.tma_kv ? flash_attn::KvFill::tma : flash_attn::KvFill::cp_async;
-  a.transposed_decode = c_.transposed_decode;
-  a.transposed_stages = c_.transposed_stages;
-  a.kv_evict_first = c_.kv_evict_first;
   a.workspace = workspace;
   a.workspace_bytes = workspace_bytes;
   return a;
+}
+
+flash_attn::LaunchPlan Problem::launch_plan(int num_splits, const flash_attn::LaunchTuning& tuning) const {
+  // (The facts read no buffer contents: placeholders of the right alignment and size serve.)
+  const int64_t T = c_.num_tokens() + c_.pad_tokens;
+  const size_t ws_bytes = flash_attn::varlen_workspace_bytes(T, c_.num_heads(), c_.head_size, num_splits);
+  void* const fake = reinterpret_cast<void*>(uintptr_t{1} << 20);
+  const flash_attn::VarlenArgs a = make_args(fake, c_.want_lse ? fake : nullptr, ws_bytes ? fake : nullptr, ws_bytes,
+                                             num_splits);
+  return flash_attn::choose_launch(flash_attn::varlen_launch_facts(a), tuning);
+}
+
+bool Problem::hopper_serves() const {
+  return launch_plan(1, {}).generation == flash_attn::Generation::hopper;
+}
+
+std::vector<Problem::Variant> Problem::launch_variants(int num_splits) const {
+  std::vector<Variant> v{{"the case's tuning", c_.tuning}};
+  const flash_attn::LaunchPlan plan = launch_plan(num_splits, c_.tuning);
+  if (plan.config.fill == flash_attn::KvFill::tma) {
+    v.push_back({"cp.async K/V instead of the " + std::string(plan.config.name) + " tile's TMA", c_.tuning});
+    v.back().tuning.cp_async_fill = true;
+  }
+  if (plan.kv_evict_first) {
+    v.push_back({"K/V without the evict-first L2 policy", c_.tuning});
+    v.back().tuning.kv_evict_first = false;
+  }
+  return v;
 }
 
 Result Problem::run_kernel(int num_splits) const {
@@ -247,7 +262,7 @@ Result Problem::run_kernel(int num_splits) const {
     poison_device(ws.get(), static_cast<int64_t>(ws_bytes), stream);
     // Only the counters must start at 0: the partials stay poisoned (the kernel needs no more).
     flash_attn::varlen_workspace_init(a.workspace, a.workspace_bytes, stream);
-    flash_attn::run_varlen_attention(a);
+    flash_attn::run_varlen_attention(a, c_.tuning);
     ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
   } catch (...) {
     cudaStreamDestroy(stream);
@@ -432,7 +447,7 @@ Case random_transposed_decode_case(uint64_t seed) {
   c.num_splits = rng() % 2 ? 1 : uniform_int(rng, 2, 9);
   c.pad_tokens = seed % 5 == 4 ? static_cast<int>(1 + seed % 3) : 0;
   // The launcher's stage count (3 on these small grids), or 2 / 3 forced (no draw).
-  c.transposed_stages = std::array<int, 3>{0, 2, 3}[(seed % 7) % 3];
+  c.tuning.transposed_stages = std::array<int, 3>{0, 2, 3}[(seed % 7) % 3];
   return c;
 }
 

@@ -38,24 +38,8 @@ struct Case {
   // Preferred kernel generation (VarlenArgs::generation); hopper falls back to mma_sync where
   // no hopper kernel serves the launch.
   flash_attn::Generation generation = flash_attn::Generation::hopper;
-  // Hopper generation: CTAs of the persistent launch (VarlenArgs::max_ctas; 0 = one per SM).
-  int max_ctas = 0;
-  // Hopper generation: Q buffers (VarlenArgs::hopper_q_buffers; 0 = the launcher's choice).
-  int q_buffers = 0;
-  // Split decode launches on sm90: merge in a thread-block cluster (VarlenArgs::cluster_split_merge).
-  bool cluster_merge = true;
-  // Decode tiles on sm90: K/V stages filled by TMA where the cache allows (VarlenArgs::kv_fill
-  // tma; the launcher's automatic choice would take TMA only for grids of over one wave), or
-  // by cp.async.
-  bool tma_kv = true;
-  // fp8 decode tiles of <= 8 packed rows on sm90: the transposed tile (VarlenArgs::
-  // transposed_decode; with tma_kv) or the 16-row one.
-  bool transposed_decode = true;
-  // ... its K/V stages (VarlenArgs::transposed_stages: 0 = the launcher's choice, 2 or 3).
-  int transposed_stages = 0;
-  // TMA stage fills read K/V with an L2 evict-first policy (VarlenArgs::kv_evict_first), or
-  // copies without a policy: a cache hint, the results must not move.
-  bool kv_evict_first = true;
+  // The launch's tuning switches (launch_plan.h; the defaults: the library's choices).
+  flash_attn::LaunchTuning tuning;
   // q / out / LSE rows past the batch's last token (CUDA-graph padding): the launch must
   // leave them unwritten.
   int pad_tokens = 0;
@@ -68,8 +52,6 @@ struct Case {
   int64_t num_tokens() const;  // the batch's tokens (without pad_tokens)
   int max_query_len() const;
   int max_seq_len() const;
-  // True when a hopper kernel serves this case on this device (so both generations are tested).
-  bool hopper_eligible() const;
   std::string describe() const;
 };
 
@@ -85,18 +67,19 @@ class Problem {
   explicit Problem(const Case& c);
   const Case& spec() const { return c_; }
   void set_generation(flash_attn::Generation g) { c_.generation = g; }
-  void set_max_ctas(int n) { c_.max_ctas = n; }
-  void set_q_buffers(int n) { c_.q_buffers = n; }
-  void set_cluster_merge(bool on) { c_.cluster_merge = on; }
-  void set_tma_kv(bool on) { c_.tma_kv = on; }
-  void set_transposed_decode(bool on) { c_.transposed_decode = on; }
-  void set_kv_evict_first(bool on) { c_.kv_evict_first = on; }
-  // Whether the launch may take the transposed decode tile (fp8 cache, <= 8 packed rows): the
-  // tests then also run the 16-row tile.
-  bool transposed_eligible() const {
-    return flash_attn::transposed_decode_tile(is_fp8(c_.cache_dtype), c_.head_size, cuda::current_device_props().cc_major,
-                                              int64_t{c_.max_query_len()} * c_.group);
-  }
+  void set_tuning(const flash_attn::LaunchTuning& t) { c_.tuning = t; }
+
+  // What choose_launch decides for this case on this device (launch_plan.h).
+  flash_attn::LaunchPlan launch_plan(int num_splits, const flash_attn::LaunchTuning& tuning) const;
+  // True when the hopper kernel serves the unsplit launch here (both generations are tested).
+  bool hopper_serves() const;
+  // The tunings the GPU tests run a case with (the case's own first): where the plan fills
+  // stages by TMA, cp.async too; where a split launch reads K/V evict-first, plain copies too.
+  struct Variant {
+    std::string name;
+    flash_attn::LaunchTuning tuning;
+  };
+  std::vector<Variant> launch_variants(int num_splits) const;
 
   // The kernel under test (out, lse and workspace poisoned with NaN first, then the workspace's
   // counters zeroed). Throws Error.

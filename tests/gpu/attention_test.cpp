@@ -2,7 +2,6 @@
 // reference (small shapes, every row) and the GPU fp32 reference (large shapes, sampled rows).
 //
 // Reduced grid for compute-sanitizer: --gtest_filter='*Sanitizer*'.
-#include <tuple>
 #include <utility>
 #include <gtest/gtest.h>
 
@@ -18,50 +17,42 @@ namespace attnkit::test {
 namespace {
 
 // Every row of the batch, output and LSE, for the case's split count and (when it splits)
-// for the unsplit launch too; where a hopper kernel serves the case, for both generations.
+// for the unsplit launch too, under every tuning variant the launch decision offers for it
+// (Problem::launch_variants: TMA and cp.async fills, K/V with and without the L2 policy);
+// where a hopper kernel serves the case, for both generations, the hopper one also persistent
+// on 1..3 CTAs (each looping over many work items) with one or two Q buffers.
 void check_against_cpu(const Case& c) {
   Problem p(c);
   const Result ref = p.run_cpu_reference();
   const int64_t T = c.num_tokens();
   const int H = c.num_heads(), D = c.head_size;
-  // (generation, persistent CTAs, Q buffers): the hopper kernel also with 1..3 CTAs, each
-  // looping over many work items, with one or two Q buffers whatever the sequence lengths.
   struct Run {
     flash_attn::Generation g;
     int ctas, q_buffers;
   };
-  std::vector<Run> runs = {{c.generation, c.max_ctas, c.q_buffers}};
-  if (c.hopper_eligible())
+  std::vector<Run> runs = {{c.generation, c.tuning.max_ctas, c.tuning.q_buffers}};
+  if (p.hopper_serves())
     runs = {{flash_attn::Generation::hopper, 0, 0},
             {flash_attn::Generation::hopper, 1 + static_cast<int>(c.seed % 3), 1 + static_cast<int>(c.seed / 3 % 2)},
             {flash_attn::Generation::mma_sync, 0, 0}};
   for (const auto& [g, ctas, q_buffers] : runs) {
     p.set_generation(g);
-    p.set_max_ctas(ctas);
-    p.set_q_buffers(q_buffers);
+    flash_attn::LaunchTuning base = c.tuning;
+    base.max_ctas = ctas;
+    base.q_buffers = q_buffers;
+    p.set_tuning(base);
     SCOPED_TRACE(p.spec().describe());
     for (int splits : {1, c.num_splits}) {
-      // Split launches merge in a cluster where they can (sm90 decode, 2 splits) and through
-      // the workspace: both.
-      // ... and decode tiles fill their stages with TMA where they can, and with cp.async: both;
-      // fp8 decodes of <= 8 packed rows take the transposed tile (with TMA), and the 16-row one;
-      // the workspace-merge runs read K/V without the evict-first L2 policy.
-      for (auto [cluster, tma, transposed] : {std::tuple{true, true, true}, std::tuple{false, true, true},
-                                              std::tuple{true, false, true}, std::tuple{true, true, false}}) {
-        if (!cluster && splits == 1) continue;
-        if (!tma && int64_t{c.max_query_len()} * c.group > 16) continue;  // (no decode tiles)
-        if (!transposed && !p.transposed_eligible()) continue;
-        p.set_cluster_merge(cluster);
-        p.set_tma_kv(tma);
-        p.set_transposed_decode(transposed);
-        p.set_kv_evict_first(cluster);
-        SCOPED_TRACE("num_splits " + std::to_string(splits) + (cluster ? "" : ", workspace merge, no L2 policy on K/V") +
-                     (tma ? "" : ", cp.async K/V") + (transposed ? "" : ", 16-row decode tile"));
+      for (const Problem::Variant& v : p.launch_variants(splits)) {
+        p.set_tuning(v.tuning);
+        SCOPED_TRACE("num_splits " + std::to_string(splits) + ", " + v.name + ": " +
+                     p.launch_plan(splits, v.tuning).reason);
         const Result got = p.run_kernel(splits);
         EXPECT_TRUE(outputs_match(c.dtype, got.out, ref.out, {T, H, D}));
         if (c.want_lse) EXPECT_TRUE(lse_match(got.lse, ref.lse, {H, T}));
         EXPECT_TRUE(got.padding_untouched) << "the launch wrote rows past the batch's last token";
       }
+      p.set_tuning(base);
       if (c.num_splits == 1) break;
     }
   }
@@ -364,18 +355,22 @@ TEST(VarlenErrors, RejectsInputsNoKernelServes) {
   }
   {
     auto a = p.make_args(out.get(), lse.get(), nullptr, 0, 1);
-    a.max_ctas = -1;
-    EXPECT_THROW(flash_attn::run_varlen_attention(a), Error);
+    flash_attn::LaunchTuning t;
+    t.max_ctas = -1;
+    EXPECT_TRUE(throws_error_with([&] { flash_attn::run_varlen_attention(a, t); }, {"max_ctas", "-1"}));
   }
   {
     auto a = p.make_args(out.get(), lse.get(), nullptr, 0, 1);
-    a.hopper_q_buffers = 3;
-    EXPECT_THROW(flash_attn::run_varlen_attention(a), Error);
+    flash_attn::LaunchTuning t;
+    t.q_buffers = 3;
+    EXPECT_TRUE(throws_error_with([&] { flash_attn::run_varlen_attention(a, t); }, {"q_buffers", "3"}));
   }
   for (int stages : {1, 4, -1}) {
     auto a = p.make_args(out.get(), lse.get(), nullptr, 0, 1);
-    a.transposed_stages = stages;
-    EXPECT_THROW(flash_attn::run_varlen_attention(a), Error) << "transposed_stages " << stages;
+    flash_attn::LaunchTuning t;
+    t.transposed_stages = stages;
+    EXPECT_TRUE(throws_error_with([&] { flash_attn::run_varlen_attention(a, t); }, {"transposed_stages"}))
+        << "transposed_stages " << stages;
   }
   {
     Case c80 = c;

@@ -20,7 +20,6 @@
 #include "cuda/device_props.h"
 #include "device_fill.h"
 #include "flash_attn/split_kv.h"
-#include "timing_variants.h"
 
 namespace attnkit::test {
 namespace {
@@ -31,7 +30,8 @@ struct Timed {
 
 using Launch = std::function<void(const flash_attn::VarlenArgs&)>;
 
-// Median over `reps` batches of `iters` launches; launches rotate over the problems.
+// Median over `reps` batches of `iters` launches; launches rotate over the problems. (Tile
+// alternatives are compared by the benchmark's A/B rows: bench/decode.cu, LaunchTuning.)
 Timed time_launches(const std::vector<const Problem*>& problems, int splits, int iters, int reps,
                     const Launch& launch = [](const flash_attn::VarlenArgs& a) { flash_attn::run_varlen_attention(a); }) {
   const Case& c = problems[0]->spec();
@@ -77,15 +77,6 @@ Timed time_launches(const std::vector<const Problem*>& problems, int splits, int
   cudaStreamDestroy(stream);
   std::sort(ms.begin(), ms.end());
   return {ms[ms.size() / 2]};
-}
-
-// A launcher for one tile configuration (no split-KV).
-Launch variant_launch(const Variant& v) {
-  return [v](const flash_attn::VarlenArgs& a) {
-    flash_attn::VarlenLaunchShape shape;
-    shape.max_query_len = a.max_query_len;
-    v.launch(flash_attn::varlen_kernel_params(a), shape, static_cast<cudaStream_t>(a.stream));
-  };
 }
 
 Case timing_case(int head_size, DType cache, bool causal, std::vector<int> q, std::vector<int> seq) {
@@ -156,6 +147,7 @@ int builder_splits(int batch, int kv, DType cache_dtype = DType::bf16) {
   in.cache_dtype = cache_dtype;
   in.head_size = 128;
   in.cc_major = cuda::current_device_props().cc_major;
+  in.hopper_kernels = flash_attn::hopper_kernels_available();
   return flash_attn::decide_num_splits(in).num_splits;
 }
 
@@ -165,40 +157,6 @@ TEST(DISABLED_VarlenTiming, Prefill) {
   prefill(128, true, 2048);
   prefill(64, true, 16384);
   prefill(256, true, 16384);
-}
-
-TEST(DISABLED_VarlenTiming, PrefillVariants) {
-  for (int seqlen : {16384, 2048}) {
-    const int reqs = 16384 / seqlen;
-    Case c = timing_case(128, DType::bf16, true, std::vector<int>(reqs, seqlen), std::vector<int>(reqs, seqlen));
-    Problem p(c);
-    const double flops = 4.0 * reqs * (double(seqlen) * (seqlen + 1) / 2) * c.num_heads() * 128;
-    for (const Variant& v : prefill_variants_bf16_hd128()) {
-      const Timed t = time_launches({&p}, 1, 5, 5, variant_launch(v));
-      std::printf("TIMING variant prefill causal %dx%d hd128 [%s]: %.3f ms, %.1f TFLOP/s\n", reqs, seqlen, v.name,
-                  t.ms, flops / t.ms * 1e-9);
-    }
-  }
-}
-
-// Decode tile configurations on shapes that fill the GPU in one wave or several, each at one
-// split and at the builder's split count (the builder assumes the dispatch's configuration).
-TEST(DISABLED_VarlenTiming, DecodeVariants) {
-  for (bool fp8 : {false, true}) {
-    const DType cd = fp8 ? DType::fp8_e4m3 : DType::bf16;
-    for (const auto& [batch, kv] : {std::pair{16, 4096}, std::pair{64, 8192}, std::pair{128, 4096}}) {
-      double bytes = 0;
-      const auto ps = decode_problems(batch, kv, cd, bytes);
-      const int builder = builder_splits(batch, kv, cd);
-      for (const Variant& v : fp8 ? decode_variants_fp8_hd128() : decode_variants_bf16_hd128())
-        for (int splits : {1, builder}) {
-          const Timed t = time_launches(raw(ps), splits, 20, 5, variant_launch(v));
-          std::printf("TIMING variant decode %s batch %d kv %d splits %d [%s]: %.1f us, %.0f GB/s\n", dtype_name(cd).data(),
-                      batch, kv, splits, v.name, t.ms * 1e3, bytes / t.ms * 1e-6);
-          if (builder == 1) break;
-        }
-    }
-  }
 }
 
 TEST(DISABLED_VarlenTiming, Decode) {

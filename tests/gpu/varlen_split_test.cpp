@@ -7,7 +7,6 @@
 // the host merge rule.
 //
 // Filter: --gtest_filter='*VarlenSplit*:*SplitKvCombine*'
-#include <tuple>
 #include <utility>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -68,17 +67,11 @@ TEST_P(VarlenSplitGrid, FusedCombineMatchesCpuReference) {
   const Result ref = p.run_cpu_reference();
   const int64_t T = c.num_tokens();
   const int H = c.num_heads(), D = c.head_size;
-  // (cluster merge: decode rows with 2 splits on sm90; TMA stage fills: decode tiles on sm90)
-  // (and fp8 decodes of <= 8 packed rows: the transposed tile and the 16-row one)
-  for (auto [cluster, tma, transposed] : {std::tuple{true, true, true}, std::tuple{false, true, true},
-                                          std::tuple{true, false, true}, std::tuple{true, true, false}}) {
-    SCOPED_TRACE(std::string(cluster ? "cluster merge where eligible" : "workspace merge") +
-                 (tma ? "" : ", cp.async K/V") + (transposed ? "" : ", 16-row decode tile"));
-    if (!tma && int64_t{c.max_query_len()} * c.group > 16) continue;  // (no decode tiles)
-    if (!transposed && !p.transposed_eligible()) continue;
-    p.set_cluster_merge(cluster);
-    p.set_tma_kv(tma);
-    p.set_transposed_decode(transposed);
+  // (every tuning variant the launch decision offers: TMA / cp.async fills, K/V with and
+  // without the L2 policy)
+  for (const Problem::Variant& v : p.launch_variants(c.num_splits)) {
+    SCOPED_TRACE(v.name + ": " + p.launch_plan(c.num_splits, v.tuning).reason);
+    p.set_tuning(v.tuning);
     const Result got = p.run_kernel(c.num_splits);
     EXPECT_TRUE(outputs_match(c.dtype, got.out, ref.out, {T, H, D}));
     if (c.want_lse) EXPECT_TRUE(lse_match(got.lse, ref.lse, {H, T}));
@@ -159,8 +152,9 @@ class VarlenSplitReuse : public GpuTest {
     flash_attn::VarlenArgs a = p.make_args(b.out.get(), p.spec().want_lse ? b.lse.get() : nullptr, ws.get(),
                                            ws_bytes, p.spec().num_splits);
     a.stream = stream_;
-    a.enable_pdl = pdl;
-    flash_attn::run_varlen_attention(a);
+    flash_attn::LaunchTuning t = p.spec().tuning;
+    t.pdl = pdl;
+    flash_attn::run_varlen_attention(a, t);
   }
   // The workspace a launch of case c needs (its padding rows included).
   static size_t workspace_bytes(const Case& c) {
@@ -302,8 +296,9 @@ TEST_F(VarlenSplitReuse, ChainOfDependentLaunchesWithAndWithoutPdl) {
                                                ws.get(), ws_bytes, c.num_splits);
         if (k > 0) a.q = TensorView(bufs[k - 1].out.get(), c.dtype, {T, H, D}, Device::CUDA);
         a.stream = stream_;
-        a.enable_pdl = pdl;
-        flash_attn::run_varlen_attention(a);
+        flash_attn::LaunchTuning t = c.tuning;
+        t.pdl = pdl;
+        flash_attn::run_varlen_attention(a, t);
       }
       sync();
       std::vector<uint8_t> all;

@@ -14,7 +14,7 @@
 #include "cuda/device_buffer.h"
 #include "cuda/paged_kv_tile.h"
 #include "cuda/wgmma_sm90.h"
-#include "flash_attn/hopper_traits.h"
+#include "flash_attn/varlen_launch.h"
 #include "test_util.h"
 
 namespace attnkit::test {

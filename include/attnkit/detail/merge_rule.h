@@ -1,4 +1,4 @@
-// The LSE merge rule, written once for host and device (DESIGN.md section 5).
+// The LSE merge rule, written once for host and device (docs/architecture.md section 5).
 #pragma once
 #include <cmath>
 

@@ -1,0 +1,143 @@
+#include "flash_attn/launch_plan.h"
+
+#include <algorithm>
+
+#include "attnkit/error.h"
+#include "core/int_math.h"
+
+namespace attnkit::flash_attn {
+
+namespace {
+
+constexpr std::string_view kWhere = "flash_attn launch decision";
+
+// Hopper persistence (DECISIONS.md: Hopper: persistent below 4k keys; Hopper: two Q buffers
+// below 1k keys).
+constexpr int kPersistentMaxKeys = 4096;
+constexpr int kDoubleQMaxKeys = 1024;
+
+void validate(const LaunchFacts& f, const LaunchTuning& t) {
+  ATTNKIT_REQUIRE(t.transposed_stages == 0 || t.transposed_stages == 2 || t.transposed_stages == 3, kWhere,
+                  "tuning.transposed_stages", t.transposed_stages, "must be 0 (the rule's choice), 2 or 3");
+  ATTNKIT_REQUIRE(t.max_ctas >= 0, kWhere, "tuning.max_ctas", t.max_ctas, "must be >= 0 (0: the rule's choice)");
+  ATTNKIT_REQUIRE(t.q_buffers >= 0 && t.q_buffers <= 2, kWhere, "tuning.q_buffers", t.q_buffers,
+                  "must be 0 (the rule's choice), 1 or 2");
+  ATTNKIT_REQUIRE(f.sm_count > 0, kWhere, "sm_count", f.sm_count, "must be > 0");
+  ATTNKIT_REQUIRE(f.group >= 1, kWhere, "group", f.group, "must be >= 1");
+  ATTNKIT_REQUIRE(f.num_splits >= 1, kWhere, "num_splits", f.num_splits, "must be >= 1");
+}
+
+int64_t packed_rows(const LaunchFacts& f) { return static_cast<int64_t>(f.max_query_len) * f.group; }
+
+// The tile family of the launch, before the grid-size refinements; `why` gets the reason.
+TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) {
+  const int64_t rows = packed_rows(f);
+  const int hd = f.head_size;
+  if (rows <= kDecodeTileRows) {
+    // Decode-shaped (one token x its GQA group, or a few speculative tokens): 16-row tiles with
+    // the warps along the keys. On sm90 their stages fill by TMA wherever the cache's rows and
+    // strides allow it (DECISIONS.md: TMA fills for every sm90 decode tile).
+    const bool tma = !t.cp_async_fill && f.cc_major >= 9 && f.tma_geometry && tma_rows(hd, f.fp8_cache);
+    why = "at most " + std::to_string(kDecodeTileRows) + " packed rows (" + std::to_string(rows) + "): decode tile";
+    if (tma && rows <= kTransposedMaxRows && tile_instantiated(TileId::decode_transposed, hd, f.fp8_cache)) {
+      why += ", fp8 with <= " + std::to_string(kTransposedMaxRows) +
+             " packed rows: transposed (keys on the MMA's M; DECISIONS.md: Transposed fp8 decode tile)";
+      return TileId::decode_transposed;
+    }
+    if (tma) {
+      why += ", TMA stage fills";
+      return TileId::decode_tma;
+    }
+    why += t.cp_async_fill ? ", cp.async fills (tuning)"
+                           : ", cp.async fills (TMA needs sm90 and rows of whole 128-byte segments <= 512 bytes)";
+    return TileId::decode;
+  }
+  why = std::to_string(rows) + " packed rows: prefill tile";
+  if (f.preferred == Generation::hopper && f.hopper_kernels && tile_instantiated(TileId::hopper, hd, f.fp8_cache) &&
+      f.num_splits == 1 && f.same_kv_strides) {
+    why += " of the hopper generation (wgmma, warp-specialised)";
+    return TileId::hopper;
+  }
+  // Why not hopper, when it was asked for.
+  if (f.preferred == Generation::hopper) {
+    if (!f.hopper_kernels) why += " (mma_sync: no sm_90a kernels for this device)";
+    else if (!tile_instantiated(TileId::hopper, hd, f.fp8_cache))
+      why += " (mma_sync: the hopper kernel serves 16-bit caches at head size 64 / 128)";
+    else if (f.num_splits > 1) why += " (mma_sync: split launches merge in the mma_sync epilogue)";
+    else why += " (mma_sync: the hopper producer needs equal K and V strides)";
+  }
+  return TileId::prefill;
+}
+
+}  // namespace
+
+bool pdl_for_grid(int64_t ctas, int64_t slots, bool transposed) {
+  if (transposed) return !(2 * ctas > slots && ctas <= slots);
+  return !(2 * ctas > slots && 10 * ctas < 9 * slots);
+}
+
+TileId split_rule_tile(const LaunchFacts& facts) {
+  validate(facts, {});
+  std::string why;
+  return base_tile(facts, {}, why);
+}
+
+LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
+  validate(f, t);
+  LaunchPlan plan;
+  plan.tile = base_tile(f, t, plan.reason);
+  auto grid_of = [&](TileId id) {
+    plan.config = tile_config(id, f.head_size, f.fp8_cache);
+    plan.row_tiles = ceil_div(packed_rows(f), plan.config.rows);
+    plan.grid_ctas = plan.row_tiles * f.num_kv_heads * f.num_splits * f.num_reqs;
+    plan.cta_slots = static_cast<int64_t>(plan.config.ctas_per_sm) * f.sm_count;
+  };
+  grid_of(plan.tile);
+  const int64_t sms = f.sm_count;
+
+  // Refinements by the grid's size.
+  if (plan.tile == TileId::decode_tma && tile_instantiated(TileId::decode_two_stage, f.head_size, f.fp8_cache) &&
+      plan.grid_ctas > sms && plan.grid_ctas <= 2 * sms) {
+    plan.tile = TileId::decode_two_stage;
+    plan.reason += "; a grid of 1-2 CTAs per SM: 2 stages, 3 CTAs per SM (DECISIONS.md: 2-stage 16-bit decode tile)";
+  } else if (plan.tile == TileId::decode_transposed) {
+    const bool two = t.transposed_stages == 2 || (t.transposed_stages == 0 && plan.grid_ctas > 3 * sms);
+    if (two) plan.tile = TileId::decode_transposed_two_stage;
+    plan.reason += t.transposed_stages != 0 ? "; " + std::to_string(t.transposed_stages) + " stages (tuning)"
+                   : two ? "; a grid of more than 3 CTAs per SM: 2 stages (DECISIONS.md: Transposed tile: 2 stages above 3 CTAs per SM)"
+                         : "; a grid of at most 3 CTAs per SM: 3 stages";
+  }
+  grid_of(plan.tile);
+  plan.generation = plan.config.generation;
+  plan.ctas = plan.grid_ctas;
+
+  if (plan.generation == Generation::hopper) {
+    // Short items: one CTA per SM walks them (persistent); long ones: one CTA per item.
+    if (t.max_ctas > 0) {
+      plan.ctas = std::min<int64_t>(plan.grid_ctas, t.max_ctas);
+      plan.reason += "; " + std::to_string(plan.ctas) + " persistent CTAs (tuning)";
+    } else if (f.max_seq_len <= kPersistentMaxKeys) {
+      plan.ctas = std::min<int64_t>(plan.grid_ctas, sms);
+      plan.reason += "; keys <= " + std::to_string(kPersistentMaxKeys) + ": persistent, one CTA per SM";
+    } else {
+      plan.reason += "; keys > " + std::to_string(kPersistentMaxKeys) + ": one CTA per work item";
+    }
+    const bool two_q = t.q_buffers > 0 ? t.q_buffers == 2
+                                       : plan.ctas < plan.grid_ctas && f.max_seq_len <= kDoubleQMaxKeys;
+    if (two_q) {
+      plan.tile = TileId::hopper_short;
+      grid_of(plan.tile);
+      plan.reason += t.q_buffers > 0 ? ", two Q buffers (tuning)" : ", items <= 1k keys: two Q buffers";
+    }
+    plan.pdl = t.pdl;
+  } else {
+    plan.pdl = t.pdl && f.cc_major >= 9 && pdl_for_grid(plan.grid_ctas, plan.cta_slots, plan.config.transposed);
+    plan.l2_prefetch = plan.pdl && t.l2_prefetch;
+    plan.kv_evict_first = t.kv_evict_first && f.num_splits > 1 && plan.config.fill == KvFill::tma;
+    if (t.pdl && f.cc_major >= 9 && !plan.pdl) plan.reason += "; no PDL for this part of a wave";
+    if (plan.kv_evict_first) plan.reason += "; split launch: K/V read evict-first";
+  }
+  return plan;
+}
+
+}  // namespace attnkit::flash_attn

@@ -1,0 +1,119 @@
+// The tile configurations of the FlashAttention-style kernels, named once. Host code (the launch
+// decision, the split rule, the tests, the bench) and the kernel traits (varlen_traits.h,
+// hopper_traits.h) read the same values from here; no other file defines a tile size or a CTA
+// count per SM. docs/architecture.md section 9 says what each field means for the kernels.
+#pragma once
+#include <cstdint>
+
+#include "flash_attn/generation.h"
+
+namespace attnkit::flash_attn {
+
+enum class TileId : uint8_t {
+  prefill,                      // mma_sync, 128 packed rows (prefill-shaped launches)
+  decode,                       // mma_sync, 16 rows, warps along the keys, cp.async fills
+  decode_tma,                   // ... TMA stage fills (sm90)
+  decode_two_stage,             // ... 16-bit caches, 2 TMA stages, 3 CTAs per SM
+  decode_transposed,            // mma_sync fp8 decode, keys on the MMA's M (<= 8 packed rows)
+  decode_transposed_two_stage,  // ... with 2 stages
+  hopper,                       // wgmma, warp-specialised, one Q buffer
+  hopper_short,                 // ... two Q buffers (persistent launches of short items)
+};
+inline constexpr TileId kAllTiles[] = {TileId::prefill,           TileId::decode,
+                                       TileId::decode_tma,        TileId::decode_two_stage,
+                                       TileId::decode_transposed, TileId::decode_transposed_two_stage,
+                                       TileId::hopper,            TileId::hopper_short};
+
+enum class KvFill : uint8_t {
+  cp_async,  // 16-byte cp.async copies by every (producer) thread, through the block table
+  tma,       // one TMA box per 16-key page group (sm90)
+};
+
+struct TileConfig {
+  const char* name = "";
+  Generation generation = Generation::mma_sync;
+  int rows = 0;            // packed query rows (token x GQA head) of a work item
+  int m_frags = 1;         // mma_sync: m16 row fragments per warp
+  int warps_m = 1;         // mma_sync: warps along the rows (hopper: consumer warpgroups)
+  int warps_n = 1;         // mma_sync: warps along a tile's keys (independent softmax states)
+  int keys = 0;            // keys per K/V tile
+  int stages = 0;          // K/V tiles in flight (hopper: depth of each of the K and V rings)
+  int ctas_per_sm = 1;     // the occupancy the tile is compiled for (__launch_bounds__)
+  KvFill fill = KvFill::cp_async;
+  bool transposed = false;  // S^T = K Q^T: keys on the MMA's M, <= kTransposedMaxRows rows on N
+  int q_buffers = 1;        // hopper: Q tiles in shared memory
+};
+
+inline constexpr int kDecodeTileRows = 16;     // packed rows up to which a launch takes a decode tile
+inline constexpr int kTransposedMaxRows = 8;   // packed rows the transposed tile serves
+
+// Bytes of one K or V row in the cache.
+constexpr int kv_row_bytes(int head_dim, bool fp8_cache) { return fp8_cache ? head_dim : 2 * head_dim; }
+// TMA boxes copy rows of whole 128-byte segments, up to 512 bytes (cuda/tensor_map.h).
+constexpr bool tma_rows(int head_dim, bool fp8_cache) {
+  return head_dim > 0 && kv_row_bytes(head_dim, fp8_cache) % 128 == 0 && kv_row_bytes(head_dim, fp8_cache) <= 512;
+}
+
+constexpr TileConfig tile_config(TileId id, int head_dim, bool fp8_cache) {
+  TileConfig t;
+  switch (id) {
+    case TileId::prefill:
+      // <= 128: 4 warps x 32 rows (each K/V fragment feeds two row fragments), 2 CTAs per SM;
+      // 192 / 256: 8 warps x 16 rows (the fp32 output of 32 rows would not fit in registers).
+      t = head_dim <= 128 ? TileConfig{"prefill", Generation::mma_sync, 128, 2, 4, 1, 64, 2, 2}
+                          : TileConfig{"prefill", Generation::mma_sync, 128, 1, 8, 1, 64, 2, 1};
+      break;
+    case TileId::decode:
+    case TileId::decode_tma:
+      // 16 rows, 4 warps along the keys: all four warps work on one KV stream. fp8 tiles are
+      // half the bytes: 3 CTAs per SM at head sizes <= 128 (DECISIONS.md: fp8 decode: 3 CTAs per SM).
+      t = {"decode", Generation::mma_sync, 16, 1, 1, 4, 64, 3, (fp8_cache && head_dim <= 128) ? 3 : 2};
+      if (id == TileId::decode_tma) {
+        t.name = "decode_tma";
+        t.fill = KvFill::tma;
+      }
+      break;
+    case TileId::decode_two_stage:
+      t = {"decode_two_stage", Generation::mma_sync, 16, 1, 1, 4, 64, 2, 3, KvFill::tma};
+      break;
+    case TileId::decode_transposed:
+    case TileId::decode_transposed_two_stage:
+      t = {"decode_transposed", Generation::mma_sync, 16, 1, 1, 4, 64, 3, 4, KvFill::tma, true};
+      if (id == TileId::decode_transposed_two_stage) {
+        t.name = "decode_transposed_two_stage";
+        t.stages = 2;
+      }
+      break;
+    case TileId::hopper:
+      t = {"hopper", Generation::hopper, 128, 4, 2, 1, 128, head_dim <= 64 ? 4 : 3, 1, KvFill::cp_async, false, 1};
+      break;
+    case TileId::hopper_short:
+      // The second Q buffer takes a K/V stage at head size 128 (2 x 32 KB).
+      t = {"hopper_short", Generation::hopper, 128, 4, 2, 1, 128, head_dim <= 64 ? 4 : 2, 1, KvFill::cp_async, false, 2};
+      break;
+  }
+  return t;
+}
+
+// Whether the build instantiates tile `id` for (head_dim, cache kind): the launch decision only
+// picks instantiated tiles, and the instantiation files compile exactly these.
+constexpr bool tile_instantiated(TileId id, int head_dim, bool fp8_cache) {
+  switch (id) {
+    case TileId::prefill:
+    case TileId::decode:
+      return true;
+    case TileId::decode_tma:
+      return tma_rows(head_dim, fp8_cache);
+    case TileId::decode_two_stage:
+      return !fp8_cache && head_dim <= 128 && tma_rows(head_dim, fp8_cache);
+    case TileId::decode_transposed:
+    case TileId::decode_transposed_two_stage:
+      return fp8_cache && head_dim == 128;
+    case TileId::hopper:
+    case TileId::hopper_short:
+      return !fp8_cache && (head_dim == 64 || head_dim == 128);
+  }
+  return false;
+}
+
+}  // namespace attnkit::flash_attn

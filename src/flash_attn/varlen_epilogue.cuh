@@ -1,0 +1,158 @@
+// The epilogue of the mma_sync kernel skeleton (varlen_kernel.cuh): after the pipeline has
+// drained, the warps' partial (O, max, sum) rows become normalised output rows and LSE, or, with
+// num_splits > 1, split partials in the workspace that the last split CTA of the work item
+// merges (cuda/split_merge_row.cuh). One policy serves both: the destination is chosen per
+// launch at run time (a branch per row after the loop; instantiating each separately would
+// double every kernel's compile time for no measured gain).
+#pragma once
+#include "attnkit/detail/merge_rule.h"
+#include "cuda/atomic_order.h"
+#include "cuda/cta_trace.h"
+#include "cuda/online_softmax.h"
+#include "cuda/output_store.h"
+#include "cuda/split_merge_row.cuh"
+#include "flash_attn/varlen_schedule.cuh"
+
+namespace attnkit::flash_attn::detail {
+
+using namespace attnkit::cuda;
+
+__device__ __forceinline__ float scale_of(const float* scale, int64_t stride, int kv_head) {
+  return scale != nullptr ? scale[kv_head * stride] : 1.f;
+}
+
+// Where the merge of row m of work item w goes: its output row, LSE (or nullptr) and sink logit
+// (or nullptr).
+template <class T>
+struct MergedRow {
+  int64_t token;
+  int head;
+  T* out;
+  float* lse;
+  const float* sink;
+};
+template <class T>
+__device__ __forceinline__ MergedRow<T> merged_row(const VarlenKernelParams& p, const WorkItem& w, int m) {
+  MergedRow<T> r;
+  const int gm = w.m0 + m;
+  r.token = w.q_start + gm / p.group;
+  r.head = w.kv_head * p.group + gm % p.group;
+  r.out = static_cast<T*>(p.out) + r.token * p.out_stride_token + r.head * p.out_stride_head;
+  r.lse = p.lse != nullptr ? p.lse + r.head * p.lse_stride_head + r.token * p.lse_stride_token : nullptr;
+  r.sink = p.sinks != nullptr ? p.sinks + r.head * p.sinks_stride : nullptr;
+  return r;
+}
+
+// Split-KV, after every thread wrote its partials: the last of the work item's num_splits
+// CTAs to arrive merges all splits' partials of the tile's rows into out / LSE (one warp per
+// row, the combine kernel's merge) and puts the item's counter back to 0 for the next launch.
+// Counter of the item: its first packed row over all KV heads, unique among the launch's items
+// and < num_tokens * num_heads (the host checks the workspace holds that many counters).
+// The work item is taken again from the scheduler rather than passed in: with the main loop's
+// WorkItem kept live for this tail, the register-bound prefill kernels spilled more in their loop.
+template <class Tr>
+__device__ __forceinline__ void combine_splits_if_last(const VarlenKernelParams& p) {
+  using T = typename Tr::Elem;
+  constexpr int kMaxChunks = (Tr::kHeadDim / 4 + 31) / 32;
+  __shared__ int s_last;
+  const int tid = threadIdx.x;
+  WorkItem w;
+  schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w);  // (true: this CTA has a tile)
+  __syncthreads();  // every thread's partials are written before thread 0 releases them
+  if (tid == 0) {
+    unsigned int* counter =
+        p.partials.counters + (static_cast<int64_t>(w.kv_head) * p.num_tokens + w.q_start) * p.group + w.m0;
+    // Releases this CTA's partials; the last arrival acquires everybody's.
+    const unsigned int arrived = atomic_add_acq_rel_gpu(counter, 1u);
+    s_last = arrived == static_cast<unsigned int>(p.num_splits - 1);
+    if (s_last) atomicExch(counter, 0u);  // every split has counted: nobody else touches it this launch
+  }
+  __syncthreads();  // (the other threads' reads below are ordered after thread 0's acquire)
+  if (!s_last) return;
+  cta_trace_flag(p.cta_trace, 1);
+  for (int m = tid >> 5; m < w.rows; m += Tr::kThreads / 32) {
+    const MergedRow<T> r = merged_row<T>(p, w, m);
+    merge_split_row<T, kMaxChunks>(p.partials, r.token, r.head, r.sink, r.out, r.lse, tid & 31);
+  }
+}
+
+// The epilogue policy: direct (one split) or split partials merged through the workspace.
+template <class Tr>
+struct SplitKvEpilogue {
+  // All threads, after the main loop and a CTA barrier; reuses all shared memory. Math: the
+  // tile math policy (varlen_tile_math.cuh) holding the warp's O and softmax state.
+  template <class Math>
+  __device__ __forceinline__ static void run(const VarlenKernelParams& p, const WorkItem& w, unsigned char* smem,
+                                             const Math& math, float unit, bool warp_active, int warp_m, int warp_n,
+                                             int tid) {
+    using T = typename Tr::Elem;
+    constexpr int kN = Tr::kWarpsN;
+    float* s_o = reinterpret_cast<float*>(smem);                        // [kN][kBlockM][kOPitch]
+    float2* s_stat = reinterpret_cast<float2*>(smem + Tr::kEpiOBytes);  // [kN][kBlockM]
+    float* s_weight = reinterpret_cast<float*>(smem + Tr::kEpiOBytes + Tr::kEpiStatBytes);
+    if (warp_active)
+      math.store_parts(s_o + warp_n * Tr::kBlockM * Tr::kOPitch, s_stat + warp_n * Tr::kBlockM, unit, warp_m);
+    __syncthreads();
+
+    // Per row: merge the warps' parts, fold in v_scale and the sink, write the LSE.
+    const bool split = p.num_splits > 1;
+    const float v_scale = Tr::kFp8Cache ? scale_of(p.v_scale, p.v_scale_stride, w.kv_head) : 1.f;
+    for (int m = tid; m < w.rows; m += Tr::kThreads) {
+      float mx[kN], sm[kN], wt[kN];
+#pragma unroll
+      for (int n = 0; n < kN; ++n) {
+        const float2 st = s_stat[n * Tr::kBlockM + m];
+        mx[n] = st.x;
+        sm[n] = st.y;
+      }
+      float lse = combine_row_parts<kN>(mx, sm, wt);
+      const int gm = w.m0 + m;
+      const int64_t token = w.q_start + gm / p.group;
+      const int head = w.kv_head * p.group + gm % p.group;
+      float sink_weight = 1.f;
+      if (!split && p.sinks != nullptr) {  // a part with LSE = sink logit and no value
+        float w_sink;
+        lse = merge_weights(lse, p.sinks[head * p.sinks_stride], &sink_weight, &w_sink);
+      }
+#pragma unroll
+      for (int n = 0; n < kN; ++n) s_weight[m * kN + n] = wt[n] * v_scale * sink_weight;
+      if (split) {
+        p.partials.lse[p.partials.lse_index(w.split, token, head)] = lse;
+      } else if (p.lse != nullptr) {
+        p.lse[head * p.lse_stride_head + token * p.lse_stride_token] = lse;
+      }
+    }
+    __syncthreads();
+
+    // Output rows, 8 values per thread per step (16-byte stores for 16-bit outputs).
+    constexpr int kChunks = Tr::kHeadDim / 8;
+    for (int idx = tid; idx < w.rows * kChunks; idx += Tr::kThreads) {
+      const int m = idx / kChunks, c = (idx % kChunks) * 8;
+      float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int n = 0; n < kN; ++n) {
+        const float wn = s_weight[m * kN + n];
+        if (wn == 0.f) continue;  // a part that saw nothing contributes exactly 0
+        const float4* src = reinterpret_cast<const float4*>(s_o + (n * Tr::kBlockM + m) * Tr::kOPitch + c);
+        const float4 a = src[0], b = src[1];
+        v[0] += wn * a.x; v[1] += wn * a.y; v[2] += wn * a.z; v[3] += wn * a.w;
+        v[4] += wn * b.x; v[5] += wn * b.y; v[6] += wn * b.z; v[7] += wn * b.w;
+      }
+      const int gm = w.m0 + m;
+      const int64_t token = w.q_start + gm / p.group;
+      const int head = w.kv_head * p.group + gm % p.group;
+      if (split) {
+        store8(p.partials.o + p.partials.o_index(w.split, token, head) + c, v);
+      } else {
+        store8(static_cast<T*>(p.out) + token * p.out_stride_token + head * p.out_stride_head + c, v);
+      }
+    }
+  }
+
+  // After run (all threads): the last split CTA of the item merges every split's partials.
+  __device__ __forceinline__ static void finish(const VarlenKernelParams& p) {
+    if (p.num_splits > 1) combine_splits_if_last<Tr>(p);
+  }
+};
+
+}  // namespace attnkit::flash_attn::detail

@@ -1,0 +1,61 @@
+// The launcher of the mma_sync kernel skeleton: maps a LaunchPlan's tile (launch_plan.h) to its
+// instantiation and launches it with the plan's switches. It decides nothing: every choice is
+// choose_launch's. Explicitly instantiated per (dtype, head size, cache kind) in varlen_hd*.cu.
+#pragma once
+#include <string>
+
+#include "attnkit/error.h"
+#include "cuda/cuda_check.h"
+#include "cuda/device_props.h"
+#include "cuda/pdl.h"
+#include "flash_attn/launch_plan.h"
+#include "flash_attn/varlen_kernel.cuh"
+
+namespace attnkit::flash_attn {
+
+template <class Tr>
+void launch_varlen(VarlenKernelParams p, const LaunchPlan& plan, cudaStream_t stream) {
+  dim3 grid;
+  if (!varlen_grid(p, plan, Tr::kSmemBytes, "flash_attn varlen attention", grid)) return;
+  using Sched = GridScheduler<Tr::kBlockM, Tr::kBlockN>;
+  using Epi = detail::SplitKvEpilogue<Tr>;
+  using Src = BlockTableSource<Tr>;
+  auto kernel = attention_kernel<Tr, Sched, Src, Epi, cuda::Fp8Format::e4m3>;
+  if constexpr (Tr::kFp8Cache)
+    if (p.fp8_format == static_cast<int>(cuda::Fp8Format::e5m2))
+      kernel = attention_kernel<Tr, Sched, Src, Epi, cuda::Fp8Format::e5m2>;
+  ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+  p.l2_prefetch = plan.l2_prefetch;
+  p.l2_prefetch_ctas = plan.cta_slots;  // (the first wave only: CTAs are dispatched in linear order)
+  p.kv_evict_first = plan.kv_evict_first;
+  cuda::launch_kernel(kernel, grid, dim3(Tr::kThreads), Tr::kSmemBytes, stream, plan.pdl, dim3(1, 1, 1), p);
+}
+
+template <class Elem, int kHeadDim, bool kFp8Cache>
+void launch_mma_sync(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+  bool launched = false;
+  auto try_tile = [&]<TileId kTile>() {
+    if constexpr (tile_instantiated(kTile, kHeadDim, kFp8Cache) && tile_config(kTile, kHeadDim, kFp8Cache).generation ==
+                                                                        Generation::mma_sync) {
+      if (plan.tile == kTile) {
+        launch_varlen<VarlenTraits<Elem, kHeadDim, kFp8Cache, kTile>>(p, plan, stream);
+        launched = true;
+      }
+    }
+  };
+  try_tile.template operator()<TileId::prefill>();
+  try_tile.template operator()<TileId::decode>();
+  try_tile.template operator()<TileId::decode_tma>();
+  try_tile.template operator()<TileId::decode_two_stage>();
+  try_tile.template operator()<TileId::decode_transposed>();
+  try_tile.template operator()<TileId::decode_transposed_two_stage>();
+  ATTNKIT_REQUIRE(launched, "flash_attn varlen attention", "tile", plan.config.name,
+                  "is not an mma_sync tile built for head size " + std::to_string(kHeadDim) +
+                      (kFp8Cache ? " with an fp8 cache" : ""));
+}
+
+}  // namespace attnkit::flash_attn
+
+// Explicit instantiation of every mma_sync tile of one (dtype, head size, cache kind).
+#define ATTNKIT_VARLEN_INSTANTIATE(ELEM, HEAD_DIM, FP8)                                                    \
+  template void launch_mma_sync<ELEM, HEAD_DIM, FP8>(const VarlenKernelParams&, const LaunchPlan&, cudaStream_t);

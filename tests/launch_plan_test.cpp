@@ -1,0 +1,261 @@
+// The launch decision (flash_attn/launch_plan.h) and the tile set it picks from
+// (flash_attn/tile_set.h): table tests on the host, no GPU needed.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/int_math.h"
+#include "flash_attn/launch_plan.h"
+#include "flash_attn/split_kv.h"
+#include "flash_attn/tile_set.h"
+#include "test_util.h"
+
+namespace attnkit::flash_attn {
+namespace {
+
+// An H200 (132 SMs, sm90, sm_90a kernels built) and a batch of uniform requests.
+LaunchFacts h200(int reqs, int q_len, int kv_len, int head_size = 128, bool fp8 = false, int group = 4,
+                 int splits = 1) {
+  LaunchFacts f;
+  f.cc_major = 9;
+  f.sm_count = 132;
+  f.hopper_kernels = true;
+  f.head_size = head_size;
+  f.fp8_cache = fp8;
+  f.num_reqs = reqs;
+  f.num_kv_heads = 8;
+  f.group = group;
+  f.max_query_len = q_len;
+  f.max_seq_len = kv_len;
+  f.num_splits = splits;
+  return f;
+}
+
+TEST(TileSet, ConfigurationsAreConsistent) {
+  for (int hd : {64, 96, 128, 192, 256})
+    for (bool fp8 : {false, true})
+      for (TileId id : kAllTiles) {
+        const TileConfig t = tile_config(id, hd, fp8);
+        const std::string ctx = std::string(t.name) + " hd " + std::to_string(hd) + (fp8 ? " fp8" : "");
+        EXPECT_GT(t.rows, 0) << ctx;
+        EXPECT_EQ(t.keys % 16, 0) << ctx;
+        EXPECT_GE(t.stages, 2) << ctx;
+        EXPECT_GE(t.ctas_per_sm, 1) << ctx;
+        if (t.generation == Generation::mma_sync) {
+          EXPECT_EQ(t.rows, 16 * t.m_frags * t.warps_m) << ctx;
+          EXPECT_EQ(t.keys / t.warps_n % 16, 0) << ctx << ": each warp takes whole k16 steps of keys";
+        }
+        if (t.fill == KvFill::tma && tile_instantiated(id, hd, fp8))
+          EXPECT_TRUE(tma_rows(hd, fp8)) << ctx << ": TMA tiles need rows of whole 128-byte segments";
+        if (t.transposed) EXPECT_EQ(t.rows, kDecodeTileRows) << ctx;
+      }
+  // The values the kernels were tuned at (DECISIONS.md): one definition, read everywhere.
+  EXPECT_EQ(tile_config(TileId::prefill, 128, false).ctas_per_sm, 2);
+  EXPECT_EQ(tile_config(TileId::prefill, 256, false).ctas_per_sm, 1);
+  EXPECT_EQ(tile_config(TileId::decode, 128, false).ctas_per_sm, 2);
+  EXPECT_EQ(tile_config(TileId::decode, 128, true).ctas_per_sm, 3);
+  EXPECT_EQ(tile_config(TileId::decode, 256, true).ctas_per_sm, 2);
+  EXPECT_EQ(tile_config(TileId::decode_two_stage, 128, false).ctas_per_sm, 3);
+  EXPECT_EQ(tile_config(TileId::decode_transposed, 128, true).ctas_per_sm, 4);
+  EXPECT_EQ(tile_config(TileId::decode_transposed_two_stage, 128, true).stages, 2);
+  EXPECT_EQ(tile_config(TileId::hopper, 128, false).stages, 3);
+  EXPECT_EQ(tile_config(TileId::hopper, 64, false).stages, 4);
+  EXPECT_EQ(tile_config(TileId::hopper_short, 128, false).stages, 2);
+  EXPECT_EQ(tile_config(TileId::hopper_short, 128, false).q_buffers, 2);
+  EXPECT_FALSE(tile_instantiated(TileId::hopper, 96, false));
+  EXPECT_FALSE(tile_instantiated(TileId::hopper, 128, true));
+  EXPECT_FALSE(tile_instantiated(TileId::decode_transposed, 64, true));
+  EXPECT_FALSE(tile_instantiated(TileId::decode_tma, 96, false));  // 192-byte rows
+}
+
+// Every choice, table-tested: (facts, tuning) -> tile, generation, switches.
+TEST(ChooseLaunch, Table) {
+  struct Case {
+    const char* why;
+    LaunchFacts facts;
+    LaunchTuning tuning;
+    TileId tile;
+    int64_t ctas;  // -1: the grid's
+    bool pdl, l2_prefetch, evict_first;
+  };
+  LaunchTuning cp_async;
+  cp_async.cp_async_fill = true;
+  LaunchTuning three_stages;
+  three_stages.transposed_stages = 3;
+  LaunchTuning two_q;
+  two_q.q_buffers = 2;
+  LaunchTuning few_ctas;
+  few_ctas.max_ctas = 3;
+  LaunchTuning no_pdl;
+  no_pdl.pdl = false;
+  LaunchFacts sm80 = h200(64, 1, 4096);
+  sm80.cc_major = 8;
+  sm80.hopper_kernels = false;
+  LaunchFacts no_tma = h200(64, 1, 4096);
+  no_tma.tma_geometry = false;
+  LaunchFacts mma_sync_pref = h200(4, 4096, 4096);
+  mma_sync_pref.preferred = Generation::mma_sync;
+  LaunchFacts other_strides = h200(4, 4096, 4096);
+  other_strides.same_kv_strides = false;
+  const Case cases[] = {
+      // Decodes (<= 16 packed rows): 16-row tiles, TMA fills on sm90.
+      {"bf16 64 x 4k: 512 CTAs > 2 per SM", h200(64, 1, 4096), {}, TileId::decode_tma, -1, true, true, false},
+      // (256 CTAs on the 2-stage tile's 396 slots: 65% of a wave, no PDL)
+      {"bf16 16 x 4k, 2 splits: 256 CTAs, 1-2 per SM", h200(16, 1, 4096, 128, false, 4, 2), {}, TileId::decode_two_stage,
+       -1, false, false, true},
+      {"bf16 1 x 32k, 32 splits: 256 CTAs", h200(1, 1, 32768, 128, false, 4, 32), {}, TileId::decode_two_stage, -1, false,
+       false, true},
+      {"bf16 1 x 4k, 8 splits: 64 CTAs, <= 1 per SM", h200(1, 1, 4096, 128, false, 4, 8), {}, TileId::decode_tma, -1,
+       true, true, true},
+      {"bf16 decode, cp.async forced", h200(64, 1, 4096), cp_async, TileId::decode, -1, true, true, false},
+      {"bf16 decode on sm80", sm80, {}, TileId::decode, -1, false, false, false},
+      {"cache strides TMA cannot express", no_tma, {}, TileId::decode, -1, true, true, false},
+      {"hd 96 bf16: 192-byte rows", h200(64, 1, 4096, 96), {}, TileId::decode, -1, true, true, false},
+      {"hd 256 bf16: 512-byte rows", h200(64, 1, 4096, 256), {}, TileId::decode_tma, -1, true, true, false},
+      {"fp8 16 x 4k, 4 splits: 512 CTAs > 3 per SM", h200(16, 1, 4096, 128, true, 4, 4), {},
+       TileId::decode_transposed_two_stage, -1, false, false, true},
+      {"fp8 16 x 4k, 3 splits: 384 CTAs <= 3 per SM", h200(16, 1, 4096, 128, true, 4, 3), {}, TileId::decode_transposed,
+       -1, false, false, true},
+      {"fp8, 3 stages forced", h200(16, 1, 4096, 128, true, 4, 4), three_stages, TileId::decode_transposed, -1, false,
+       false, true},
+      {"fp8 64 x 4k: 512 CTAs on 528 slots, no PDL", h200(64, 1, 4096, 128, true), {},
+       TileId::decode_transposed_two_stage, -1, false, false, false},
+      {"fp8 256 x 4k: 2048 CTAs", h200(256, 1, 4096, 128, true), {}, TileId::decode_transposed_two_stage, -1, true, true,
+       false},
+      {"fp8, group 16: 16 rows, not transposed", h200(64, 1, 4096, 128, true, 16), {}, TileId::decode_tma, -1, true, true,
+       false},
+      {"fp8, 2 tokens x group 4 = 8 rows", h200(64, 2, 4096, 128, true), {}, TileId::decode_transposed_two_stage, -1,
+       false, false, false},
+      {"fp8 hd 64: 64-byte rows, cp.async", h200(64, 1, 4096, 64, true), {}, TileId::decode, -1, true, true, false},
+      {"fp8 cp.async forced: the 16-row tile", h200(16, 1, 4096, 128, true, 4, 3), cp_async, TileId::decode, -1, true,
+       true, false},
+      // Prefill-shaped: the hopper kernel where it serves, else the mma_sync prefill tile.
+      {"bf16 prefill 4 x 4k: persistent hopper", h200(4, 4096, 4096), {}, TileId::hopper, 132, true, false, false},
+      {"bf16 prefill 32 x 512: persistent, two Q buffers", h200(32, 512, 512), {}, TileId::hopper_short, 132, true,
+       false, false},
+      {"bf16 prefill 2 x 8k: one CTA per item", h200(2, 8192, 8192), {}, TileId::hopper, -1, true, false, false},
+      {"hopper, 3 CTAs forced, 2 Q buffers forced", h200(4, 4096, 4096), [&] { LaunchTuning t = few_ctas; t.q_buffers = 2; return t; }(),
+       TileId::hopper_short, 3, true, false, false},
+      {"hopper, 2 Q buffers forced", h200(2, 8192, 8192), two_q, TileId::hopper_short, -1, true, false, false},
+      {"hopper without PDL", h200(4, 4096, 4096), no_pdl, TileId::hopper, 132, false, false, false},
+      {"split prefill: mma_sync", h200(1, 512, 8192, 128, false, 4, 2), {}, TileId::prefill, -1, true, true, false},
+      {"fp8 prefill: mma_sync", h200(4, 4096, 4096, 128, true), {}, TileId::prefill, -1, true, true, false},
+      {"hd 96 prefill: mma_sync", h200(4, 4096, 4096, 96), {}, TileId::prefill, -1, true, true, false},
+      {"mma_sync preferred", mma_sync_pref, {}, TileId::prefill, -1, true, true, false},
+      {"K and V strides differ", other_strides, {}, TileId::prefill, -1, true, true, false},
+      {"prefill on sm80", [] { LaunchFacts f = h200(4, 4096, 4096); f.cc_major = 8; f.hopper_kernels = false; return f; }(),
+       {}, TileId::prefill, -1, false, false, false},
+  };
+  for (const Case& c : cases) {
+    const LaunchPlan plan = choose_launch(c.facts, c.tuning);
+    const std::string ctx = std::string(c.why) + ": " + plan.reason;
+    EXPECT_EQ(plan.tile, c.tile) << ctx << " (got " << plan.config.name << ")";
+    EXPECT_EQ(plan.generation, plan.config.generation) << ctx;
+    EXPECT_EQ(plan.config.rows, tile_config(c.tile, c.facts.head_size, c.facts.fp8_cache).rows) << ctx;
+    EXPECT_TRUE(tile_instantiated(plan.tile, c.facts.head_size, c.facts.fp8_cache)) << ctx;
+    EXPECT_EQ(plan.ctas, c.ctas < 0 ? plan.grid_ctas : c.ctas) << ctx;
+    EXPECT_EQ(plan.pdl, c.pdl) << ctx;
+    EXPECT_EQ(plan.l2_prefetch, c.l2_prefetch) << ctx;
+    EXPECT_EQ(plan.kv_evict_first, c.evict_first) << ctx;
+    EXPECT_FALSE(plan.reason.empty()) << ctx;
+    const int64_t rows = int64_t{c.facts.max_query_len} * c.facts.group;
+    EXPECT_EQ(plan.row_tiles, ceil_div(rows, plan.config.rows)) << ctx;
+    EXPECT_EQ(plan.grid_ctas, plan.row_tiles * c.facts.num_kv_heads * c.facts.num_splits * c.facts.num_reqs) << ctx;
+    EXPECT_EQ(plan.cta_slots, int64_t{plan.config.ctas_per_sm} * c.facts.sm_count) << ctx;
+  }
+}
+
+TEST(ChooseLaunch, RejectsBadTuningWithTheValue) {
+  const LaunchFacts f = h200(16, 1, 4096, 128, true);
+  for (int stages : {1, 4, -1}) {
+    LaunchTuning t;
+    t.transposed_stages = stages;
+    EXPECT_TRUE(test::throws_error_with([&] { choose_launch(f, t); }, {"transposed_stages", std::to_string(stages)}));
+  }
+  LaunchTuning t;
+  t.max_ctas = -2;
+  EXPECT_TRUE(test::throws_error_with([&] { choose_launch(f, t); }, {"max_ctas", "-2"}));
+  t = {};
+  t.q_buffers = 3;
+  EXPECT_TRUE(test::throws_error_with([&] { choose_launch(f, t); }, {"q_buffers", "3"}));
+  LaunchFacts bad = f;
+  bad.sm_count = 0;
+  EXPECT_TRUE(test::throws_error_with([&] { choose_launch(bad); }, {"sm_count", "0"}));
+}
+
+// The split rule counts the launch's own tiles: its work items are the grid's CTAs that have
+// rows, its slots the tile's CTAs per SM, for prefill and decode shapes.
+TEST(ChooseLaunch, SplitRuleCountsTheGridsWork) {
+  std::mt19937 rng(99);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int kv_heads = 1 << (rng() % 4), group = 1 + rng() % 8, reqs = 1 + rng() % 20;
+    const int hd = std::vector<int>{64, 96, 128, 192, 256}[rng() % 5];
+    const bool fp8 = rng() % 2, decode = rng() % 2;
+    std::vector<int32_t> qsl{0}, seq;
+    for (int r = 0; r < reqs; ++r) {
+      const int q = decode ? 1 + static_cast<int>(rng() % std::max(1, 16 / group)) : static_cast<int>(rng() % 700);
+      qsl.push_back(qsl.back() + q);
+      seq.push_back(q + static_cast<int>(rng() % 9000));
+    }
+    SplitKVInput in;
+    in.query_start_loc = qsl;
+    in.seq_lens = seq;
+    in.num_heads = kv_heads * group;
+    in.num_kv_heads = kv_heads;
+    in.num_sms = 132;
+    in.cache_dtype = fp8 ? DType::fp8_e4m3 : DType::bf16;
+    in.head_size = hd;
+    in.cc_major = 9;
+    in.hopper_kernels = true;
+    const SplitKVDecision d = decide_num_splits(in);
+    // The unsplit launch of this batch, as the dispatcher plans it.
+    LaunchFacts f = split_kv_facts(in);
+    const LaunchPlan plan = choose_launch(f);
+    int64_t grid_items = 0;
+    for (int r = 0; r < reqs; ++r) grid_items += kv_heads * ceil_div(int64_t{qsl[r + 1] - qsl[r]} * group, plan.config.rows);
+    const std::string ctx = "trial " + std::to_string(trial) + " (" + plan.config.name + "): " + d.reason;
+    EXPECT_EQ(d.work_items, grid_items) << ctx;
+    EXPECT_LE(d.work_items, plan.grid_ctas) << ctx;
+    // The slots are those of the launch's tile family (the 2-stage variants keep the base
+    // tile's count: DECISIONS.md: Split count counts the base tile).
+    const TileConfig base = tile_config(split_rule_tile(f), hd, fp8);
+    EXPECT_EQ(d.cta_slots, int64_t{base.ctas_per_sm} * 132) << ctx;
+    EXPECT_EQ(base.rows, plan.config.rows) << ctx;
+    // A split launch runs the mma_sync kernel, in a tile of the same rows.
+    f.num_splits = d.num_splits;
+    const LaunchPlan split = choose_launch(f);
+    if (d.num_splits > 1) EXPECT_EQ(split.generation, Generation::mma_sync) << ctx;
+    EXPECT_EQ(split.config.rows, plan.config.rows) << ctx;
+  }
+}
+
+// The PDL rule: off only for grids of more than half and less than 90% of a wave (up to a whole
+// wave for the transposed tile).
+TEST(ChooseLaunch, PdlOffOnlyForGridsOfHalfToNinetyPercentOfAWave) {
+  struct Case {
+    int64_t ctas, slots;
+    bool pdl;
+  };
+  // The H200 shapes behind the rule (fp8: 396 slots, bf16: 264), then the bounds.
+  for (const Case& c : {Case{256, 396, false}, Case{64, 396, true}, Case{128, 396, true}, Case{384, 396, true},
+                        Case{128, 264, true}, Case{256, 264, true}, Case{64, 264, true}, Case{1024, 396, true},
+                        Case{50, 100, true}, Case{51, 100, false}, Case{89, 100, false}, Case{90, 100, true},
+                        Case{0, 100, true}, Case{1, 1, true}})
+    EXPECT_EQ(pdl_for_grid(c.ctas, c.slots), c.pdl) << c.ctas << " CTAs on " << c.slots << " slots";
+  for (int64_t slots : {1, 7, 264, 396, 528})
+    for (int64_t ctas = 0; ctas <= 3 * slots; ++ctas) {
+      const double fill = static_cast<double>(ctas) / static_cast<double>(slots);
+      EXPECT_EQ(pdl_for_grid(ctas, slots), !(fill > 0.5 && fill < 0.9)) << ctas << " CTAs on " << slots << " slots";
+      EXPECT_EQ(pdl_for_grid(ctas, slots, true), !(fill > 0.5 && fill <= 1.0))
+          << ctas << " CTAs on " << slots << " slots (transposed)";
+    }
+  EXPECT_FALSE(pdl_for_grid(512, 528, true));
+  EXPECT_TRUE(pdl_for_grid(2048, 528, true));
+  EXPECT_TRUE(pdl_for_grid(256, 528, true));
+}
+
+}  // namespace
+}  // namespace attnkit::flash_attn
