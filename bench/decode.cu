@@ -117,9 +117,12 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
       // What the launch options give, same shapes, same run (LaunchTuning, launch_plan.h): K/V
       // stages filled by cp.async instead of TMA, the L2 prefetch before the PDL wait off, then
       // PDL itself off, TMA's K/V boxes of split launches read without the evict-first L2 policy,
+      // 2-split launches merged through the workspace instead of the cluster,
       // and the transposed fp8 tile with 3 stages where the launch decision takes 2. Timed in
       // turns with the default launch.
-      if (!((B == 1 || B == 16 || B == 64) && (L == 4096 || L == 32768)) && !(B == 256 && L == 4096)) continue;
+      if (!((B == 1 || B == 16 || B == 64) && (L == 4096 || L == 32768)) && !(B == 256 && L == 4096) &&
+          !(B <= 4 && L == 1024))
+        continue;
       for (const auto& dp : shapes) {
         Prepared& d = *dp;
         try {
@@ -139,6 +142,7 @@ void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick
           add("no L2 prefetch", [](flash_attn::LaunchTuning& t) { t.l2_prefetch = false; });
           add("no PDL", [](flash_attn::LaunchTuning& t) { t.l2_prefetch = t.pdl = false; });
           if (plan.kv_evict_first) add("no L2 policy", [](flash_attn::LaunchTuning& t) { t.kv_evict_first = false; });
+          if (plan.cluster_merge) add("workspace merge", [](flash_attn::LaunchTuning& t) { t.cluster_merge = false; });
           if (fp8 && plan.tile == flash_attn::TileId::decode_transposed_two_stage)
             add("3-stage transposed", [](flash_attn::LaunchTuning& t) { t.transposed_stages = 3; });
           std::vector<TimedLaunch> launches = {{d.shape.args, d.shape.calls}};

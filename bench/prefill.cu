@@ -109,7 +109,8 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
   spec.num_kv_heads = kSplitKv;
   spec.head_size = kSplitHd;
   const PagedKV cache = pool_view(spec, pool.get());
-  for (const Chunk& c : {Chunk{1, 128, 8192}, Chunk{2, 64, 8192}, Chunk{4, 32, 4096}, Chunk{1, 512, 16384}}) {
+  for (const Chunk& c : {Chunk{1, 128, 8192}, Chunk{2, 64, 8192}, Chunk{4, 32, 4096}, Chunk{1, 512, 16384},
+                         Chunk{1, 16, 16384}, Chunk{2, 16, 8192}}) {
     const std::string key = "prefill-split d128 h32/8 causal q" + std::to_string(c.q_len) + "x" + std::to_string(c.reqs) +
                             " kv" + std::to_string(c.kv_len);
     if (!key_selected(key)) continue;
@@ -119,7 +120,7 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
       const int rule = builder_num_splits(c.reqs, c.q_len, c.kv_len, kHeads, kSplitKv, DType::bf16,
                                           cuda::current_device_props().sm_count, kSplitHd);
       const double flops = 4.0 * c.reqs * c.q_len * (c.kv_len - c.q_len / 2.0) * kSplitHd * kHeads;
-      for (int splits : {1, 2, 4, 8}) {
+      for (int splits : {1, 2, 4, 8, 16}) {
         args.num_splits = splits;
         cuda::DeviceBuffer workspace = split_workspace(
             flash_attn::varlen_workspace_bytes(int64_t{c.reqs} * c.q_len, kHeads, kSplitHd, splits), stream);

@@ -80,6 +80,7 @@ TEST(ChooseLaunch, Table) {
     TileId tile;
     int64_t ctas;  // -1: the grid's
     bool pdl, l2_prefetch, evict_first;
+    bool cluster = false;
   };
   LaunchTuning cp_async;
   cp_async.cp_async_fill = true;
@@ -104,8 +105,14 @@ TEST(ChooseLaunch, Table) {
       // Decodes (<= 16 packed rows): 16-row tiles, TMA fills on sm90.
       {"bf16 64 x 4k: 512 CTAs > 2 per SM", h200(64, 1, 4096), {}, TileId::decode_tma, -1, true, true, false},
       // (256 CTAs on the 2-stage tile's 396 slots: 65% of a wave, no PDL)
-      {"bf16 16 x 4k, 2 splits: 256 CTAs, 1-2 per SM", h200(16, 1, 4096, 128, false, 4, 2), {}, TileId::decode_two_stage,
-       -1, false, false, true},
+      {"bf16 16 x 4k, 2 splits: 256 CTAs, 1-2 per SM, cluster merge", h200(16, 1, 4096, 128, false, 4, 2), {},
+       TileId::decode_two_stage, -1, false, false, true, true},
+      {"bf16 1 x 1k, 2 splits: cluster merge", h200(1, 1, 1024, 128, false, 4, 2), {}, TileId::decode_tma, -1, true,
+       true, true, true},
+      {"fp8 4 x 1k, 2 splits: cluster merge", h200(4, 1, 1024, 128, true, 4, 2), {}, TileId::decode_transposed, -1, true,
+       true, true, true},
+      {"cluster merge off", h200(1, 1, 1024, 128, false, 4, 2), [] { LaunchTuning t; t.cluster_merge = false; return t; }(),
+       TileId::decode_tma, -1, true, true, true, false},
       {"bf16 1 x 32k, 32 splits: 256 CTAs", h200(1, 1, 32768, 128, false, 4, 32), {}, TileId::decode_two_stage, -1, false,
        false, true},
       {"bf16 1 x 4k, 8 splits: 64 CTAs, <= 1 per SM", h200(1, 1, 4096, 128, false, 4, 8), {}, TileId::decode_tma, -1,
@@ -160,6 +167,7 @@ TEST(ChooseLaunch, Table) {
     EXPECT_EQ(plan.pdl, c.pdl) << ctx;
     EXPECT_EQ(plan.l2_prefetch, c.l2_prefetch) << ctx;
     EXPECT_EQ(plan.kv_evict_first, c.evict_first) << ctx;
+    EXPECT_EQ(plan.cluster_merge, c.cluster) << ctx;
     EXPECT_FALSE(plan.reason.empty()) << ctx;
     const int64_t rows = int64_t{c.facts.max_query_len} * c.facts.group;
     EXPECT_EQ(plan.row_tiles, ceil_div(rows, plan.config.rows)) << ctx;
@@ -229,6 +237,38 @@ TEST(ChooseLaunch, SplitRuleCountsTheGridsWork) {
     const LaunchPlan split = choose_launch(f);
     if (d.num_splits > 1) EXPECT_EQ(split.generation, Generation::mma_sync) << ctx;
     EXPECT_EQ(split.config.rows, plan.config.rows) << ctx;
+  }
+}
+
+// Batches the hopper kernel serves unsplit split only into more than kHopperCtaWork splits
+// (chunked prefills of bench section prefill-split; 32 / 8 heads, head size 128, 132 SMs).
+TEST(ChooseLaunch, HopperServedBatchesSplitOnlyWhereTheSplitsOutrunIt) {
+  struct Case {
+    int reqs, q, kv, splits;
+    const char* why;
+  };
+  for (const Case& c : {Case{1, 128, 8192, 1, "W = 32: 4 splits would not beat hopper"},
+                        Case{4, 32, 4096, 1, "W = 32"}, Case{1, 512, 16384, 1, "W = 128: past half a wave"},
+                        Case{1, 16, 16384, 16, "W = 8: 16 splits"}, Case{2, 16, 8192, 8, "W = 16: 8 splits"}}) {
+    std::vector<int32_t> qsl{0}, seq;
+    for (int r = 0; r < c.reqs; ++r) {
+      qsl.push_back(qsl.back() + c.q);
+      seq.push_back(c.kv);
+    }
+    SplitKVInput in;
+    in.query_start_loc = qsl;
+    in.seq_lens = seq;
+    in.num_heads = 32;
+    in.num_kv_heads = 8;
+    in.num_sms = 132;
+    in.head_size = 128;
+    in.cc_major = 9;
+    in.hopper_kernels = true;
+    const SplitKVDecision d = decide_num_splits(in);
+    EXPECT_EQ(d.num_splits, c.splits) << c.why << ": " << d.reason;
+    EXPECT_EQ(split_kv_tile(in).generation, Generation::hopper) << c.why;
+    in.hopper_kernels = false;  // the mma_sync prefill tile (2 CTAs per SM) splits these
+    EXPECT_GT(decide_num_splits(in).num_splits, c.splits == 1 && c.q != 512 ? 1 : 0) << c.why << " (mma_sync)";
   }
 }
 

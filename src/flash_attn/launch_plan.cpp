@@ -136,6 +136,9 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
     plan.kv_evict_first = t.kv_evict_first && f.num_splits > 1 && plan.config.fill == KvFill::tma;
     if (t.pdl && f.cc_major >= 9 && !plan.pdl) plan.reason += "; no PDL for this part of a wave";
     if (plan.kv_evict_first) plan.reason += "; split launch: K/V read evict-first";
+    // Clusters of 2 splits merge in shared memory (DECISIONS.md: Cluster merge: 2 splits only).
+    plan.cluster_merge = t.cluster_merge && f.cc_major >= 9 && f.num_splits == 2 && plan.config.rows == kDecodeTileRows;
+    if (plan.cluster_merge) plan.reason += "; 2 splits: merged in a cluster";
   }
   return plan;
 }

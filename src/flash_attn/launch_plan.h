@@ -19,6 +19,7 @@ struct LaunchTuning {
   bool pdl = true;              // programmatic dependent launch where the rule allows (sm90+)
   bool l2_prefetch = true;      // mma_sync, with PDL: the first wave asks L2 for its first tiles
   bool kv_evict_first = true;   // split TMA launches read K/V with an L2 evict-first policy
+  bool cluster_merge = true;    // 2-split decode launches on sm90 merge in a thread-block cluster
   bool cp_async_fill = false;   // decode tiles fill by cp.async even where TMA serves
   int transposed_stages = 0;    // the transposed fp8 tile's stages: 0 = the rule's, 2 or 3
   int max_ctas = 0;             // hopper: at most this many persistent CTAs (0 = the rule's)
@@ -51,6 +52,7 @@ struct LaunchPlan {
   bool pdl = false;
   bool l2_prefetch = false;    // (CTAs of the first wave only: l2_prefetch_ctas = cta_slots)
   bool kv_evict_first = false;
+  bool cluster_merge = false;  // the item's splits run as one cluster and merge in shared memory
   std::string reason;          // why this tile and these switches, in words
 };
 

@@ -109,6 +109,14 @@ SplitKVDecision decide_num_splits(const SplitKVInput& in) {
   // Drop splits that do not shorten the longest split (in KV tiles).
   const int64_t tiles = ceil_div(max_kv, split_tile_keys);
   while (s > 1 && ceil_div(tiles, s - 1) == ceil_div(tiles, s)) --s;
+  if (tile.generation == Generation::hopper && s <= kHopperCtaWork) {
+    // A split launch leaves the hopper kernel for the mma_sync one, whose CTAs do about a
+    // quarter of a hopper CTA's work on an SM: it must run more than 4x the CTAs to gain.
+    d.reason = std::to_string(d.work_items) + " work items for " + std::to_string(d.cta_slots) + " CTA slots: " +
+               std::to_string(s) + " mma_sync splits would not beat the unsplit hopper kernel (needs > " +
+               std::to_string(kHopperCtaWork) + ")";
+    return d;
+  }
   d.num_splits = static_cast<int>(s);
   d.reason = std::to_string(d.work_items) + " work items for " + std::to_string(d.cta_slots) +
              " CTA slots: " + std::to_string(s) + " splits of <= " +

@@ -1,12 +1,16 @@
 // The epilogue of the mma_sync kernel skeleton (varlen_kernel.cuh): after the pipeline has
 // drained, the warps' partial (O, max, sum) rows become normalised output rows and LSE, or, with
-// num_splits > 1, split partials in the workspace that the last split CTA of the work item
-// merges (cuda/split_merge_row.cuh). One policy serves both: the destination is chosen per
-// launch at run time (a branch per row after the loop; instantiating each separately would
-// double every kernel's compile time for no measured gain).
+// num_splits > 1, split partials that the work item's splits merge (cuda/split_merge_row.cuh):
+//   through the workspace: the last split CTA to finish merges every split's partials;
+//   in a cluster (decode tiles, LaunchPlan::cluster_merge): the item's splits run as one
+//     thread-block cluster and rank 0 merges the others' partials from their shared memory.
+// One policy serves the three: the destination is chosen per launch at run time (a branch per
+// row after the loop; instantiating each separately would triple the decode kernels' compile
+// time for no measured gain).
 #pragma once
 #include "attnkit/detail/merge_rule.h"
 #include "cuda/atomic_order.h"
+#include "cuda/cluster_sm90.h"
 #include "cuda/cta_trace.h"
 #include "cuda/online_softmax.h"
 #include "cuda/output_store.h"
@@ -76,7 +80,45 @@ __device__ __forceinline__ void combine_splits_if_last(const VarlenKernelParams&
   }
 }
 
-// The epilogue policy: direct (one split) or split partials merged through the workspace.
+// One row's split partials in the shared memory of each CTA of the cluster (rank = split).
+struct ClusterRowParts {
+  uint32_t o_addr, lse_addr;  // shared::cta addresses of the row's values and LSE (same in every CTA)
+  __device__ __forceinline__ float lse(int s) const { return cluster_load_f32(cluster_map(lse_addr, s)); }
+  template <int kMaxChunks>
+  __device__ __forceinline__ void values(int s, float4 (&v)[kMaxChunks], int chunks, int lane) const {
+    const uint32_t a = cluster_map(o_addr, s);
+#pragma unroll
+    for (int i = 0; i < kMaxChunks; ++i)
+      if (lane + 32 * i < chunks) v[i] = cluster_load_f32x4(a + 16 * (lane + 32 * i));
+  }
+};
+
+// Split-KV with cluster_merge, after the epilogue left this CTA's partials in its shared
+// memory: rank 0 merges every split's rows (one warp per row, the workspace merge's rule) into
+// out / LSE; the second barrier keeps the other CTAs' shared memory alive until it has read them.
+// Every thread of every CTA of the cluster calls this (cluster barriers are aligned).
+template <class Tr>
+__device__ __forceinline__ void merge_splits_in_cluster(const VarlenKernelParams& p, const unsigned char* smem) {
+  using T = typename Tr::Elem;
+  constexpr int kMaxChunks = (Tr::kHeadDim / 4 + 31) / 32;
+  cluster_sync();  // every split's partials are in its shared memory
+  if (cluster_rank() == 0) {
+    WorkItem w;
+    schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w);  // (the item, taken again: see combine_splits_if_last)
+    const int tid = threadIdx.x;
+    const uint32_t parts = smem_addr(smem + Tr::kClusterPartOffset);
+    for (int m = tid >> 5; m < w.rows; m += Tr::kThreads / 32) {
+      const MergedRow<T> r = merged_row<T>(p, w, m);
+      const ClusterRowParts row{parts + m * Tr::kHeadDim * 4, parts + Tr::kBlockM * Tr::kHeadDim * 4 + m * 4};
+      merge_parts_row<T, kMaxChunks>(row, p.num_splits, Tr::kHeadDim, r.sink, r.out, r.lse, tid & 31);
+    }
+    cta_trace_flag(p.cta_trace, 1);
+  }
+  cluster_sync();
+}
+
+// The epilogue policy: direct (one split), or split partials merged through the workspace or in
+// the cluster.
 template <class Tr>
 struct SplitKvEpilogue {
   // All threads, after the main loop and a CTA barrier; reuses all shared memory. Math: the
@@ -116,7 +158,9 @@ struct SplitKvEpilogue {
       }
 #pragma unroll
       for (int n = 0; n < kN; ++n) s_weight[m * kN + n] = wt[n] * v_scale * sink_weight;
-      if (split) {
+      if (split && p.cluster_merge) {
+        reinterpret_cast<float*>(smem + Tr::kClusterPartOffset + Tr::kBlockM * Tr::kHeadDim * 4)[m] = lse;
+      } else if (split) {
         p.partials.lse[p.partials.lse_index(w.split, token, head)] = lse;
       } else if (p.lse != nullptr) {
         p.lse[head * p.lse_stride_head + token * p.lse_stride_token] = lse;
@@ -141,7 +185,11 @@ struct SplitKvEpilogue {
       const int gm = w.m0 + m;
       const int64_t token = w.q_start + gm / p.group;
       const int head = w.kv_head * p.group + gm % p.group;
-      if (split) {
+      if (split && p.cluster_merge) {
+        float4* dst = reinterpret_cast<float4*>(smem + Tr::kClusterPartOffset) + (m * Tr::kHeadDim + c) / 4;
+        dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+        dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+      } else if (split) {
         store8(p.partials.o + p.partials.o_index(w.split, token, head) + c, v);
       } else {
         store8(static_cast<T*>(p.out) + token * p.out_stride_token + head * p.out_stride_head + c, v);
@@ -149,9 +197,17 @@ struct SplitKvEpilogue {
     }
   }
 
-  // After run (all threads): the last split CTA of the item merges every split's partials.
-  __device__ __forceinline__ static void finish(const VarlenKernelParams& p) {
-    if (p.num_splits > 1) combine_splits_if_last<Tr>(p);
+  // After run (all threads): the merge of the item's splits, in the cluster or by the last
+  // split CTA through the workspace.
+  __device__ __forceinline__ static void finish(const VarlenKernelParams& p, const unsigned char* smem) {
+    if (p.num_splits <= 1) return;
+    if constexpr (Tr::kClusterMerge) {
+      if (p.cluster_merge) {
+        merge_splits_in_cluster<Tr>(p, smem);
+        return;
+      }
+    }
+    combine_splits_if_last<Tr>(p);
   }
 };
 

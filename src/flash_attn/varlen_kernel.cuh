@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
   cta_trace_mark(p.cta_trace, kTraceLoopDone);
   Epilogue::run(p, w, smem, math, unit, warp_active, warp_m, warp_n, tid);
   cta_trace_mark(p.cta_trace, kTraceEpilogue);
-  Epilogue::finish(p);
+  Epilogue::finish(p, smem);
   cta_trace_mark(p.cta_trace, kTraceExit);
 }
 

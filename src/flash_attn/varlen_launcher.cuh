@@ -28,7 +28,10 @@ void launch_varlen(VarlenKernelParams p, const LaunchPlan& plan, cudaStream_t st
   p.l2_prefetch = plan.l2_prefetch;
   p.l2_prefetch_ctas = plan.cta_slots;  // (the first wave only: CTAs are dispatched in linear order)
   p.kv_evict_first = plan.kv_evict_first;
-  cuda::launch_kernel(kernel, grid, dim3(Tr::kThreads), Tr::kSmemBytes, stream, plan.pdl, dim3(1, 1, 1), p);
+  // (grid y = kv_head * num_splits + split: clusters of 1 x num_splits x 1 are one item's splits)
+  p.cluster_merge = Tr::kClusterMerge && plan.cluster_merge;
+  const dim3 cluster(1, p.cluster_merge ? static_cast<unsigned>(p.num_splits) : 1u, 1);
+  cuda::launch_kernel(kernel, grid, dim3(Tr::kThreads), Tr::kSmemBytes, stream, plan.pdl, cluster, p);
 }
 
 template <class Elem, int kHeadDim, bool kFp8Cache>

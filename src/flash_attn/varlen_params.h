@@ -57,6 +57,9 @@ struct VarlenKernelParams {
   int num_splits = 1;
   cuda::SplitPartials partials;
   // Set by the launcher from the LaunchPlan (launch_plan.h):
+  // the launch is a grid of clusters of num_splits CTAs (one work item's splits) that merge
+  // through distributed shared memory; `partials` is then not touched (LaunchPlan::cluster_merge).
+  bool cluster_merge = false;
   // with programmatic dependent launch, before waiting for the previous kernel, each CTA of
   // the mma_sync kernel asks L2 for its work item's first K/V tiles (LaunchPlan::l2_prefetch).
   bool l2_prefetch = false;

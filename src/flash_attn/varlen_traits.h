@@ -91,6 +91,12 @@ struct VarlenTraits {
   static constexpr int kEpiWeightBytes = kBlockM * kWarpsN * 4;
   static constexpr int kEpiBytes = kEpiOBytes + kEpiStatBytes + kEpiWeightBytes;
   static constexpr int kSmemBytes = max_c(kMainBytes, kEpiBytes);
+  // Split merge inside a thread-block cluster (decode tiles, sm90): each split CTA leaves its
+  // normalised partial rows (fp32) and their LSEs here, past the epilogue's scratch, for rank 0
+  // to read through distributed shared memory.
+  static constexpr int kClusterPartOffset = kEpiBytes;
+  static constexpr int kClusterPartBytes = kBlockM * kHeadDim * 4 + kBlockM * 4;
+  static constexpr bool kClusterMerge = kBlockM <= 16 && kClusterPartOffset + kClusterPartBytes <= kSmemBytes;
 };
 
 // Launches tile plan.tile of the kernel for (Elem, kHeadDim, kFp8Cache) (varlen_launcher.cuh,

@@ -44,7 +44,7 @@ std::string Case::describe() const {
      << (tuning.q_buffers ? ", " + std::to_string(tuning.q_buffers) + " Q buffers" : "")
      << (tuning.cp_async_fill ? ", cp.async K/V" : "")
      << (tuning.transposed_stages == 0 ? "" : ", transposed tile with " + std::to_string(tuning.transposed_stages) + " stages")
-     << (tuning.kv_evict_first ? "" : ", no L2 policy on K/V")
+     << (tuning.kv_evict_first ? "" : ", no L2 policy on K/V") << (tuning.cluster_merge ? "" : ", workspace merge")
      << (pad_tokens ? ", " + std::to_string(pad_tokens) + " padding tokens" : "")
      << (v_other_layout ? ", V with the other layout's strides" : "")
      << "; requests (q_len/seq_len):";
@@ -241,6 +241,10 @@ std::vector<Problem::Variant> Problem::launch_variants(int num_splits) const {
   if (plan.kv_evict_first) {
     v.push_back({"K/V without the evict-first L2 policy", c_.tuning});
     v.back().tuning.kv_evict_first = false;
+  }
+  if (plan.cluster_merge) {
+    v.push_back({"split merge through the workspace instead of the cluster", c_.tuning});
+    v.back().tuning.cluster_merge = false;
   }
   return v;
 }

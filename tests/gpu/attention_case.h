@@ -74,7 +74,8 @@ class Problem {
   // True when the hopper kernel serves the unsplit launch here (both generations are tested).
   bool hopper_serves() const;
   // The tunings the GPU tests run a case with (the case's own first): where the plan fills
-  // stages by TMA, cp.async too; where a split launch reads K/V evict-first, plain copies too.
+  // stages by TMA, cp.async too; where a split launch reads K/V evict-first, plain copies too;
+  // where its splits merge in a cluster, through the workspace too.
   struct Variant {
     std::string name;
     flash_attn::LaunchTuning tuning;
