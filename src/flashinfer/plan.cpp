@@ -19,14 +19,13 @@
 #include <string>
 
 #include "attnkit/error.h"
+#include "core/int_math.h"
 
 namespace attnkit::flashinfer {
 
 namespace {
 
 constexpr std::string_view kWhere = "flashinfer plan";
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 std::string idx(std::string_view name, int64_t i) {
   return std::string(name) + "[" + std::to_string(i) + "]";
