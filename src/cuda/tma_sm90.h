@@ -60,8 +60,8 @@ __device__ __forceinline__ void tma_load_5d(uint32_t dst, const TmaDesc* desc, u
 }
 
 // tma_load_5d under an L2 cache policy (l2_policy_evict_first). (A policy made by
-// createpolicy ... evict_normal is not what a copy without one gets: on the H200 it cost fp8
-// batch 64 x 4k decode 15% against the plain copy.)
+// createpolicy ... evict_normal is not what a copy without one gets: DECISIONS.md, Evict-first
+// K/V for split launches.)
 __device__ __forceinline__ void tma_load_5d(uint32_t dst, const TmaDesc* desc, uint32_t bar, int c0, int c1, int c2,
                                            int c3, int c4, uint64_t policy) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
