@@ -2,6 +2,7 @@
 // they reach the shared-memory stages. Each source keeps kStages - 1 tiles in flight and
 // offers the same five calls, so the main loop reads the same whatever fills the stages:
 //
+//   stages_at(a)        (static) where its stages start, given the first free shared address
 //   prefetch_maps(k, v) (static) before the PDL wait: the first fetch of its descriptors, if any
 //   init()              its barriers, before anything else (all threads)
 //   start()             the first kStages - 1 tiles (after Q's cp.async group is committed)
@@ -53,7 +54,7 @@ struct CpAsyncBlockTableSource {
   const Loader loader;
   const uint32_t stages;
   const int first_key, n_tiles, tid;
-  typename Loader::Pages next_pages{};
+  typename Loader::Pages next_pages;  // (written before any read: start, issue_ahead)
 
   __device__ __forceinline__ CpAsyncBlockTableSource(const BlockTableSourceArgs& a, Barriers&, int tid_)
       : loader{a.k, a.v, a.block_row, a.block_size, a.seq_len}, stages(a.stages), first_key(a.first_key),
@@ -62,6 +63,7 @@ struct CpAsyncBlockTableSource {
   __device__ __forceinline__ uint32_t k_stage(int i) const { return stages + Ring::stage_of(i) * G::kStageBytes; }
   __device__ __forceinline__ uint32_t v_stage(int i) const { return k_stage(i) + G::kStageTileBytes; }
 
+  __device__ __forceinline__ static uint32_t stages_at(uint32_t free) { return free; }
   __device__ __forceinline__ static void prefetch_maps(const TmaDesc*, const TmaDesc*) {}
   __device__ __forceinline__ void init() {}
   __device__ __forceinline__ void start() {
@@ -138,6 +140,8 @@ struct TmaBlockTableSource {
   __device__ __forceinline__ uint32_t k_stage(int i) const { return stages + stage_of(i) * G::kStageBytes; }
   __device__ __forceinline__ uint32_t v_stage(int i) const { return k_stage(i) + G::kStageTileBytes; }
 
+  // (the 128-byte swizzle reads address bits 7-9: stage tiles start 1024-byte aligned)
+  __device__ __forceinline__ static uint32_t stages_at(uint32_t free) { return (free + 1023u) & ~1023u; }
   // The descriptors' first fetch, off the start of the loads (thread 0).
   __device__ __forceinline__ static void prefetch_maps(const TmaDesc* k, const TmaDesc* v) {
     if (threadIdx.x == 0) {

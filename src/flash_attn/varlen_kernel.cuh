@@ -66,11 +66,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
   const int warp_row0 = warp_m * Tr::kWarpRows, warp_key0 = warp_n * Tr::kWarpKeys;
   const bool warp_active = warp_row0 < w.rows;  // warps of padding rows only load and sync
 
-  // Shared memory: the Q tile, then the K/V stages (TMA: 1024-byte aligned for the swizzle;
-  // kTmaSlack reserves the round-up).
+  // Shared memory: the Q tile, then the K/V stages where the source wants them (TMA: 1024-byte
+  // aligned for the swizzle; kTmaSlack reserves the round-up).
   const uint32_t s_q = smem_addr(smem);
-  const uint32_t s_stages =
-      Tr::kTmaStages ? ((s_q + Tr::kStagesOffset + 1023u) & ~1023u) : s_q + Tr::kStagesOffset;
+  const uint32_t s_stages = Source::stages_at(s_q + Tr::kStagesOffset);
   Source kv(block_table_source_args<Tr::kBlockN>(p, w, s_stages, smem + (s_stages - s_q)), bars, tid);
   kv.init();
 
