@@ -669,6 +669,44 @@ struct BadInput {
                  bool& allow);
 };
 
+// ALiBi slopes per (request, head): each request's rows equal a run with that request's slopes
+// for every request (exactly: the same double arithmetic), for several shapes and masks.
+TEST(ReferenceAttention, AlibiSlopesPerRequest) {
+  for (int i = 0; i < 6; ++i) {
+    Problem pr;
+    pr.s.num_heads = 4;
+    pr.s.num_kv_heads = 2;
+    pr.s.head_size = 32;
+    pr.f.alibi = true;
+    pr.f.causal = i % 2 == 0;
+    pr.f.window_left = i % 3 == 0 ? 5 : -1;
+    pr.reqs = {{3, 20}, {1, 9}, {7, 7}};
+    pr.seed = 40 + i;
+    Built b = build(pr);
+    const int64_t h = pr.s.num_heads, reqs = 3;
+    std::vector<float> rows(reqs * h);
+    for (int64_t r = 0; r < reqs; ++r)
+      for (int64_t k = 0; k < h; ++k) rows[r * h + k] = 0.05f * static_cast<float>((r + 1) * (k + 2) % 7);
+    AttentionParams p = b.params();
+    p.alibi_slopes = TensorView(rows.data(), DType::f32, {reqs, h});
+    reference_attention(b.q(), b.kv(), b.batch(), p, b.out(), false);
+    const std::vector<uint8_t> per_seq = b.out_bytes;
+    const std::vector<float> per_seq_lse = b.lse;
+    const int64_t row_bytes = h * pr.s.head_size * static_cast<int64_t>(dtype_size(pr.s.out_dtype));
+    for (int64_t r = 0; r < reqs; ++r) {
+      std::copy(rows.begin() + r * h, rows.begin() + (r + 1) * h, b.alibi.begin());
+      b.run();  // [num_heads] slopes: request r's row
+      for (int t = b.qsl[r]; t < b.qsl[r + 1]; ++t) {
+        EXPECT_TRUE(std::equal(per_seq.begin() + t * row_bytes, per_seq.begin() + (t + 1) * row_bytes,
+                               b.out_bytes.begin() + t * row_bytes))
+            << "case " << i << ", request " << r << ", token " << t;
+        for (int64_t k = 0; k < h; ++k)
+          EXPECT_EQ(per_seq_lse[k * b.num_tokens + t], b.lse[k * b.num_tokens + t]) << "case " << i << ", head " << k;
+      }
+    }
+  }
+}
+
 class ValidationGrid : public ::testing::TestWithParam<BadInput> {};
 
 TEST_P(ValidationGrid, ThrowsErrorNamingTheValue) {
@@ -718,6 +756,9 @@ const BadInput kBadInputs[] = {
     {"v_scale_value", "v_scale[1]", [](Built& b, TensorView&, PagedKV&, AttentionParams&, TensorView&, bool&) { b.v_scale[1] = -1.f; }},
     {"sink_nan", "sinks[3]", [](Built& b, TensorView&, PagedKV&, AttentionParams&, TensorView&, bool&) { b.sinks[3] = NAN; }},
     {"alibi_inf", "alibi_slopes[0]", [](Built& b, TensorView&, PagedKV&, AttentionParams&, TensorView&, bool&) { b.alibi[0] = INFINITY; }},
+    {"alibi_rows", "alibi_slopes.shape", [](Built& b, TensorView&, PagedKV&, AttentionParams& p, TensorView&, bool&) { p.alibi_slopes = TensorView(b.alibi.data(), DType::f32, {1, 8}); }},
+    {"alibi_heads", "alibi_slopes.shape", [](Built& b, TensorView&, PagedKV&, AttentionParams& p, TensorView&, bool&) { p.alibi_slopes = TensorView(b.alibi.data(), DType::f32, {2, 4}); }},
+    {"alibi_3d", "alibi_slopes.shape", [](Built& b, TensorView&, PagedKV&, AttentionParams& p, TensorView&, bool&) { p.alibi_slopes = TensorView(b.alibi.data(), DType::f32, {1, 1, 8}); }},
     {"lse_dtype", "lse.dtype", [](Built&, TensorView&, PagedKV&, AttentionParams& p, TensorView&, bool&) { p.lse.dtype = DType::f16; }},
     {"sinks_device", "sinks.device", [](Built&, TensorView&, PagedKV&, AttentionParams& p, TensorView&, bool&) { p.sinks.device = Device::CUDA; }},
     {"window_left", "window_left", [](Built&, TensorView&, PagedKV&, AttentionParams& p, TensorView&, bool&) { p.window_left = -2; }},

@@ -34,10 +34,10 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
 
     Semantics are FlashAttention's: causal is bottom-right aligned, a query longer than its keys
     is allowed (rows before the first key see nothing and output 0), window_size = (left, right)
-    with -1 unbounded, softcap > 0 caps scaled logits, alibi_slopes [num_heads], s_aux
-    [num_heads] are sink logits (gpt-oss), k_descale / v_descale are an fp8 cache's dequant
-    scales ([1], [num_kv_heads] or FlashAttention's expanded [num_seqs, num_kv_heads]; ignored
-    for 16/32-bit caches). Returns out, or (out, softmax_lse) with lse float32
+    with -1 unbounded, softcap > 0 caps scaled logits, alibi_slopes [num_heads] or
+    [num_seqs, num_heads] (per sequence), s_aux [num_heads] are sink logits (gpt-oss),
+    k_descale / v_descale are an fp8 cache's dequant scales ([1], [num_kv_heads] or
+    FlashAttention's expanded [num_seqs, num_kv_heads]; ignored for 16/32-bit caches). Returns out, or (out, softmax_lse) with lse float32
     [num_heads, total_q] in natural log.
 
     Devices: CPU arrays run on the reference backend (float32/float16/bfloat16), CUDA arrays on

@@ -12,7 +12,7 @@ def attention(q, keys, values, query_start_loc, seq_lens, num_kv_heads, *, scale
               causal=True, window=(-1, -1), softcap=0.0, alibi=None, sinks=None):
     """q: [tokens][heads][d]; keys / values: per request, [seq_len][kv_heads][d] (dequantized).
     Returns (out [tokens][heads][d], lse [heads][tokens]) with lse in natural log; rows with no
-    visible key give 0 and -inf (the sink logit with sinks)."""
+    visible key give 0 and -inf (the sink logit with sinks). alibi: [heads] or [requests][heads]."""
     num_tokens = len(q)
     num_heads = len(q[0]) if num_tokens else 0
     d = len(q[0][0]) if num_tokens else 0
@@ -39,7 +39,8 @@ def attention(q, keys, values, query_start_loc, seq_lens, num_kv_heads, *, scale
                     if softcap > 0:
                         s = softcap * math.tanh(s / softcap)
                     if alibi is not None:
-                        s += -alibi[h] * abs(p - j)
+                        slope = alibi[r][h] if isinstance(alibi[0], list) else alibi[h]
+                        s += -slope * abs(p - j)
                     logits.append(s)
                 sink = None if sinks is None else sinks[h]
                 terms = logits + ([sink] if sink is not None else [])

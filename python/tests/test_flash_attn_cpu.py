@@ -54,6 +54,9 @@ FEATURES = {
     "softcap": dict(causal=True, softcap=1.5, softmax_scale=0.5),
     "scale": dict(causal=True, softmax_scale=0.3),
     "alibi": dict(causal=True, alibi_slopes=np.array([0.5, 0.25, 0.125, 0.0625], np.float32)),
+    # one row of slopes per request [num_seqs, num_heads]
+    "alibi_per_seq": dict(causal=False, alibi_slopes=np.array([[0.5, 0.25, 0.125, 0.0625], [0.0, 1.0, 0.3, 0.2],
+                                                               [0.7, 0.1, 0.05, 0.4], [0.2, 0.2, 0.9, 0.0]], np.float32)),
     "sinks": dict(causal=True, s_aux=np.array([0.5, -1.0, 2.0, -math.inf], np.float32)),
     "sinks_window_softcap": dict(causal=True, window_size=(6, 0), softcap=3.0,
                                  s_aux=np.array([1.0, 0.0, -0.5, 0.25], np.float32)),
@@ -176,3 +179,12 @@ def test_contiguous_kv(dtype, pad):
         b.q, k, v, b.max_seqlen_q, b.cu_seqlens_q, b.max_seqlen_k + pad, cu_seqlens_k=cu_k,
         seqused_k=b.seqused_k if pad else None, causal=True, return_softmax_lse=True)
     check(b, (out, lse), b.expected(causal=True), dtype, f"contiguous pad={pad}")
+
+
+def test_alibi_slopes_of_another_shape_are_refused():
+    rng = np.random.default_rng(3)
+    b = PagedBatch(rng, Q_LENS, KV_LENS, 4, 2, 32, 16)
+    for bad in (np.zeros((len(Q_LENS) + 1, 4), np.float32), np.zeros((len(Q_LENS), 3), np.float32),
+                np.zeros(5, np.float32), np.zeros((1, 1, 4), np.float32)):
+        with pytest.raises(attnkit.AttnkitError, match="alibi_slopes"):
+            run_paged(b, causal=True, alibi_slopes=bad)

@@ -64,8 +64,9 @@ def torch_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, *,
             s = softcap * torch.tanh(s / softcap)
         p = (L - ql + torch.arange(ql, device=dev)).view(-1, 1)  # query positions
         j = pos.view(1, -1)
-        if alibi is not None:
-            s = s - alibi.to(torch.float64).view(-1, 1, 1) * (p - j).abs().view(1, ql, L)
+        if alibi is not None:  # [H] or [num_reqs, H]
+            slopes = alibi[r] if alibi.dim() == 2 else alibi
+            s = s - slopes.to(torch.float64).view(-1, 1, 1) * (p - j).abs().view(1, ql, L)
         vis = torch.ones(ql, L, dtype=torch.bool, device=dev)
         if causal:
             vis &= j <= p
@@ -194,6 +195,7 @@ CUDA_FEATURES = {
     "window": (dict(causal=True, window_size=(63, 0)), dict(causal=True, window=(63, 0))),
     "softcap": (dict(causal=True, softcap=5.0, softmax_scale=0.3), dict(causal=True, softcap=5.0, scale=0.3)),
     "alibi": ("alibi", None),
+    "alibi_per_seq": ("alibi_per_seq", None),
     "sinks": ("sinks", None),
 }
 
@@ -206,6 +208,10 @@ def test_cuda_varlen_features(name, dtype):
     kw, ref_kw = CUDA_FEATURES[name]
     if kw == "alibi":
         slopes = torch.tensor([2 ** (-(i + 1)) for i in range(8)], dtype=torch.float32, device="cuda")
+        kw, ref_kw = dict(causal=True, alibi_slopes=slopes), dict(causal=True, alibi=slopes)
+    elif kw == "alibi_per_seq":  # [num_seqs, num_heads]: one row of slopes per request
+        g = torch.Generator().manual_seed(5)
+        slopes = (torch.rand(len(Q_LENS), 8, generator=g) * 0.3).to("cuda")
         kw, ref_kw = dict(causal=True, alibi_slopes=slopes), dict(causal=True, alibi=slopes)
     elif kw == "sinks":
         sinks = torch.linspace(-2, 2, 8, device="cuda")

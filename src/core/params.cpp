@@ -42,7 +42,25 @@ void check_kv_scale(std::string_view where, std::string_view name, const TensorV
   t.require_device(where, name, device);
 }
 
+// ALiBi slopes: [num_heads], or [num_reqs, num_heads] (one row per request).
+void check_alibi(std::string_view where, const TensorView& t, int num_heads, Device device) {
+  if (!t.defined()) return;
+  t.require_dtype(where, "alibi_slopes", DType::f32);
+  ATTNKIT_REQUIRE((t.ndim == 1 && t.shape[0] == num_heads) || (t.ndim == 2 && t.shape[1] == num_heads), where,
+                  "alibi_slopes.shape", t.shape_str(),
+                  "must be [num_heads = " + std::to_string(num_heads) + "] or [num_reqs, num_heads = " +
+                      std::to_string(num_heads) + "]");
+  t.require_contiguous(where, "alibi_slopes");
+  t.require_device(where, "alibi_slopes", device);
+}
+
 }  // namespace
+
+float AttentionParams::alibi_slope(int req, int head) const {
+  if (!alibi_slopes.defined()) return 0.f;
+  const int64_t row = alibi_slopes.ndim == 2 ? static_cast<int64_t>(req) * alibi_slopes.stride(0) : 0;
+  return alibi_slopes.ptr<const float>()[row + static_cast<int64_t>(head) * alibi_slopes.stride(alibi_slopes.ndim - 1)];
+}
 
 void AttentionParams::validate(std::string_view where, int num_heads, int num_kv_heads,
                                int64_t num_tokens, Device device) const {
@@ -60,7 +78,7 @@ void AttentionParams::validate(std::string_view where, int num_heads, int num_kv
                   "must be >= -1 (-1 = unbounded)");
   ATTNKIT_REQUIRE(window_right >= -1, where, "window_right", window_right,
                   "must be >= -1 (-1 = unbounded)");
-  check_per_head(where, "alibi_slopes", alibi_slopes, num_heads, "num_heads", device);
+  check_alibi(where, alibi_slopes, num_heads, device);
   check_per_head(where, "sinks", sinks, num_heads, "num_heads", device);
   check_kv_scale(where, "k_scale", k_scale, num_kv_heads, device);
   check_kv_scale(where, "v_scale", v_scale, num_kv_heads, device);

@@ -171,11 +171,18 @@ VarlenKernelParams varlen_kernel_params(const VarlenArgs& a) {
   p.window_left = ap.window_left;
   p.window_right = ap.window_right;
   p.softcap = ap.softcap;
-  require_f32_vector(ap.alibi_slopes, "params.alibi_slopes", a.num_heads);
+  if (ap.alibi_slopes.defined() && ap.alibi_slopes.ndim == 2) {  // one row of slopes per request
+    ap.alibi_slopes.require_dtype(kWhere, "params.alibi_slopes", DType::f32);
+    ap.alibi_slopes.require_device(kWhere, "params.alibi_slopes", Device::CUDA);
+    ap.alibi_slopes.require_shape(kWhere, "params.alibi_slopes", {a.num_reqs, a.num_heads});
+  } else {
+    require_f32_vector(ap.alibi_slopes, "params.alibi_slopes", a.num_heads);
+  }
   require_f32_vector(ap.sinks, "params.sinks", a.num_heads);
   if (ap.alibi_slopes.defined()) {
     p.alibi_slopes = ap.alibi_slopes.ptr<const float>();
-    p.alibi_stride = ap.alibi_slopes.stride(0);
+    p.alibi_stride = ap.alibi_slopes.stride(ap.alibi_slopes.ndim - 1);
+    p.alibi_req_stride = ap.alibi_slopes.ndim == 2 ? ap.alibi_slopes.stride(0) : 0;
   }
   if (ap.sinks.defined()) {
     p.sinks = ap.sinks.ptr<const float>();

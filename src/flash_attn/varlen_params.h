@@ -39,8 +39,9 @@ struct VarlenKernelParams {
   bool causal = true;
   int window_left = -1, window_right = -1;
   float softcap = 0.f;
-  const float* alibi_slopes = nullptr;  // [num_heads]
-  int64_t alibi_stride = 1;
+  const float* alibi_slopes = nullptr;  // [num_heads] or [num_reqs, num_heads]
+  int64_t alibi_stride = 1;             // between heads
+  int64_t alibi_req_stride = 0;         // between requests (0: one row for every request)
   const float* sinks = nullptr;  // [num_heads]
   int64_t sinks_stride = 1;
   // fp8 dequant scales: [1] (stride 0 used) or [num_kv_heads]; nullptr = 1.

@@ -200,7 +200,8 @@ __device__ __forceinline__ cuda::RowFacts row_facts(const VarlenKernelParams& p,
     const int head = w.kv_head * p.group + m % p.group;
     f.pos[r] = cuda::query_position(w.seq_len, w.q_len, token);
     f.keys[r] = vis.of(f.pos[r]);
-    f.alibi_slope[r] = p.alibi_slopes != nullptr ? p.alibi_slopes[head * p.alibi_stride] : 0.f;
+    f.alibi_slope[r] =
+        p.alibi_slopes != nullptr ? p.alibi_slopes[w.req * p.alibi_req_stride + head * p.alibi_stride] : 0.f;
   }
   return f;
 }

@@ -126,7 +126,7 @@ void run_plan_on_cpu(const TensorView& q, const PagedKV& cache, const PageTable&
       p.keys = {std::max<int64_t>(vis.begin, it.kv_begin), std::min<int64_t>(vis.end, it.kv_end)};
       p.scale = scale;
       p.softcap = params.softcap;
-      if (params.alibi_slopes.defined()) p.alibi_slope = head_value(params.alibi_slopes, h);
+      p.alibi_slope = params.alibi_slope(it.request, h);
       // The sink joins a row's softmax once: in the item of an unsplit tile, else in the merge.
       if (params.sinks.defined() && it.num_chunks == 1) {
         p.has_sink = true;

@@ -69,7 +69,7 @@ void reference_attention(const TensorView& q, const PagedKV& cache, const BatchV
                                        params.window_right);
       p.scale = scale;
       p.softcap = params.softcap;
-      if (params.alibi_slopes.defined()) p.alibi_slope = head_value(params.alibi_slopes, h);
+      p.alibi_slope = params.alibi_slope(r, h);
       if (params.sinks.defined()) {
         p.has_sink = true;
         p.sink = head_value(params.sinks, h);

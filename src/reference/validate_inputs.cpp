@@ -59,11 +59,16 @@ void validate_param_tensor(const TensorView& t, const char* name, int64_t d0, in
 
 // The values the math needs: finite slopes, sinks finite or -inf.
 void validate_head_values(const TensorView& sinks, const TensorView& alibi) {
-  for (int64_t h = 0; alibi.defined() && h < alibi.size(0); ++h) {
-    const float m = alibi.ptr<const float>()[h * alibi.stride(0)];
-    ATTNKIT_REQUIRE(std::isfinite(m), kWhere, "alibi_slopes[" + std::to_string(h) + "]", m,
-                    "an ALiBi slope must be finite");
-  }
+  const int64_t rows = alibi.defined() && alibi.ndim == 2 ? alibi.size(0) : 1;
+  for (int64_t r = 0; alibi.defined() && r < rows; ++r)
+    for (int64_t h = 0; h < alibi.size(alibi.ndim - 1); ++h) {
+      const float m = alibi.ptr<const float>()[(alibi.ndim == 2 ? r * alibi.stride(0) : 0) +
+                                               h * alibi.stride(alibi.ndim - 1)];
+      ATTNKIT_REQUIRE(std::isfinite(m), kWhere,
+                      "alibi_slopes[" + (alibi.ndim == 2 ? std::to_string(r) + "][" : std::string()) +
+                          std::to_string(h) + "]",
+                      m, "an ALiBi slope must be finite");
+    }
   if (!sinks.defined()) return;
   for (int64_t h = 0; h < sinks.size(0); ++h) {
     const float s = sinks.ptr<const float>()[h * sinks.stride(0)];
@@ -97,7 +102,10 @@ void validate_inputs(const TensorView& q, const PagedKV& cache, const BatchView&
 
   params.validate(kWhere, static_cast<int>(num_heads), cache.num_kv_heads, num_tokens,
                   Device::CPU);
-  validate_param_tensor(params.alibi_slopes, "alibi_slopes", num_heads, -1);
+  if (params.alibi_slopes.defined() && params.alibi_slopes.ndim == 2)  // (one row per request)
+    validate_param_tensor(params.alibi_slopes, "alibi_slopes", batch.num_reqs(), num_heads);
+  else
+    validate_param_tensor(params.alibi_slopes, "alibi_slopes", num_heads, -1);
   validate_param_tensor(params.sinks, "sinks", num_heads, -1);
   validate_param_tensor(params.lse, "lse", num_heads, num_tokens);
   validate_head_values(params.sinks, params.alibi_slopes);

@@ -37,7 +37,7 @@ std::string Case::describe() const {
      << layout_name(layout) << ", head_size " << head_size << ", kv_heads " << num_kv_heads << " x group "
      << group << ", block " << block_size << ", " << (causal ? "causal" : "non-causal") << ", window ("
      << window_left << ", " << window_right << "), softcap " << softcap << (alibi ? ", alibi" : "")
-     << (sinks ? ", sinks" : "") << (per_head_kv_scale ? ", per-head kv scale" : "") << ", scale " << scale
+     << (alibi && alibi_per_seq ? " per sequence" : "") << (sinks ? ", sinks" : "") << (per_head_kv_scale ? ", per-head kv scale" : "") << ", scale " << scale
      << ", q_amp " << q_amp << ", splits " << num_splits << (want_lse ? "" : ", no lse")
      << ", " << flash_attn::generation_name(generation) << " preferred"
      << (tuning.max_ctas ? ", " + std::to_string(tuning.max_ctas) + " persistent CTAs" : "")
@@ -147,11 +147,13 @@ Problem::Problem(const Case& c) : c_(c) {
 
   const int H = c.num_heads();
   scale_count_ = c.per_head_kv_scale ? c.num_kv_heads : 1;
-  h_params_.resize(2 * H + 2 * scale_count_);
+  const int reqs = static_cast<int>(c.q_lens.size());
+  h_params_.resize(2 * H + 2 * scale_count_ + static_cast<size_t>(reqs) * H);
   std::uniform_real_distribution<float> slope(0.005f, 0.25f), sink(-1.f, 3.f), kv_scale(1.f / 48, 1.f / 32);
   for (int h = 0; h < H; ++h) h_params_[h] = slope(rng);
   for (int h = 0; h < H; ++h) h_params_[H + h] = (rng() % 8 == 0) ? -INFINITY : sink(rng);
   for (int i = 0; i < 2 * scale_count_; ++i) h_params_[2 * H + i] = kv_scale(rng);
+  for (int i = 0; i < reqs * H; ++i) h_params_[2 * H + 2 * scale_count_ + i] = slope(rng);  // per request
   upload(d_params_, h_params_.data(), h_params_.size() * 4);
   upload(d_cu_, cu_.data(), cu_.size() * 4);
   upload(d_seq_, seq_.data(), seq_.size() * 4);
@@ -183,7 +185,11 @@ AttentionParams Problem::params_on(bool device) const {
   p.window_left = c_.window_left;
   p.window_right = c_.window_right;
   p.softcap = c_.softcap;
-  if (c_.alibi) p.alibi_slopes = TensorView(base, DType::f32, {H}, dev);
+  if (c_.alibi && c_.alibi_per_seq)
+    p.alibi_slopes = TensorView(base + 2 * H + 2 * scale_count_, DType::f32,
+                                {static_cast<int64_t>(c_.q_lens.size()), H}, dev);
+  else if (c_.alibi)
+    p.alibi_slopes = TensorView(base, DType::f32, {H}, dev);
   if (c_.sinks) p.sinks = TensorView(base + H, DType::f32, {H}, dev);
   if (is_fp8(c_.cache_dtype)) {
     p.k_scale = TensorView(base + 2 * H, DType::f32, {scale_count_}, dev);
@@ -374,6 +380,7 @@ void random_features(Case& c, Rng& rng) {
   }
   if (rng() % 5 == 0) c.softcap = rng() % 2 ? 5.f : 30.f;
   c.alibi = rng() % 5 == 0;
+  c.alibi_per_seq = c.alibi && c.seed % 2 == 1;  // (no draw: the rest of the case stays)
   c.sinks = rng() % 4 == 0;
   c.per_head_kv_scale = rng() % 2 == 0;
   if (rng() % 3 == 0) c.scale = 0.05f + 0.25f * static_cast<float>(rng() % 1000) / 1000.f;

@@ -30,6 +30,7 @@ struct Case {
   int window_left = -1, window_right = -1;
   float softcap = 0.f;
   bool alibi = false, sinks = false;
+  bool alibi_per_seq = false;  // with alibi: slopes [num_reqs, num_heads] (one row per request)
   bool per_head_kv_scale = false;
   float scale = 0.f;  // 0 = default
   float q_amp = 1.f;  // |q| <= q_amp; K/V values lie in [-1, 1]
@@ -112,7 +113,7 @@ class Problem {
   PagedKV d_kv_;
   // Host copies for the CPU reference (filled lazily: large caches never come back).
   mutable std::vector<uint8_t> h_q_, h_cache_;
-  std::vector<float> h_params_;  // alibi [H] | sinks [H] | k_scale [n] | v_scale [n]
+  std::vector<float> h_params_;  // alibi [H] | sinks [H] | k_scale [n] | v_scale [n] | alibi [reqs, H]
   int scale_count_ = 1;
 };
 

@@ -103,6 +103,7 @@ TEST_P(VarlenFeatureGrid, MatchesCpuReference) {
   c.window_right = window == 2 ? i % 9 : -1;
   c.softcap = (i / 6) % 2 ? 8.f : 0.f;
   c.alibi = (i / 12) % 2;
+  c.alibi_per_seq = (i / 4) % 2;  // (with alibi: one row of slopes per request)
   c.sinks = (i / 24) % 2;
   check_against_cpu(c);
 }
@@ -185,6 +186,22 @@ TEST(VarlenEdges, WindowSmallerThanTileAndOnBlockBoundaries) {
     c.causal = i % 2 == 0;
     c.q_lens = {64, 1, 128};
     c.seq_lens = {64, 256, 512};
+    check_against_cpu(c);
+  }
+}
+
+TEST(VarlenEdges, AlibiSlopesPerSequence) {
+  // [num_reqs, num_heads] slopes on decode, prefill (both generations) and split launches.
+  for (int i = 0; i < 8; ++i) {
+    Case c = edge_base(2650 + i);
+    c.alibi = true;
+    c.alibi_per_seq = true;
+    c.causal = i % 2 == 0;
+    c.head_size = i % 4 < 2 ? 128 : 64;
+    if (i >= 4) c.cache_dtype = c.dtype;  // (hopper-eligible prefills)
+    c.q_lens = i % 3 == 0 ? std::vector<int>{1, 1, 1} : std::vector<int>{1, 70, 4, 130};
+    c.seq_lens = i % 3 == 0 ? std::vector<int>{300, 900, 41} : std::vector<int>{300, 200, 41, 130};
+    c.num_splits = 1 + i % 3;
     check_against_cpu(c);
   }
 }
