@@ -26,7 +26,8 @@ struct RefArgs {
   float scale;
   int causal, window_left, window_right;
   float softcap;
-  const float* alibi;
+  const float* alibi;       // [num_heads] or [num_reqs, num_heads]
+  int64_t alibi_req_stride;  // 0 for [num_heads]
   const float* sinks;
   const float* k_scale;
   const float* v_scale;
@@ -96,7 +97,7 @@ __global__ void __launch_bounds__(kThreads) reference_row_kernel(const RefArgs a
 
   const int kvh = row.head / a.group;
   const int32_t* brow = a.batch.block_table + int64_t(row.req) * a.batch.max_blocks_per_req;
-  const float slope = a.alibi ? a.alibi[row.head] : 0.f;
+  const float slope = a.alibi ? a.alibi[row.req * a.alibi_req_stride + row.head] : 0.f;
   float mx = -INFINITY;
   for (int i = threadIdx.x; i < n; i += kThreads) {
     const int64_t j = lo + i;
@@ -155,6 +156,7 @@ void gpu_reference_rows(const TensorView& q, const PagedKV& cache, const GpuBatc
   a.window_right = params.window_right;
   a.softcap = params.softcap;
   a.alibi = params.alibi_slopes.defined() ? params.alibi_slopes.ptr<const float>() : nullptr;
+  a.alibi_req_stride = params.alibi_slopes.defined() && params.alibi_slopes.ndim == 2 ? params.alibi_slopes.stride(0) : 0;
   a.sinks = params.sinks.defined() ? params.sinks.ptr<const float>() : nullptr;
   a.k_scale = params.k_scale.defined() ? params.k_scale.ptr<const float>() : nullptr;
   a.v_scale = params.v_scale.defined() ? params.v_scale.ptr<const float>() : nullptr;
