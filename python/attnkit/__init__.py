@@ -4,7 +4,8 @@ Tensors cross as DLPack (NumPy, PyTorch, CuPy, JAX); CPU arrays run on the refer
 CUDA arrays on the GPU kernels. The extension links no array framework: one build serves every
 PyTorch version.
 
-- vLLM / FlashAttention calls: flash_attn_varlen_func, reshape_and_cache_flash
+- vLLM / FlashAttention calls: flash_attn_varlen_func, get_scheduler_metadata,
+  reshape_and_cache_flash
 - FlashInfer wrappers (base-2 LSE): BatchDecodeWithPagedKVCacheWrapper,
   BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper, merge_state,
   merge_state_in_place (module attnkit.flashinfer also has merge_states)
@@ -14,7 +15,7 @@ PyTorch version.
 """
 
 from ._attnkit import AttnkitError, cuda_built
-from .flash_attn import flash_attn_varlen_func, reshape_and_cache_flash
+from .flash_attn import flash_attn_varlen_func, get_scheduler_metadata, reshape_and_cache_flash
 from .flashinfer import (BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper,
                          BatchPrefillWithRaggedKVCacheWrapper, merge_state, merge_state_in_place)
 from .native import (AttentionLayer, KVCacheSpec, LayerMetadata, Refusal, Selection, backends, kv_cache_shape,
@@ -24,7 +25,8 @@ from .native import (AttentionLayer, KVCacheSpec, LayerMetadata, Refusal, Select
 __version__ = "0.1.0"
 
 __all__ = [
-    "AttentionLayer", "LayerMetadata", "AttnkitError", "cuda_built", "flash_attn_varlen_func", "reshape_and_cache_flash",
+    "AttentionLayer", "LayerMetadata", "AttnkitError", "cuda_built", "flash_attn_varlen_func", "get_scheduler_metadata",
+    "reshape_and_cache_flash",
     "BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper", "merge_state", "merge_state_in_place", "KVCacheSpec",
     "Refusal", "Selection", "backends", "kv_cache_shape", "kv_cache_stride_order", "merge_states",

@@ -5,8 +5,18 @@ docstring (and in README's Python section)."""
 
 from __future__ import annotations
 
+import weakref
+
+import numpy as np
+
 from . import _arrays as A
 from . import _attnkit as _C
+
+# Schedules made by get_scheduler_metadata: id(tensor) -> (weak reference, what it was made for).
+# Host-side, so a call checks its schedule without reading the device tensor (graph-safe).
+_SCHEDULES: dict = {}
+_SCHEDULE_FIELDS = ("batch_size", "max_seqlen_q", "max_seqlen_k", "num_heads", "num_kv_heads", "head_size",
+                    "fp8_cache")
 
 
 def _window(window_size, where):
@@ -15,6 +25,77 @@ def _window(window_size, where):
     except (TypeError, ValueError):
         A.fail(where, f"window_size = {window_size!r}", "must be a pair (left, right) of ints, -1 = unbounded")
     return left, right
+
+
+def _is_fp8_name(dtype) -> bool:
+    name = dtype if isinstance(dtype, str) else str(dtype).split(".")[-1]
+    return name.startswith("float8") or name.startswith("fp8")
+
+
+def _rule_splits(info, like) -> int:
+    """The builder's split count for a uniform batch of these sizes on like's CUDA device (1 on the
+    CPU and in a build without CUDA: the reference never splits)."""
+    if not (A.is_cuda(like) and _C.cuda_built):
+        return 1
+    device = like.device.index if A.is_torch(like) else like.device.id
+    return _C.varlen_num_splits(info["batch_size"], info["max_seqlen_q"], info["max_seqlen_k"], info["num_heads"],
+                                info["num_kv_heads"], info["head_size"], info["fp8_cache"], int(device or 0))
+
+
+def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim,
+                           cache_seqlens, qkv_dtype=None, headdim_v=None, cu_seqlens_q=None,
+                           cu_seqlens_k_new=None, cache_leftpad=None, page_size=None, max_seqlen_k_new=0,
+                           causal=False, window_size=(-1, -1), has_softcap=False, num_splits=0, pack_gqa=None,
+                           sm_margin=0):
+    """The ahead-of-time schedule of a batch, as FlashAttention-3's get_scheduler_metadata: call it
+    once per batch with the batch's sizes and pass the result as flash_attn_varlen_func's
+    scheduler_metadata. The schedule is the split-KV count of the library's rule for these sizes
+    (num_splits > 0 forces that count), computed from host-visible sizes only; it comes back as an
+    int32 array on cache_seqlens' device: [num_splits, batch_size, max_seqlen_q, max_seqlen_k].
+    qkv_dtype: the cache's dtype (an fp8 dtype for fp8 caches). A call whose sizes differ from the
+    schedule's is an error. The other arguments are accepted for call compatibility."""
+    where = "get_scheduler_metadata"
+    del cu_seqlens_q, cu_seqlens_k_new, cache_leftpad, page_size, max_seqlen_k_new, causal, window_size
+    del has_softcap, pack_gqa, sm_margin
+    A.check_array(cache_seqlens, where, "cache_seqlens")
+    if headdim_v is not None and int(headdim_v) != int(headdim):
+        A.fail(where, f"headdim_v = {headdim_v}", f"must equal headdim = {headdim} (one head size for q, k and v)")
+    info = dict(batch_size=int(batch_size), max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),
+                num_heads=int(num_heads_q), num_kv_heads=int(num_heads_kv), head_size=int(headdim),
+                fp8_cache=qkv_dtype is not None and _is_fp8_name(qkv_dtype))
+    if int(num_splits) < 0:
+        A.fail(where, f"num_splits = {num_splits}", "must be >= 0 (0 = the library's rule)")
+    info["num_splits"] = int(num_splits) if int(num_splits) > 0 else _rule_splits(info, cache_seqlens)
+    values = np.array([info["num_splits"], info["batch_size"], info["max_seqlen_q"], info["max_seqlen_k"]], np.int32)
+    if isinstance(cache_seqlens, np.ndarray):
+        meta = values
+    else:
+        meta = A.empty(cache_seqlens, (4,), "int32")
+        if A.is_torch(meta):
+            import torch
+
+            meta.copy_(torch.from_numpy(values))
+        else:
+            meta[...] = values
+    key = id(meta)
+    _SCHEDULES[key] = (weakref.ref(meta, lambda _ref, key=key: _SCHEDULES.pop(key, None)), info)
+    return meta
+
+
+def _scheduled_splits(meta, call, num_splits, where) -> int:
+    """The split count of schedule `meta` after checking it was made for this call."""
+    entry = _SCHEDULES.get(id(meta))
+    if entry is None or entry[0]() is not meta:
+        A.fail(where, "scheduler_metadata", "must be an array returned by attnkit.get_scheduler_metadata")
+    info = entry[1]
+    for name in _SCHEDULE_FIELDS:
+        if info[name] != call[name]:
+            A.fail(where, f"scheduler_metadata's {name} = {info[name]}",
+                   f"must equal this call's {name} = {call[name]} (the schedule was made for another batch)")
+    if num_splits > 0 and num_splits != info["num_splits"]:
+        A.fail(where, f"num_splits = {num_splits}",
+               f"must be 0 or the schedule's count {info['num_splits']} when scheduler_metadata is given")
+    return info["num_splits"]
 
 
 def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k=None,
@@ -43,9 +124,14 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
     Devices: CPU arrays run on the reference backend (float32/float16/bfloat16), CUDA arrays on
     the FlashAttention-style kernel, on `stream` (default: PyTorch's / CuPy's current stream).
 
+    Split-KV as in FlashAttention: num_splits = 0 lets the library decide (the builder's rule for
+    a uniform batch of the call's sizes), 1 means none, > 1 forces that many; scheduler_metadata
+    from get_scheduler_metadata carries a count decided ahead of time (checked against the call;
+    a mismatch is an error). The CPU reference never splits.
+
     Differences from vllm_flash_attn: fp8 caches may also be uint8 tensors with
     kv_cache_dtype='fp8' / 'fp8_e4m3' / 'fp8_e5m2' (NumPy has no fp8 dtype); fp8 queries and
-    dropout are refused; q_descale, scheduler_metadata and fa_version are accepted and ignored; num_splits 0 means 1 on the GPU (no split-KV unless asked for); on the CPU,
+    dropout are refused; q_descale and fa_version are accepted and ignored; on the CPU,
     max_seqlen_q / max_seqlen_k must bound the true lengths (the GPU trusts them).
     """
     where = "flash_attn_varlen_func"
@@ -53,9 +139,9 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
         A.check_array(x, where, name)
     if dropout_p:
         A.fail(where, f"dropout_p = {dropout_p}", "must be 0 (attnkit is for inference)")
-    # Accepted for call compatibility: attnkit plans its own schedule, and q is never fp8 (its
-    # dtype check refuses it), so q_descale has nothing to scale, as in FlashAttention.
-    del scheduler_metadata, fa_version, q_descale
+    # Accepted for call compatibility: q is never fp8 (its dtype check refuses it), so q_descale
+    # has nothing to scale, as in FlashAttention.
+    del fa_version, q_descale
     left, right = _window(window_size, where)
     k, k_fmt = A.split_fp8(k)
     v, v_fmt = A.split_fp8(v)
@@ -64,6 +150,15 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
         out = A.empty(q, q.shape)
     lse = A.empty(q, (q.shape[1], q.shape[0]), "float32") if return_softmax_lse else None
     num_splits = int(num_splits)
+    if num_splits < 0:
+        A.fail(where, f"num_splits = {num_splits}", "must be >= 0 (0 = the library's rule)")
+    call = dict(batch_size=int(cu_seqlens_q.shape[0]) - 1, max_seqlen_q=int(max_seqlen_q),
+                max_seqlen_k=int(max_seqlen_k), num_heads=int(q.shape[1]), num_kv_heads=int(k.shape[-2]),
+                head_size=int(q.shape[-1]), fp8_cache=cache_dtype.startswith("fp8"))
+    if scheduler_metadata is not None:
+        num_splits = _scheduled_splits(scheduler_metadata, call, num_splits, where)
+    elif num_splits == 0:
+        num_splits = _rule_splits(call, q)
     workspace = None
     if num_splits > 1 and A.is_cuda(q) and _C.cuda_built:
         nbytes = _C.varlen_workspace_bytes(q.shape[0], q.shape[1], q.shape[2], num_splits)

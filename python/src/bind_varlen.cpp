@@ -5,13 +5,17 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
+#include "attnkit/device.h"
 #include "attnkit/error.h"
 #include "attnkit/kv_cache.h"
 #include "attnkit/metadata.h"
 #include "attnkit/params.h"
 #include "attnkit/reference.h"
 #include "convert.h"
+#include "flash_attn/generation.h"
+#include "flash_attn/split_kv.h"
 #include "flash_attn/varlen_launch.h"
 
 namespace attnkit::py {
@@ -253,9 +257,39 @@ void varlen_attention(const InArray& q, const InArray& k, const InArray& v,
   }
 }
 
+// The split-KV count of the builder's rule (flash_attn/split_kv.h) for a uniform batch of
+// num_reqs requests of max_q queries over max_k keys on CUDA device `device`: what
+// FlashAttention's num_splits = 0 and get_scheduler_metadata decide, from host-visible sizes
+// only (no copy of the device lengths).
+int varlen_num_splits(int num_reqs, int max_q, int max_k, int num_heads, int num_kv_heads, int head_size,
+                      bool fp8_cache, int device) {
+  constexpr std::string_view where = "flash_attn num_splits";
+  ATTNKIT_REQUIRE(num_reqs >= 0, where, "batch_size", num_reqs, "must be >= 0");
+  ATTNKIT_REQUIRE(max_q >= 0 && max_k >= 0, where, "max_seqlen_q / max_seqlen_k",
+                  std::to_string(max_q) + " / " + std::to_string(max_k), "must be >= 0");
+  const DeviceSpec d = cuda_device_spec(device);
+  std::vector<int32_t> qsl(static_cast<size_t>(num_reqs) + 1), seq(static_cast<size_t>(num_reqs), max_k);
+  for (int i = 0; i <= num_reqs; ++i) qsl[i] = i * max_q;
+  flash_attn::SplitKVInput in;
+  in.query_start_loc = qsl;
+  in.seq_lens = seq;
+  in.num_heads = num_heads;
+  in.num_kv_heads = num_kv_heads;
+  in.num_sms = d.sms_or_default();
+  in.cache_dtype = fp8_cache ? DType::fp8_e4m3 : DType::bf16;
+  in.head_size = head_size;
+  in.cc_major = d.cc_major;
+  in.hopper_kernels = flash_attn::hopper_generation_built() && d.cc_major == 9 && d.cc_minor == 0;
+  return flash_attn::decide_num_splits(in).num_splits;
+}
+
 }  // namespace
 
 void register_varlen(nb::module_& m) {
+  m.def("varlen_num_splits", &varlen_num_splits, nb::arg("num_reqs"), nb::arg("max_seqlen_q"),
+        nb::arg("max_seqlen_k"), nb::arg("num_heads"), nb::arg("num_kv_heads"), nb::arg("head_size"),
+        nb::arg("fp8_cache"), nb::arg("device"),
+        "The split-KV count the FlashAttention-style builder's rule takes for a uniform batch on a CUDA device.");
   m.def("varlen_attention", &varlen_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("kv_cache_dtype"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k").none(),
         nb::arg("seqused_k").none(), nb::arg("block_table").none(), nb::arg("max_seqlen_q"),

@@ -108,8 +108,9 @@ def test_descales_ignored_for_16bit_cache_and_16bit_q():
     rng = np.random.default_rng(8)
     b = PagedBatch(rng, Q_LENS, KV_LENS, 4, 2, 32, 16)
     three = np.full((4, 2), 3.0, np.float32)
+    meta = attnkit.get_scheduler_metadata(len(Q_LENS), b.max_seqlen_q, b.max_seqlen_k, 4, 2, 32, b.seqused_k)
     got = run_paged(b, causal=True, q_descale=three, k_descale=three, v_descale=three,
-                    scheduler_metadata=np.zeros(8, np.int32), fa_version=3)
+                    scheduler_metadata=meta, fa_version=3)
     check(b, got, b.expected(causal=True), np.float32, "descale on f32 cache")
 
 
@@ -188,3 +189,37 @@ def test_alibi_slopes_of_another_shape_are_refused():
                 np.zeros(5, np.float32), np.zeros((1, 1, 4), np.float32)):
         with pytest.raises(attnkit.AttnkitError, match="alibi_slopes"):
             run_paged(b, causal=True, alibi_slopes=bad)
+
+
+# ---- num_splits and scheduler_metadata (FlashAttention-3's call sequence) ---------------------
+
+def test_scheduler_metadata_round_trip_and_mismatches():
+    rng = np.random.default_rng(11)
+    b = PagedBatch(rng, Q_LENS, KV_LENS, 4, 2, 32, 16)
+    seqused = b.seqused_k
+    meta = attnkit.get_scheduler_metadata(len(Q_LENS), b.max_seqlen_q, b.max_seqlen_k, 4, 2, 32, seqused)
+    # CPU arrays: the reference never splits; the schedule records what it was made for.
+    assert meta.dtype == np.int32 and meta.tolist() == [1, len(Q_LENS), b.max_seqlen_q, b.max_seqlen_k]
+    check(b, run_paged(b, causal=True, scheduler_metadata=meta), b.expected(causal=True), np.float32, "scheduled")
+    check(b, run_paged(b, causal=True, num_splits=0), b.expected(causal=True), np.float32, "num_splits=0")
+    other = attnkit.get_scheduler_metadata(len(Q_LENS) + 1, b.max_seqlen_q, b.max_seqlen_k, 4, 2, 32, seqused)
+    with pytest.raises(attnkit.AttnkitError, match="batch_size"):
+        run_paged(b, causal=True, scheduler_metadata=other)
+    wider = attnkit.get_scheduler_metadata(len(Q_LENS), b.max_seqlen_q, b.max_seqlen_k + 1, 4, 2, 32, seqused)
+    with pytest.raises(attnkit.AttnkitError, match="max_seqlen_k"):
+        run_paged(b, causal=True, scheduler_metadata=wider)
+    fp8 = attnkit.get_scheduler_metadata(len(Q_LENS), b.max_seqlen_q, b.max_seqlen_k, 4, 2, 32, seqused,
+                                         qkv_dtype="float8_e4m3fn")
+    with pytest.raises(attnkit.AttnkitError, match="fp8_cache"):
+        run_paged(b, causal=True, scheduler_metadata=fp8)
+    with pytest.raises(attnkit.AttnkitError, match="get_scheduler_metadata"):
+        run_paged(b, causal=True, scheduler_metadata=meta.copy())  # not a schedule attnkit made
+    with pytest.raises(attnkit.AttnkitError, match="num_splits"):
+        run_paged(b, causal=True, scheduler_metadata=meta, num_splits=3)
+    forced = attnkit.get_scheduler_metadata(len(Q_LENS), b.max_seqlen_q, b.max_seqlen_k, 4, 2, 32, seqused,
+                                            num_splits=4)
+    assert forced.tolist()[0] == 4
+    with pytest.raises(attnkit.AttnkitError, match="num_splits = -1"):
+        run_paged(b, causal=True, num_splits=-1)
+    with pytest.raises(attnkit.AttnkitError, match="headdim_v"):
+        attnkit.get_scheduler_metadata(1, 1, 1, 4, 2, 32, seqused, headdim_v=64)

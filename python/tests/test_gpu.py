@@ -457,3 +457,23 @@ def test_cpu_torch_flashinfer_decode(layout):
     exp_out, exp_lse = b.reference(causal=True, softcap=8.0)
     assert_close_t(out, exp_out, *tol(torch.bfloat16), "flashinfer cpu torch out")
     assert_close_t(lse, (exp_lse / math.log(2)).T, 2e-3, 2e-3, "flashinfer cpu torch lse (base 2)")
+
+
+@needs_cuda
+def test_cuda_num_splits_rule_and_scheduler_metadata():
+    # One long decode and a few short ones: the builder's rule splits this batch (few work items).
+    q_lens, kv_lens = [1, 1, 1], [4000, 70, 1]
+    b = TorchBatch(q_lens, kv_lens, 8, 2, 128, 16, torch.bfloat16, "cuda", seed=77)
+    ref = b.reference(causal=True)
+    meta = attnkit.get_scheduler_metadata(len(q_lens), b.max_seqlen_q, b.max_seqlen_k, 8, 2, 128, b.seqused_k,
+                                          qkv_dtype=torch.bfloat16)
+    assert meta.is_cuda and meta.dtype == torch.int32
+    splits = int(meta[0].item())
+    assert splits > 1, meta.tolist()
+    check(b, b.run(causal=True, num_splits=0), ref, "num_splits=0 (the rule)")
+    check(b, b.run(causal=True, scheduler_metadata=meta), ref, f"scheduler_metadata ({splits} splits)")
+    check(b, b.run(causal=True, num_splits=1), ref, "num_splits=1")
+    check(b, b.run(causal=True, num_splits=5), ref, "num_splits=5")
+    other = attnkit.get_scheduler_metadata(len(q_lens), b.max_seqlen_q, b.max_seqlen_k, 8, 1, 128, b.seqused_k)
+    with pytest.raises(attnkit.AttnkitError, match="num_kv_heads"):
+        b.run(causal=True, scheduler_metadata=other)
