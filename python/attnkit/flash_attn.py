@@ -110,8 +110,8 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
     [num_blocks, block_size, num_kv_heads, head_size] (any strides on the first three dims, so
     kv_cache[:, 0] / kv_cache[:, 1] views work), seqused_k [num_seqs] gives each sequence's key
     length and cu_seqlens_k must be None. Without block_table, k / v are contiguous varlen
-    [total_k, num_kv_heads, head_size] with cu_seqlens_k (and optionally seqused_k); this form
-    runs on the CPU only (it is read through an identity paged view, no copy).
+    [total_k, num_kv_heads, head_size] with cu_seqlens_k (and optionally seqused_k), read in
+    place (no copy) on both devices.
 
     Semantics are FlashAttention's: causal is bottom-right aligned, a query longer than its keys
     is allowed (rows before the first key see nothing and output 0), window_size = (left, right)
@@ -159,6 +159,8 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
         num_splits = _scheduled_splits(scheduler_metadata, call, num_splits, where)
     elif num_splits == 0:
         num_splits = _rule_splits(call, q)
+    if block_table is None and seqused_k is None and cu_seqlens_k is not None and A.is_cuda(q):
+        seqused_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]  # (the kernels read each request's key count)
     workspace = None
     if num_splits > 1 and A.is_cuda(q) and _C.cuda_built:
         nbytes = _C.varlen_workspace_bytes(q.shape[0], q.shape[1], q.shape[2], num_splits)

@@ -158,9 +158,10 @@ void run_cpu(const VarlenCall& c, const PagedKV& cache) {
 
 void run_cuda(const VarlenCall& c, const PagedKV& cache) {
 #if defined(ATTNKIT_WITH_CUDA)
-  ATTNKIT_REQUIRE(c.block_table.defined(), kWhere, "block_table", "None",
-                  "CUDA tensors need the paged form (block_table + seqused_k); contiguous "
-                  "k/v with cu_seqlens_k runs on the CPU only");
+  // Contiguous K/V (cu_seqlens_k, no block_table) need seqused_k on the GPU (the wrapper derives
+  // it from cu_seqlens_k when the caller gives none).
+  ATTNKIT_REQUIRE(c.block_table.defined() || c.seqused_k.defined(), kWhere, "seqused_k", "None",
+                  "contiguous k/v on CUDA need seqused_k (flash_attn_varlen_func derives it from cu_seqlens_k)");
   const int num_heads = static_cast<int>(c.q.shape[1]);
   c.params.validate(kWhere, num_heads, cache.num_kv_heads, c.q.shape[0], Device::CUDA);
   ATTNKIT_REQUIRE(cache.head_size == c.q.shape[2], kWhere, "k.size(3) (head_size)",
@@ -173,8 +174,12 @@ void run_cuda(const VarlenCall& c, const PagedKV& cache) {
   a.out = c.out;
   a.cu_seqlens_q = c.cu_seqlens_q.ptr<const int32_t>();
   a.seqused_k = c.seqused_k.ptr<const int32_t>();
-  a.block_table = c.block_table.ptr<const int32_t>();
-  a.max_blocks_per_req = static_cast<int>(c.block_table.shape[1]);
+  if (c.block_table.defined()) {
+    a.block_table = c.block_table.ptr<const int32_t>();
+    a.max_blocks_per_req = static_cast<int>(c.block_table.shape[1]);
+  } else {  // (cache: the contiguous view, identity_paged_kv)
+    a.cu_seqlens_k = c.cu_seqlens_k.ptr<const int32_t>();
+  }
   a.num_reqs = static_cast<int>(c.cu_seqlens_q.shape[0] - 1);
   a.max_query_len = c.max_seqlen_q;
   a.max_seq_len = c.max_seqlen_k;

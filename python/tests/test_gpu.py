@@ -279,13 +279,41 @@ def test_cuda_stream_defaults_to_current_and_explicit_stream():
     check(b, got, exp, "explicit stream")
 
 
+def contiguous_rows(b):
+    """The batch's keys and values gathered from its paged cache into contiguous rows
+    [total_k, Hkv, D], and cu_seqlens_k."""
+    k, v = b.views()
+    lens = b.seqused_k.tolist()
+    rows_k, rows_v = [], []
+    for r, L in enumerate(lens):
+        pos = torch.arange(L, device=k.device)
+        blk = b.block_table[r, pos // k.shape[1]].long()
+        rows_k.append(k[blk, pos % k.shape[1]])
+        rows_v.append(v[blk, pos % k.shape[1]])
+    cu_k = torch.tensor([0] + list(np.cumsum(lens)), dtype=torch.int32, device=k.device)
+    return torch.cat(rows_k), torch.cat(rows_v), cu_k
+
+
 @needs_cuda
-def test_cuda_contiguous_kv_is_refused_with_a_clear_error():
-    q = torch.zeros(4, 2, 64, device="cuda", dtype=torch.float16)
-    k = torch.zeros(8, 2, 64, device="cuda", dtype=torch.float16)
-    cu = torch.tensor([0, 4], dtype=torch.int32, device="cuda")
-    with pytest.raises(attnkit.AttnkitError, match="CPU only"):
-        attnkit.flash_attn_varlen_func(q, k, k, 4, cu, 8, cu_seqlens_k=torch.tensor([0, 8], dtype=torch.int32, device="cuda"))
+@pytest.mark.parametrize("name", ["causal", "non_causal", "window", "sinks", "seqused_k", "strided"])
+def test_cuda_contiguous_kv(name):
+    b = TorchBatch(Q_LENS, KV_LENS, 8, 2, 128, 16, torch.bfloat16, "cuda", seed=40 + len(name))
+    kc, vc, cu_k = contiguous_rows(b)
+    causal = name != "non_causal"
+    kw, ref_kw = dict(causal=causal), dict(causal=causal)
+    if name == "window":
+        kw["window_size"] = ref_kw["window"] = (40, 0)
+    if name == "sinks":
+        sinks = torch.linspace(-1, 2, 8, device="cuda")
+        kw["s_aux"], ref_kw["sinks"] = sinks, sinks
+    if name == "seqused_k":
+        kw["seqused_k"] = b.seqused_k
+    if name == "strided":  # k / v as views of one [total_k, 2, Hkv, D] tensor
+        kv = torch.stack([kc, vc], dim=1)
+        kc, vc = kv[:, 0], kv[:, 1]
+    out, lse = attnkit.flash_attn_varlen_func(b.q, kc, vc, b.max_seqlen_q, b.cu_seqlens_q, b.max_seqlen_k,
+                                              cu_seqlens_k=cu_k, return_softmax_lse=True, **kw)
+    check(b, (out, lse), b.reference(**ref_kw), f"contiguous {name}")
 
 
 @needs_cuda

@@ -11,7 +11,8 @@
 //   issue_ahead(i)      tile i + kStages - 1, into the stage tile i - 1 has just freed
 //   drain()             nothing in flight any more
 //
-// Today: the block table by cp.async (every thread, any cache geometry) and by TMA (warp 0, one
+// Today: pages by cp.async (every thread, any cache geometry, through a page map of
+// paged_kv_tile.h: the block table or contiguous rows) and the block table by TMA (warp 0, one
 // box per 16-key page group, sm90, rows of whole 128-byte segments). G is the tile geometry:
 // kBlockN, kKvRowBytes, kStages, kThreads, kStageTileBytes, kStageBytes, kStagePitchBytes.
 #pragma once
@@ -26,11 +27,12 @@
 
 namespace attnkit::cuda {
 
-// What a block-table source reads: one request's block-table row and one KV head of both
-// cache sides, the item's tiles [first_key, first_key + n_tiles * kBlockN), and its stages.
-struct BlockTableSourceArgs {
+// What a source reads: one request's pages and one KV head of both cache sides, the item's
+// tiles [first_key, first_key + n_tiles * kBlockN), and its stages.
+template <class PageMap = BlockTablePages>
+struct KvSourceArgs {
   PagedSideBytes k, v;         // bases offset to the KV head, byte strides
-  const int32_t* block_row;    // the request's block-table row
+  PageMap pages;               // the request's pages
   FastDivmod block_size;
   int seq_len, kv_head;
   const TmaDesc* k_map;        // TMA maps of the two sides (TMA sources only)
@@ -41,11 +43,12 @@ struct BlockTableSourceArgs {
   unsigned char* stages_ptr;   // ... and its generic pointer
 };
 
-template <class G>
-struct CpAsyncBlockTableSource {
+template <class G, class PageMapT = BlockTablePages>
+struct CpAsyncPagedSource {
+  using PageMap = PageMapT;
   using Ring = StageRing<G::kStages>;
   using Layout = PitchedTile<G::kStagePitchBytes>;  // where a stage's bytes lie (fragment loaders)
-  using Loader = PagedKVTileLoader<G::kBlockN, G::kKvRowBytes, Layout, G::kThreads>;
+  using Loader = PagedKVTileLoader<G::kBlockN, G::kKvRowBytes, Layout, G::kThreads, PageMap>;
   struct Barriers {};  // cp.async groups need none
   // Block-table entries of the next tile to load, read one iteration ahead (where the loader
   // copies by 16-key groups): their latency overlaps the MMAs instead of stalling the copies.
@@ -56,8 +59,8 @@ struct CpAsyncBlockTableSource {
   const int first_key, n_tiles, tid;
   typename Loader::Pages next_pages;  // (written before any read: start, issue_ahead)
 
-  __device__ __forceinline__ CpAsyncBlockTableSource(const BlockTableSourceArgs& a, Barriers&, int tid_)
-      : loader{a.k, a.v, a.block_row, a.block_size, a.seq_len}, stages(a.stages), first_key(a.first_key),
+  __device__ __forceinline__ CpAsyncPagedSource(const KvSourceArgs<PageMap>& a, Barriers&, int tid_)
+      : loader{a.k, a.v, a.pages, a.block_size, a.seq_len}, stages(a.stages), first_key(a.first_key),
         n_tiles(a.n_tiles), tid(tid_) {}
   __device__ __forceinline__ int tile_key(int i) const { return first_key + i * G::kBlockN; }
   __device__ __forceinline__ uint32_t k_stage(int i) const { return stages + Ring::stage_of(i) * G::kStageBytes; }
@@ -103,6 +106,7 @@ struct CpAsyncBlockTableSource {
 // (kv_smem_layout.h PagedSwizzle128) and 1024-byte aligned.
 template <class G>
 struct TmaBlockTableSource {
+  using PageMap = BlockTablePages;
   using Layout = PagedSwizzle128<G::kKvRowBytes>;
   using Pipe = Pipeline<G::kStages, /*kEmpty=*/false>;  // a stage is free once the CTA synced past it
   using State = typename Pipe::State;
@@ -129,8 +133,8 @@ struct TmaBlockTableSource {
   unsigned char* stages_ptr;
   int32_t page_cur = 0, page_next = 0;  // this lane's page group of the current / next batch
 
-  __device__ __forceinline__ TmaBlockTableSource(const BlockTableSourceArgs& a, Barriers& bars, int tid_)
-      : pipe(bars), k_map(a.k_map), v_map(a.v_map), block_row(a.block_row), block_size(a.block_size),
+  __device__ __forceinline__ TmaBlockTableSource(const KvSourceArgs<BlockTablePages>& a, Barriers& bars, int tid_)
+      : pipe(bars), k_map(a.k_map), v_map(a.v_map), block_row(a.pages.row), block_size(a.block_size),
         seq_len(a.seq_len), kv_head(a.kv_head), first_key(a.first_key), n_tiles(a.n_tiles), tid(tid_),
         lane(tid_ & 31), evict_first(a.evict_first), issuer(tid_ < 32),
         l2_policy(tid_ < 32 ? l2_policy_evict_first() : 0), stages(a.stages), stages_ptr(a.stages_ptr) {}

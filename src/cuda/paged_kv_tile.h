@@ -1,7 +1,9 @@
 // Loading tiles of consecutive keys of one KV head from a paged cache into shared memory with
-// cp.async, resolving each key's page through the request's block-table row. Tiles may cross
-// page boundaries (any block size works, including ones smaller than the tile); keys at or past
-// seq_len are zero-filled and their block-table entries are never read.
+// cp.async, resolving each key's page through a page map: the request's block-table row, or
+// contiguous rows (K/V of [total_keys, kv_heads, head_size], seen as 16-key "pages" that start
+// at the request's first row). Tiles may cross page boundaries (any block size works, including
+// ones smaller than the tile); keys at or past seq_len are zero-filled and their pages are
+// never looked up.
 #pragma once
 #include <cstdint>
 
@@ -15,6 +17,27 @@ namespace attnkit::cuda {
 struct PagedSideBytes {
   const char* head_base;
   int32_t stride_block, stride_slot;
+};
+
+// Page maps: `at(page)` is the block id of a request's page `page` (of block_size keys), read
+// through L1 (`at_l2`: L2 only, for reads before the PDL wait). A side's address of key j is
+// at(j / block_size) * stride_block + (j % block_size) * stride_slot.
+// vLLM's block table: one row of block ids per request.
+struct BlockTablePages {
+  const int32_t* row;
+  FastDivmod block_size;
+  __device__ __forceinline__ int32_t at(int page) const { return __ldg(row + page); }
+  __device__ __forceinline__ int32_t at_l2(int page) const { return __ldcg(row + page); }
+};
+// Contiguous rows (varlen K/V with cu_seqlens_k): "pages" of 16 keys whose block id is the row
+// index of their first key, over a view whose block stride is one row (stride_block ==
+// stride_slot): key j of the request is row first_row + j. No memory is read.
+struct ContiguousPages {
+  static constexpr int kPageKeys = 16;
+  int32_t first_row;
+  FastDivmod block_size;  // kPageKeys
+  __device__ __forceinline__ int32_t at(int page) const { return first_row + kPageKeys * page; }
+  __device__ __forceinline__ int32_t at_l2(int page) const { return at(page); }
 };
 
 // Where 16-byte chunk `chunk` of tile row `row` lands in shared memory (bytes from the tile).
@@ -42,10 +65,11 @@ struct Swizzle128Tile {
 
 // kRows keys x kRowBytes bytes per key, copied by kThreads threads in 16-byte chunks into a
 // shared tile laid out by Layout. K and V of the same keys are loaded together: the page
-// lookup is shared. All block-table reads of a tile are issued before the first copy so
-// their latencies overlap.
-template <int kRows, int kRowBytes, class Layout, int kThreads>
+// lookup is shared. All page lookups of a tile are issued before the first copy so their
+// latencies overlap.
+template <int kRows, int kRowBytes, class Layout, int kThreads, class PageMap_ = BlockTablePages>
 struct PagedKVTileLoader {
+  using PageMap = PageMap_;
   static_assert(kRowBytes % 16 == 0, "rows must be whole 16-byte chunks");
   static_assert(kRows % 16 == 0, "tiles are whole 16-key groups");
   static constexpr int kChunksPerRow = kRowBytes / 16;
@@ -53,7 +77,7 @@ struct PagedKVTileLoader {
   static constexpr int kIters = (kChunks + kThreads - 1) / kThreads;
 
   PagedSideBytes k, v;
-  const int32_t* block_row;  // this request's block-table row
+  PageMap page_map;  // this request's pages
   FastDivmod block_size;
   int seq_len;
 
@@ -75,7 +99,7 @@ struct PagedKVTileLoader {
     Pages pg;
     const int r0 = tid / kChunksPerRow;
 #pragma unroll
-    for (int gi = 0; gi < kGroups; ++gi) pg.blk[gi] = __ldg(block_row + block_size.div(group_key(first_key, r0, gi)));
+    for (int gi = 0; gi < kGroups; ++gi) pg.blk[gi] = page_map.at(block_size.div(group_key(first_key, r0, gi)));
     return pg;
   }
 
@@ -147,7 +171,7 @@ struct PagedKVTileLoader {
 
   // Asks L2 for the K and V rows of keys [first_key, first_key + kRows) (one row of one side per
   // thread and step; no shared memory, no commit group). Made for the time before the kernel
-  // may read what the previous kernel wrote (pdl.h): block_row and seq_len may then be stale,
+  // may read what the previous kernel wrote (pdl.h): the page map and seq_len may then be stale,
   // so keys must lie in [0, seq_len) with seq_len clamped by the caller to the block-table row,
   // and a page outside [0, num_blocks) is skipped: a stale entry costs a useless prefetch,
   // never an access outside the cache.
@@ -156,7 +180,7 @@ struct PagedKVTileLoader {
       const int key = first_key + (i % kRows);
       if (key < 0 || key >= seq_len) continue;
       const int page = block_size.div(key);
-      const int32_t blk = __ldcg(block_row + page);  // (L2 only: not left in L1 for the reads after the wait)
+      const int32_t blk = page_map.at_l2(page);  // (L2 only: not left in L1 for the reads after the wait)
       if (blk < 0 || blk >= num_blocks) continue;
       const PagedSideBytes& side = i < kRows ? k : v;
       const int32_t slot = key - page * block_size.divisor;
@@ -186,7 +210,7 @@ struct PagedKVTileLoader {
       const int key = first_key + idx / kChunksPerRow;
       const int kc = key < seq_len ? key : 0;
       const int page = block_size.div(kc);
-      blk[i] = (kChunks % kThreads != 0 && idx >= kChunks) ? 0 : __ldg(block_row + page);
+      blk[i] = (kChunks % kThreads != 0 && idx >= kChunks) ? 0 : page_map.at(page);
       slot[i] = kc - page * block_size.divisor;
     }
 #pragma unroll

@@ -78,14 +78,16 @@ __device__ __forceinline__ void register_epilogue(const VarlenKernelParams& p, c
 
 }  // namespace detail
 
-template <class Tr>
+// PageMap: where the K/V rows are (cuda/paged_kv_tile.h: the block table or contiguous rows).
+template <class Tr, class PageMap>
 __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const VarlenKernelParams p,
                                                                         const PersistentScheduler<Tr::kBlockM, Tr::kBlockN> items) {
 #if ATTNKIT_HAS_WGMMA
   using namespace attnkit::cuda;
   using T = typename Tr::Elem;
   constexpr int kS = Tr::kStages;
-  using Loader = PagedKVTileLoader<Tr::kBlockN, 2 * Tr::kHeadDim, Swizzle128Tile<Tr::kBlockN>, Tr::kProducerThreads>;
+  using Loader =
+      PagedKVTileLoader<Tr::kBlockN, 2 * Tr::kHeadDim, Swizzle128Tile<Tr::kBlockN>, Tr::kProducerThreads, PageMap>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // Two rings of kS stages, one of K tiles and one of V tiles, each stage with a "full" barrier
   // (the 128 producer threads' copies landed: cp.async arrivals) and an "empty" one (the 256
@@ -280,20 +282,23 @@ void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStre
   const char* where = "flash_attn varlen attention (hopper)";
   ATTNKIT_REQUIRE(p.num_splits == 1, where, "num_splits", p.num_splits,
                   "must be 1 (split launches run the mma_sync kernels)");
-  auto launch = [&]<TileId kTile>() {
+  auto launch = [&]<TileId kTile, class PageMap>() {
     using Tr = HopperTraits<Elem, kHeadDim, kTile>;
     dim3 grid;
     if (!varlen_grid(p, plan, Tr::kSmemBytes, where, grid)) return;
     const PersistentScheduler<Tr::kBlockM, Tr::kBlockN> items{static_cast<int>(grid.x), static_cast<int>(grid.y),
                                                               static_cast<int>(grid.z), plan.grid_ctas};
     ATTNKIT_REQUIRE(plan.ctas <= 0x7fffffff, where, "work items", plan.ctas, "must fit one grid dimension");
-    auto kernel = hopper_varlen_kernel<Tr>;
+    auto kernel = hopper_varlen_kernel<Tr, PageMap>;
     ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
     cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(plan.ctas)), dim3(Tr::kThreads), Tr::kSmemBytes, stream,
                         plan.pdl, dim3(1, 1, 1), p, items);
   };
-  if (plan.tile == TileId::hopper_short) launch.template operator()<TileId::hopper_short>();
-  else if (plan.tile == TileId::hopper) launch.template operator()<TileId::hopper>();
+  const bool contiguous = p.cu_seqlens_k != nullptr;  // (contiguous K/V rows, else the block table)
+  if (plan.tile == TileId::hopper_short && contiguous) launch.template operator()<TileId::hopper_short, cuda::ContiguousPages>();
+  else if (plan.tile == TileId::hopper_short) launch.template operator()<TileId::hopper_short, cuda::BlockTablePages>();
+  else if (plan.tile == TileId::hopper && contiguous) launch.template operator()<TileId::hopper, cuda::ContiguousPages>();
+  else if (plan.tile == TileId::hopper) launch.template operator()<TileId::hopper, cuda::BlockTablePages>();
   else fail(where, "tile", plan.config.name, "is not a hopper tile");
 }
 

@@ -158,6 +158,14 @@ VarlenKernelParams varlen_kernel_params(const VarlenArgs& a) {
   p.num_blocks = c.num_blocks;
   p.fp8_format = static_cast<int>(c.dtype == DType::fp8_e5m2 ? cuda::Fp8Format::e5m2 : cuda::Fp8Format::e4m3);
   p.cu_seqlens_q = a.cu_seqlens_q;
+  if (a.cu_seqlens_k != nullptr) {  // contiguous K/V: the view of contiguous_kv_view
+    const bool view = c.block_size == 16 && c.k.stride_block == c.k.stride_slot && c.v.stride_block == c.v.stride_slot;
+    ATTNKIT_REQUIRE(view, kWhere, "cache (contiguous K/V)", c.block_size,
+                    "must be contiguous_kv_view's view (16-row blocks starting at every row)");
+    ATTNKIT_REQUIRE(a.seqused_k != nullptr, kWhere, "seqused_k", "nullptr",
+                    "contiguous K/V need each request's key count (seqused_k)");
+    p.cu_seqlens_k = a.cu_seqlens_k;
+  }
   p.seqused_k = a.seqused_k;
   p.block_table = a.block_table;
   p.max_blocks_per_req = a.max_blocks_per_req;
@@ -236,9 +244,10 @@ static LaunchFacts varlen_launch_facts(const VarlenArgs& a, const VarlenKernelPa
   f.fp8_cache = is_fp8(a.cache.dtype);
   f.same_kv_strides = p.k_stride_block == p.v_stride_block && p.k_stride_slot == p.v_stride_slot;
   // The cache's sides must encode as TMA maps (strides, alignment) for TMA tiles: checked here
-  // without the driver; the launch encodes them when its plan takes such a tile.
+  // without the driver; the launch encodes them when its plan takes such a tile. (TMA tiles read
+  // block tables only: contiguous K/V take the cp.async tiles.)
   const int row_bytes = kv_row_bytes(f.head_size, f.fp8_cache);
-  f.tma_geometry = tma_rows(f.head_size, f.fp8_cache) &&
+  f.tma_geometry = a.cu_seqlens_k == nullptr && tma_rows(f.head_size, f.fp8_cache) &&
                    cuda::paged_side_map_refusal(side_geometry(p, false, row_bytes)).empty() &&
                    cuda::paged_side_map_refusal(side_geometry(p, true, row_bytes)).empty();
   f.num_reqs = a.num_reqs;

@@ -36,9 +36,10 @@
 
 namespace attnkit::flash_attn {
 
-// The K/V source of a tile: its fill (tile_set.h) through the block table.
-template <class Tr>
-using BlockTableSource = std::conditional_t<Tr::kTmaStages, cuda::TmaBlockTableSource<Tr>, cuda::CpAsyncBlockTableSource<Tr>>;
+// The K/V source of a tile: its fill (tile_set.h) through a page map (the block table or
+// contiguous rows: cuda/paged_kv_tile.h; TMA fills read block tables only).
+template <class Tr, class PageMap = cuda::BlockTablePages>
+using KvSourceOf = std::conditional_t<Tr::kTmaStages, cuda::TmaBlockTableSource<Tr>, cuda::CpAsyncPagedSource<Tr, PageMap>>;
 
 template <class Tr, class Scheduler, class Source, class Epilogue, cuda::Fp8Format kFmt>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
@@ -53,8 +54,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
   Source::prefetch_maps(&p.k_map, &p.v_map);  // (parameters: valid before the wait)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (p.l2_prefetch && static_cast<int64_t>(linear_block_index()) < p.l2_prefetch_ctas)
-    prefetch_first_tiles<Tr::kBlockM, Tr::kBlockN, typename CpAsyncBlockTableSource<Tr>::Loader, Tr::kStages>(
-        p, threadIdx.x);
+    prefetch_first_tiles<Tr::kBlockM, Tr::kBlockN, typename CpAsyncPagedSource<Tr, typename Source::PageMap>::Loader,
+                         Tr::kStages>(p, threadIdx.x);
 #endif
   pdl_wait();  // everything below may read what the previous kernel wrote (metadata, q, cache)
   cta_trace_mark(p.cta_trace, kTraceReleased);
@@ -70,7 +71,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
   // aligned for the swizzle; kTmaSlack reserves the round-up).
   const uint32_t s_q = smem_addr(smem);
   const uint32_t s_stages = Source::stages_at(s_q + Tr::kStagesOffset);
-  Source kv(block_table_source_args<Tr::kBlockN>(p, w, s_stages, smem + (s_stages - s_q)), bars, tid);
+  Source kv(kv_source_args<Tr::kBlockN, typename Source::PageMap>(p, w, s_stages, smem + (s_stages - s_q)), bars, tid);
   kv.init();
 
   // Prologue: Q in its own cp.async group, then kStages - 1 K/V tiles.

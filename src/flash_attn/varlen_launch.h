@@ -14,10 +14,15 @@ namespace attnkit::flash_attn {
 
 struct VarlenArgs {
   TensorView q;    // [num_tokens, num_heads, head_size], CUDA, f16/bf16
-  PagedKV cache;   // CUDA
+  // CUDA. Paged (block_table), or contiguous K/V (cu_seqlens_k): then the view of
+  // contiguous_kv_view over k / v [total_k, num_kv_heads, head_size].
+  PagedKV cache;
   TensorView out;  // [num_tokens, num_heads, head_size], dtype of q
   // Device arrays (int32): cu_seqlens_q [num_reqs+1], seqused_k [num_reqs],
-  // block_table [num_reqs, max_blocks_per_req].
+  // block_table [num_reqs, max_blocks_per_req]; or, for contiguous K/V, cu_seqlens_k
+  // [num_reqs + 1] (request r's keys are rows cu_seqlens_k[r] .. + seqused_k[r] - 1; seqused_k
+  // stays required) and no block table.
+  const int32_t* cu_seqlens_k = nullptr;
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* seqused_k = nullptr;
   const int32_t* block_table = nullptr;
@@ -55,6 +60,11 @@ size_t varlen_workspace_bytes(int64_t num_tokens, int num_heads, int head_size, 
 // cudaStream_t; capturable in a CUDA graph). A null workspace with 0 bytes is a no-op. Throws
 // Error on a CUDA failure; a build without CUDA throws.
 void varlen_workspace_init(void* workspace, size_t bytes, void* stream);
+
+// The cache view of contiguous K/V rows k / v [total_k, num_kv_heads, head_size] (last dim
+// contiguous, any row and head strides) that VarlenArgs::cache takes with cu_seqlens_k: 16-row
+// "blocks" starting at every row (cuda/paged_kv_tile.h ContiguousPages), no copy.
+PagedKV contiguous_kv_view(const TensorView& k, const TensorView& v);
 
 // The facts choose_launch decides this launch by (the current device's, and whether the cache's
 // sides encode as TMA maps). Validates what it reads. Throws Error; a build without CUDA throws.

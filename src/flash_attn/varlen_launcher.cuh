@@ -13,13 +13,13 @@
 
 namespace attnkit::flash_attn {
 
-template <class Tr>
+template <class Tr, class PageMap>
 void launch_varlen(VarlenKernelParams p, const LaunchPlan& plan, cudaStream_t stream) {
   dim3 grid;
   if (!varlen_grid(p, plan, Tr::kSmemBytes, "flash_attn varlen attention", grid)) return;
   using Sched = GridScheduler<Tr::kBlockM, Tr::kBlockN>;
   using Epi = detail::SplitKvEpilogue<Tr>;
-  using Src = BlockTableSource<Tr>;
+  using Src = KvSourceOf<Tr, PageMap>;
   auto kernel = attention_kernel<Tr, Sched, Src, Epi, cuda::Fp8Format::e4m3>;
   if constexpr (Tr::kFp8Cache)
     if (p.fp8_format == static_cast<int>(cuda::Fp8Format::e5m2))
@@ -34,15 +34,24 @@ void launch_varlen(VarlenKernelParams p, const LaunchPlan& plan, cudaStream_t st
   cuda::launch_kernel(kernel, grid, dim3(Tr::kThreads), Tr::kSmemBytes, stream, plan.pdl, cluster, p);
 }
 
+// The plan's tile over the launch's pages: the block table, or (p.cu_seqlens_k set) contiguous
+// rows, which only the cp.async tiles read (the plan never picks a TMA tile for them).
 template <class Elem, int kHeadDim, bool kFp8Cache>
 void launch_mma_sync(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   bool launched = false;
+  const bool contiguous = p.cu_seqlens_k != nullptr;
   auto try_tile = [&]<TileId kTile>() {
-    if constexpr (tile_instantiated(kTile, kHeadDim, kFp8Cache) && tile_config(kTile, kHeadDim, kFp8Cache).generation ==
-                                                                        Generation::mma_sync) {
-      if (plan.tile == kTile) {
-        launch_varlen<VarlenTraits<Elem, kHeadDim, kFp8Cache, kTile>>(p, plan, stream);
+    constexpr TileConfig kCfg = tile_config(kTile, kHeadDim, kFp8Cache);
+    if constexpr (tile_instantiated(kTile, kHeadDim, kFp8Cache) && kCfg.generation == Generation::mma_sync) {
+      if (plan.tile == kTile && !contiguous) {
+        launch_varlen<VarlenTraits<Elem, kHeadDim, kFp8Cache, kTile>, cuda::BlockTablePages>(p, plan, stream);
         launched = true;
+      }
+      if constexpr (kCfg.fill == KvFill::cp_async) {
+        if (plan.tile == kTile && contiguous) {
+          launch_varlen<VarlenTraits<Elem, kHeadDim, kFp8Cache, kTile>, cuda::ContiguousPages>(p, plan, stream);
+          launched = true;
+        }
       }
     }
   };
@@ -54,7 +63,7 @@ void launch_mma_sync(const VarlenKernelParams& p, const LaunchPlan& plan, cudaSt
   try_tile.template operator()<TileId::decode_transposed_two_stage>();
   ATTNKIT_REQUIRE(launched, "flash_attn varlen attention", "tile", plan.config.name,
                   "is not an mma_sync tile built for head size " + std::to_string(kHeadDim) +
-                      (kFp8Cache ? " with an fp8 cache" : ""));
+                      (kFp8Cache ? " with an fp8 cache" : "") + (contiguous ? " over contiguous K/V" : ""));
 }
 
 }  // namespace attnkit::flash_attn

@@ -27,6 +27,9 @@ struct VarlenKernelParams {
   int fp8_format = 0;  // cuda::Fp8Format for fp8 caches
 
   // Batch: cu_seqlens_q [num_reqs + 1], seqused_k [num_reqs], block_table [num_reqs, max_blocks].
+  // Contiguous K/V (cu_seqlens_k [num_reqs + 1] set, no block table): request r's keys are rows
+  // cu_seqlens_k[r] .. of the cache view, whose "blocks" are 16 rows starting at every row.
+  const int32_t* cu_seqlens_k = nullptr;
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* seqused_k = nullptr;
   const int32_t* block_table = nullptr;

@@ -118,13 +118,24 @@ struct PersistentScheduler {
   }
 };
 
+// The page map (cuda/paged_kv_tile.h) of the work item's request: its block-table row, or its
+// first row of contiguous K/V (cu_seqlens_k; kL2Only: a read before the PDL wait).
+template <class PageMap, bool kL2Only = false>
+__device__ __forceinline__ PageMap page_map_for(const VarlenKernelParams& p, const WorkItem& w) {
+  if constexpr (std::is_same_v<PageMap, cuda::ContiguousPages>) {
+    return {load_meta<kL2Only>(p.cu_seqlens_k + w.req), p.block_size};
+  } else {
+    return {p.block_table + static_cast<int64_t>(w.req) * p.max_blocks_per_req, p.block_size};
+  }
+}
+
 // A paged K/V tile loader (cuda/paged_kv_tile.h) over the work item's request and KV head.
-template <class Loader>
+template <class Loader, bool kL2Only = false>
 __device__ __forceinline__ Loader kv_loader_for(const VarlenKernelParams& p, const WorkItem& w) {
   Loader loader;
   loader.k = {static_cast<const char*>(p.k_cache) + w.kv_head * p.k_stride_head, p.k_stride_block, p.k_stride_slot};
   loader.v = {static_cast<const char*>(p.v_cache) + w.kv_head * p.v_stride_head, p.v_stride_block, p.v_stride_slot};
-  loader.block_row = p.block_table + static_cast<int64_t>(w.req) * p.max_blocks_per_req;
+  loader.page_map = page_map_for<typename Loader::PageMap, kL2Only>(p, w);
   loader.block_size = p.block_size;
   loader.seq_len = w.seq_len;
   return loader;
@@ -151,15 +162,14 @@ __device__ __forceinline__ void load_q_tile(const VarlenKernelParams& p, const W
   }
 }
 
-// What a block-table K/V source (cuda/kv_source.cuh) reads for work item w, with its stages.
-template <int kBlockN>
-__device__ __forceinline__ cuda::BlockTableSourceArgs block_table_source_args(const VarlenKernelParams& p,
-                                                                              const WorkItem& w, uint32_t stages,
-                                                                              unsigned char* stages_ptr) {
-  cuda::BlockTableSourceArgs a;
+// What a K/V source (cuda/kv_source.cuh) reads for work item w, with its stages.
+template <int kBlockN, class PageMap>
+__device__ __forceinline__ cuda::KvSourceArgs<PageMap> kv_source_args(const VarlenKernelParams& p, const WorkItem& w,
+                                                                     uint32_t stages, unsigned char* stages_ptr) {
+  cuda::KvSourceArgs<PageMap> a;
   a.k = {static_cast<const char*>(p.k_cache) + w.kv_head * p.k_stride_head, p.k_stride_block, p.k_stride_slot};
   a.v = {static_cast<const char*>(p.v_cache) + w.kv_head * p.v_stride_head, p.v_stride_block, p.v_stride_slot};
-  a.block_row = p.block_table + static_cast<int64_t>(w.req) * p.max_blocks_per_req;
+  a.pages = page_map_for<PageMap>(p, w);
   a.block_size = p.block_size;
   a.seq_len = w.seq_len;
   a.kv_head = w.kv_head;
@@ -176,12 +186,13 @@ __device__ __forceinline__ cuda::BlockTableSourceArgs block_table_source_args(co
 // Before pdl_wait (VarlenKernelParams::l2_prefetch): L2 prefetch of the first kTiles K/V tiles
 // of this CTA's work item. The metadata may still be being written by the previous kernel, so
 // the item is only a guess: keys are clamped to the request's block-table row and page ids to
-// the cache (PagedKVTileLoader::prefetch_l2), and nothing here is kept.
+// the cache (PagedKVTileLoader::prefetch_l2), and nothing here is kept. (Contiguous K/V have
+// no block-table row: the clamp leaves nothing to prefetch.)
 template <int kBlockM, int kBlockN, class Loader, int kTiles>
 __device__ __forceinline__ void prefetch_first_tiles(const VarlenKernelParams& p, int tid) {
   WorkItem w;
   if (!schedule_work<kBlockM, kBlockN, /*kL2Only=*/true>(p, w)) return;
-  Loader loader = kv_loader_for<Loader>(p, w);
+  Loader loader = kv_loader_for<Loader, /*kL2Only=*/true>(p, w);
   loader.seq_len = min(w.seq_len, p.max_blocks_per_req * p.block_size.divisor);
   const int n = min(w.tile_end - w.tile_begin, kTiles);
   for (int i = 0; i < n; ++i) loader.prefetch_l2((w.tile_begin + i) * kBlockN, p.num_blocks, tid);

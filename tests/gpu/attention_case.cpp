@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <climits>
+#include <cstring>
 #include <cmath>
 #include <numeric>
 #include <set>
@@ -47,6 +48,7 @@ std::string Case::describe() const {
      << (tuning.kv_evict_first ? "" : ", no L2 policy on K/V") << (tuning.cluster_merge ? "" : ", workspace merge")
      << (pad_tokens ? ", " + std::to_string(pad_tokens) + " padding tokens" : "")
      << (v_other_layout ? ", V with the other layout's strides" : "")
+     << (contiguous_kv ? ", contiguous K/V (cu_seqlens_k)" : "")
      << "; requests (q_len/seq_len):";
   for (size_t r = 0; r < q_lens.size(); ++r) {
     if (r == 12 && q_lens.size() > 14) {
@@ -159,6 +161,34 @@ Problem::Problem(const Case& c) : c_(c) {
   upload(d_seq_, seq_.data(), seq_.size() * 4);
   upload(d_table_, table_.data(), table_.size() * 4);
   ATTNKIT_CUDA_CHECK(cudaDeviceSynchronize());  // fills done before any other stream reads them
+  if (c.contiguous_kv) {  // the requests' keys gathered into rows [total_k, kv_heads, head_size]
+    if (c.cache_dtype == DType::nvfp4 || c.v_other_layout)
+      throw std::invalid_argument("contiguous_kv: not for nvfp4 caches or v_other_layout");
+    std::vector<uint8_t> host(spec_.total_bytes());
+    ATTNKIT_CUDA_CHECK(cudaMemcpy(host.data(), d_cache_.get(), host.size(), cudaMemcpyDeviceToHost));
+    const PagedKV hv = cache_view(host.data(), Device::CPU);
+    const int64_t eb = static_cast<int64_t>(dtype_size(storage)), row = int64_t{c.head_size} * eb;
+    std::vector<int32_t> cu_k(1, 0);
+    for (int r = 0; r < n; ++r) cu_k.push_back(cu_k.back() + seq_[r]);
+    total_k_ = cu_k.back();
+    std::vector<uint8_t> rows[2];
+    for (int s = 0; s < 2; ++s) {
+      const PagedKVSide& side = s == 0 ? hv.k : hv.v;
+      rows[s].resize(static_cast<size_t>(std::max<int64_t>(total_k_, 1)) * c.num_kv_heads * row);
+      for (int r = 0; r < n; ++r)
+        for (int j = 0; j < seq_[r]; ++j) {
+          const int64_t blk = table_[static_cast<size_t>(r) * max_blocks_ + j / c.block_size], slot = j % c.block_size;
+          for (int h = 0; h < c.num_kv_heads; ++h)
+            std::memcpy(rows[s].data() + ((cu_k[r] + j) * c.num_kv_heads + h) * row,
+                        static_cast<const uint8_t*>(side.base) +
+                            (blk * side.stride_block + slot * side.stride_slot + h * side.stride_head) * eb,
+                        row);
+        }
+    }
+    upload(d_k_rows_, rows[0].data(), rows[0].size());
+    upload(d_v_rows_, rows[1].data(), rows[1].size());
+    upload(d_cu_k_, cu_k.data(), cu_k.size() * 4);
+  }
 }
 
 PagedKV Problem::cache_view(void* data, Device device) const {
@@ -210,6 +240,15 @@ flash_attn::VarlenArgs Problem::make_args(void* out, void* lse, void* workspace,
   a.seqused_k = d_seq_.as<int32_t>();
   a.block_table = d_table_.as<int32_t>();
   a.max_blocks_per_req = max_blocks_;
+  if (c_.contiguous_kv) {
+    const int64_t rows = std::max<int64_t>(total_k_, 1);
+    a.cache = flash_attn::contiguous_kv_view(
+        TensorView(d_k_rows_.get(), c_.cache_dtype, {rows, c_.num_kv_heads, c_.head_size}, Device::CUDA),
+        TensorView(d_v_rows_.get(), c_.cache_dtype, {rows, c_.num_kv_heads, c_.head_size}, Device::CUDA));
+    a.cu_seqlens_k = d_cu_k_.as<int32_t>();
+    a.block_table = nullptr;
+    a.max_blocks_per_req = 0;
+  }
   a.num_reqs = static_cast<int>(c_.q_lens.size());
   a.max_query_len = c_.max_query_len();
   a.max_seq_len = c_.max_seq_len();

@@ -47,6 +47,9 @@ struct Case {
   // V read with the other layout's strides over the same bytes (NHD <-> HND within a block):
   // K and V strides differ, as separate key / value tensors may.
   bool v_other_layout = false;
+  // K/V as contiguous rows [total_k, num_kv_heads, head_size] with cu_seqlens_k (no block
+  // table): the same values as the paged cache (gathered from it), so the reference is the same.
+  bool contiguous_kv = false;
   uint64_t seed = 1;
 
   int num_heads() const { return num_kv_heads * group; }
@@ -110,6 +113,8 @@ class Problem {
   int max_blocks_ = 0;
   KVCacheSpec spec_;
   cuda::DeviceBuffer d_q_, d_cache_, d_cu_, d_seq_, d_table_, d_params_;
+  cuda::DeviceBuffer d_k_rows_, d_v_rows_, d_cu_k_;  // contiguous_kv
+  int64_t total_k_ = 0;
   PagedKV d_kv_;
   // Host copies for the CPU reference (filled lazily: large caches never come back).
   mutable std::vector<uint8_t> h_q_, h_cache_;

@@ -90,6 +90,19 @@ TEST_P(VarlenTwoStageDecodeGrid, MatchesCpuReference) { check_against_cpu(random
 
 INSTANTIATE_TEST_SUITE_P(Seeds, VarlenTwoStageDecodeGrid, ::testing::Range(0, 24));
 
+// ---- contiguous K/V (cu_seqlens_k, no block table): the same grids over the same values ------
+
+class VarlenContiguousGrid : public ::testing::TestWithParam<int> {};
+
+TEST_P(VarlenContiguousGrid, MatchesCpuReference) {
+  const int i = GetParam();
+  Case c = i % 4 == 3 ? random_medium_case(3100 + i) : random_small_case(3000 + i);
+  c.contiguous_kv = true;
+  check_against_cpu(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, VarlenContiguousGrid, ::testing::Range(0, 80));
+
 // ---- every combination of the mask / score-mod features -------------------------------------
 
 class VarlenFeatureGrid : public ::testing::TestWithParam<int> {};
@@ -201,6 +214,22 @@ TEST(VarlenEdges, AlibiSlopesPerSequence) {
     if (i >= 4) c.cache_dtype = c.dtype;  // (hopper-eligible prefills)
     c.q_lens = i % 3 == 0 ? std::vector<int>{1, 1, 1} : std::vector<int>{1, 70, 4, 130};
     c.seq_lens = i % 3 == 0 ? std::vector<int>{300, 900, 41} : std::vector<int>{300, 200, 41, 130};
+    c.num_splits = 1 + i % 3;
+    check_against_cpu(c);
+  }
+}
+
+TEST(VarlenEdges, ContiguousKvLengthsAndTiles) {
+  // Requests whose rows start anywhere (not 16-aligned), empty requests, one key, page-straddling
+  // and long ranges; decode and prefill shapes; every head size.
+  const int head_sizes[] = {64, 96, 128, 192, 256};
+  for (int i = 0; i < 10; ++i) {
+    Case c = edge_base(2800 + i);
+    c.contiguous_kv = true;
+    c.head_size = head_sizes[i % 5];
+    c.causal = i % 2 == 0;
+    c.q_lens = i % 3 == 0 ? std::vector<int>{1, 1, 0, 1, 1} : std::vector<int>{5, 1, 0, 130, 17};
+    c.seq_lens = i % 3 == 0 ? std::vector<int>{1, 17, 0, 333, 1000} : std::vector<int>{5, 33, 9, 130, 400};
     c.num_splits = 1 + i % 3;
     check_against_cpu(c);
   }
@@ -333,6 +362,13 @@ TEST(VarlenSanitizer, SmallGridOfEveryPath) {
   c.q_lens = {0, 7, 1};
   c.seq_lens = {3, 2, 33};
   c.num_splits = 5;
+  check_against_cpu(c);
+  for (int s = 0; s < 40; s += 9) {  // contiguous K/V: decode and prefill tiles, both generations
+    Case k = random_small_case(3000 + s);
+    k.contiguous_kv = true;
+    check_against_cpu(k);
+  }
+  c.contiguous_kv = true;  // (requests without keys and queries longer than their keys)
   check_against_cpu(c);
 }
 
