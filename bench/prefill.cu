@@ -5,6 +5,8 @@
 // convention, which bench/peers.py uses too). Keys match bench/peers.py's. Section
 // prefill-grid: head size 128 causal shapes again with the hopper launch forced persistent and
 // forced one CTA per item, and with one and two Q buffers: the data behind the launcher's choices.
+// Section prefill-contig: the head size 128, 32/8 heads shapes with K/V as contiguous rows
+// [16k tokens, 8, 128] (cu_seqlens_k, no block table) next to the paged rows above.
 // Section prefill-split: short chunked prefills over long contexts (head size 128, 32/8 heads),
 // where the split rule may split, timed at forced split counts next to the rule's.
 #include <cuda_runtime.h>
@@ -99,6 +101,40 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
           }
         }
       }
+
+  // Contiguous K/V (fresh prefills: keys are the new tokens, cu_seqlens_k = cu_seqlens_q).
+  {
+    constexpr int kContigKv = 8, kContigHd = 128;
+    const int64_t rows_bytes = int64_t{kTokens} * kContigKv * kContigHd * 2;
+    cuda::DeviceBuffer k_rows(rows_bytes), v_rows(rows_bytes);
+    fill_random(k_rows.get(), rows_bytes / 2, DType::bf16, 23, stream);
+    fill_random(v_rows.get(), rows_bytes / 2, DType::bf16, 24, stream);
+    const TensorView kt(k_rows.get(), DType::bf16, {kTokens, kContigKv, kContigHd}, Device::CUDA);
+    const TensorView vt(v_rows.get(), DType::bf16, {kTokens, kContigKv, kContigHd}, Device::CUDA);
+    const PagedKV rows = flash_attn::contiguous_kv_view(kt, vt);
+    for (bool causal : {true, false})
+      for (int seqlen = 512; seqlen <= kTokens; seqlen *= 2) {
+        const int batch = kTokens / seqlen;
+        const std::string key = "prefill-contig" + prefill_key(kContigHd, kHeads, kContigKv, causal, seqlen, batch).substr(7);
+        if (!key_selected(key)) continue;
+        try {
+          const UniformBatch b = make_uniform_batch(batch, seqlen, seqlen, kBlock, 0, seqlen + 7, stream);
+          flash_attn::VarlenArgs args = varlen_args(b, rows, q.get(), out.get(), kHeads, kContigHd, causal, stream);
+          args.cu_seqlens_k = b.cu_seqlens_q.as<const int32_t>();  // (q_len == kv_len: the same offsets)
+          args.block_table = nullptr;
+          args.max_blocks_per_req = 0;
+          const double ms = time_ms([&] { flash_attn::run_varlen_attention(args); }, stream, 1, 5);
+          ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+          const double flops = 4.0 * kTokens * seqlen * kContigHd * kHeads * (causal ? 0.5 : 1.0);
+          rec.add({"prefill-contig", key, "attnkit", "TFLOP/s", flops / ms / 1e9, ms,
+                   "contiguous K/V rows (cu_seqlens_k), no block table; the paged row of the same shape is in "
+                   "section prefill"});
+        } catch (const std::exception& e) {
+          rec.fail("prefill-contig", key, e.what());
+          cudaGetLastError();
+        }
+      }
+  }
 
   // Chunked prefills whose work items leave SMs idle: the split rule's count against forced ones.
   struct Chunk {
