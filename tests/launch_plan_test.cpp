@@ -99,6 +99,8 @@ TEST(ChooseLaunch, Table) {
   no_tma.tma_geometry = false;
   LaunchFacts mma_sync_pref = h200(4, 4096, 4096);
   mma_sync_pref.preferred = Generation::mma_sync;
+  LaunchFacts alibi_rows = h200(4, 4096, 4096);
+  alibi_rows.alibi_per_request = true;
   LaunchFacts other_strides = h200(4, 4096, 4096);
   other_strides.same_kv_strides = false;
   const Case cases[] = {
@@ -153,6 +155,7 @@ TEST(ChooseLaunch, Table) {
       {"hd 96 prefill: mma_sync", h200(4, 4096, 4096, 96), {}, TileId::prefill, -1, true, true, false},
       {"mma_sync preferred", mma_sync_pref, {}, TileId::prefill, -1, true, true, false},
       {"K and V strides differ", other_strides, {}, TileId::prefill, -1, true, true, false},
+      {"ALiBi slopes per request: mma_sync", alibi_rows, {}, TileId::prefill, -1, true, true, false},
       {"prefill on sm80", [] { LaunchFacts f = h200(4, 4096, 4096); f.cc_major = 8; f.hopper_kernels = false; return f; }(),
        {}, TileId::prefill, -1, false, false, false},
   };

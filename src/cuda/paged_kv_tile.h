@@ -25,7 +25,6 @@ struct PagedSideBytes {
 // vLLM's block table: one row of block ids per request.
 struct BlockTablePages {
   const int32_t* row;
-  FastDivmod block_size;
   __device__ __forceinline__ int32_t at(int page) const { return __ldg(row + page); }
   __device__ __forceinline__ int32_t at_l2(int page) const { return __ldcg(row + page); }
 };
@@ -33,9 +32,8 @@ struct BlockTablePages {
 // index of their first key, over a view whose block stride is one row (stride_block ==
 // stride_slot): key j of the request is row first_row + j. No memory is read.
 struct ContiguousPages {
-  static constexpr int kPageKeys = 16;
+  static constexpr int kPageKeys = 16;  // (the view's block size)
   int32_t first_row;
-  FastDivmod block_size;  // kPageKeys
   __device__ __forceinline__ int32_t at(int page) const { return first_row + kPageKeys * page; }
   __device__ __forceinline__ int32_t at_l2(int page) const { return at(page); }
 };

@@ -232,7 +232,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
     const int tile_key0 = tile_key(w, it);
     const bool whole_tile_visible = tile_key0 >= w.full_lo && tile_key0 + Tr::kBlockN <= w.full_hi;
     float rescale[2];
-    softmax_scores(s, softmax, mod, unit, whole_tile_visible, p, w, warp_row0, tile_key0, lane, rescale);
+    // (per-head ALiBi slopes only: per-request ones run on the mma_sync kernels, launch_plan.cpp)
+    softmax_scores(s, softmax, mod, unit, whole_tile_visible, p, w, warp_row0, tile_key0, lane, rescale, false);
     if constexpr (kPV) {
       wgmma_wait<0>();
       wgmma_hold(o);

@@ -54,7 +54,7 @@ TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) 
   }
   why = std::to_string(rows) + " packed rows: prefill tile";
   if (f.preferred == Generation::hopper && f.hopper_kernels && tile_instantiated(TileId::hopper, hd, f.fp8_cache) &&
-      f.num_splits == 1 && f.same_kv_strides) {
+      f.num_splits == 1 && f.same_kv_strides && !f.alibi_per_request) {
     why += " of the hopper generation (wgmma, warp-specialised)";
     return TileId::hopper;
   }
@@ -64,6 +64,7 @@ TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) 
     else if (!tile_instantiated(TileId::hopper, hd, f.fp8_cache))
       why += " (mma_sync: the hopper kernel serves 16-bit caches at head size 64 / 128)";
     else if (f.num_splits > 1) why += " (mma_sync: split launches merge in the mma_sync epilogue)";
+    else if (f.alibi_per_request) why += " (mma_sync: the hopper kernel reads per-head ALiBi slopes only)";
     else why += " (mma_sync: the hopper producer needs equal K and V strides)";
   }
   return TileId::prefill;

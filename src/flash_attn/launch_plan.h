@@ -36,6 +36,7 @@ struct LaunchFacts {
   bool fp8_cache = false;
   bool same_kv_strides = true;     // K and V sides of the cache share block / slot strides
   bool tma_geometry = true;        // the cache's sides encode as TMA maps (cuda/tensor_map.h)
+  bool alibi_per_request = false;  // ALiBi slopes [num_reqs, num_heads]
   int num_reqs = 0, num_kv_heads = 0, group = 1;
   int max_query_len = 0, max_seq_len = 0;
   int num_splits = 1;

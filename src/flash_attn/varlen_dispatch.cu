@@ -250,6 +250,7 @@ static LaunchFacts varlen_launch_facts(const VarlenArgs& a, const VarlenKernelPa
   f.tma_geometry = a.cu_seqlens_k == nullptr && tma_rows(f.head_size, f.fp8_cache) &&
                    cuda::paged_side_map_refusal(side_geometry(p, false, row_bytes)).empty() &&
                    cuda::paged_side_map_refusal(side_geometry(p, true, row_bytes)).empty();
+  f.alibi_per_request = p.alibi_req_stride != 0 || (a.params.alibi_slopes.defined() && a.params.alibi_slopes.ndim == 2);
   f.num_reqs = a.num_reqs;
   f.num_kv_heads = p.num_kv_heads;
   f.group = p.group;

@@ -123,9 +123,9 @@ struct PersistentScheduler {
 template <class PageMap, bool kL2Only = false>
 __device__ __forceinline__ PageMap page_map_for(const VarlenKernelParams& p, const WorkItem& w) {
   if constexpr (std::is_same_v<PageMap, cuda::ContiguousPages>) {
-    return {load_meta<kL2Only>(p.cu_seqlens_k + w.req), p.block_size};
+    return {load_meta<kL2Only>(p.cu_seqlens_k + w.req)};
   } else {
-    return {p.block_table + static_cast<int64_t>(w.req) * p.max_blocks_per_req, p.block_size};
+    return {p.block_table + static_cast<int64_t>(w.req) * p.max_blocks_per_req};
   }
 }
 
@@ -199,9 +199,11 @@ __device__ __forceinline__ void prefetch_first_tiles(const VarlenKernelParams& p
 }
 
 // The row facts of the two row slots a thread holds in layout Lay (cuda/frag_rows.h).
+// per_request_alibi false: the kernel serves per-head slopes only (a constant: the request index
+// then need not stay live; the hopper consumers, at their register limit, spilled for it).
 template <class Lay = cuda::RowsOnM>
 __device__ __forceinline__ cuda::RowFacts row_facts(const VarlenKernelParams& p, const WorkItem& w,
-                                                    int warp_row0, int lane) {
+                                                    int warp_row0, int lane, bool per_request_alibi = true) {
   const cuda::KeyVisibility vis{w.seq_len, p.causal, p.window_left, p.window_right};
   cuda::RowFacts f;
 #pragma unroll
@@ -212,7 +214,9 @@ __device__ __forceinline__ cuda::RowFacts row_facts(const VarlenKernelParams& p,
     f.pos[r] = cuda::query_position(w.seq_len, w.q_len, token);
     f.keys[r] = vis.of(f.pos[r]);
     f.alibi_slope[r] =
-        p.alibi_slopes != nullptr ? p.alibi_slopes[w.req * p.alibi_req_stride + head * p.alibi_stride] : 0.f;
+        p.alibi_slopes != nullptr
+            ? p.alibi_slopes[(per_request_alibi ? w.req * p.alibi_req_stride : 0) + head * p.alibi_stride]
+            : 0.f;
   }
   return f;
 }

@@ -13,14 +13,14 @@ namespace attnkit::flash_attn {
 // Scores to probabilities: s holds the fragment's scores over keys [key0, key0 + 8 * kS);
 // whole_tile_visible: every key of the tile is visible to every row (no mask needed).
 // `rescale` receives the factor the output rows must be multiplied by (rescale_output).
-// Lay: where the fragment's rows and keys sit (cuda/frag_rows.h).
+// Lay: where the fragment's rows and keys sit (cuda/frag_rows.h). per_request_alibi: row_facts.
 template <class Lay = cuda::RowsOnM, int kS>
 __device__ __forceinline__ void softmax_scores(cuda::FragC (&s)[kS], cuda::RowSoftmax& softmax,
                                                const cuda::ScoreMod& mod, float unit, bool whole_tile_visible,
                                                const VarlenKernelParams& p, const WorkItem& w, int row0, int key0,
-                                               int lane, float (&rescale)[2]) {
+                                               int lane, float (&rescale)[2], bool per_request_alibi = true) {
   if (mod.active() || !whole_tile_visible) {  // boundary tiles and score mods only
-    const cuda::RowFacts rows = row_facts<Lay>(p, w, row0, lane);
+    const cuda::RowFacts rows = row_facts<Lay>(p, w, row0, lane, per_request_alibi);
     if (mod.active()) mod.apply<Lay>(s, rows, key0, lane);
     if (!whole_tile_visible) cuda::apply_mask<Lay>(s, rows, key0, lane);
   }
