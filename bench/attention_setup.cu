@@ -230,11 +230,7 @@ DecodeShape make_decode_shape(int batch, int kv_len, const KVCacheSpec& spec, co
 
 int builder_num_splits(int num_reqs, int q_len, int kv_len, int num_heads, int num_kv_heads,
                        DType cache_dtype, int sm_count, int head_size) {
-  std::vector<int32_t> qsl(num_reqs + 1), seq(num_reqs, kv_len);
-  for (int i = 0; i <= num_reqs; ++i) qsl[i] = i * q_len;
   flash_attn::SplitKVInput in;
-  in.query_start_loc = qsl;
-  in.seq_lens = seq;
   in.num_heads = num_heads;
   in.num_kv_heads = num_kv_heads;
   in.num_sms = sm_count;
@@ -242,7 +238,7 @@ int builder_num_splits(int num_reqs, int q_len, int kv_len, int num_heads, int n
   in.head_size = head_size;
   in.cc_major = cuda::current_device_props().cc_major;
   in.hopper_kernels = flash_attn::hopper_kernels_available();
-  return flash_attn::decide_num_splits(in).num_splits;
+  return flash_attn::decide_num_splits_uniform(num_reqs, q_len, kv_len, in).num_splits;
 }
 
 }  // namespace attnkit::bench

@@ -273,11 +273,7 @@ int varlen_num_splits(int num_reqs, int max_q, int max_k, int num_heads, int num
   ATTNKIT_REQUIRE(max_q >= 0 && max_k >= 0, where, "max_seqlen_q / max_seqlen_k",
                   std::to_string(max_q) + " / " + std::to_string(max_k), "must be >= 0");
   const DeviceSpec d = cuda_device_spec(device);
-  std::vector<int32_t> qsl(static_cast<size_t>(num_reqs) + 1), seq(static_cast<size_t>(num_reqs), max_k);
-  for (int i = 0; i <= num_reqs; ++i) qsl[i] = i * max_q;
   flash_attn::SplitKVInput in;
-  in.query_start_loc = qsl;
-  in.seq_lens = seq;
   in.num_heads = num_heads;
   in.num_kv_heads = num_kv_heads;
   in.num_sms = d.sms_or_default();
@@ -285,7 +281,7 @@ int varlen_num_splits(int num_reqs, int max_q, int max_k, int num_heads, int num
   in.head_size = head_size;
   in.cc_major = d.cc_major;
   in.hopper_kernels = flash_attn::hopper_generation_built() && d.cc_major == 9 && d.cc_minor == 0;
-  return flash_attn::decide_num_splits(in).num_splits;
+  return flash_attn::decide_num_splits_uniform(num_reqs, max_q, max_k, in).num_splits;
 }
 
 }  // namespace

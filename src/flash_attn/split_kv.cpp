@@ -1,6 +1,7 @@
 #include "flash_attn/split_kv.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "attnkit/error.h"
 #include "core/int_math.h"
@@ -122,6 +123,17 @@ SplitKVDecision decide_num_splits(const SplitKVInput& in) {
              " CTA slots: " + std::to_string(s) + " splits of <= " +
              std::to_string(ceil_div(tiles, s) * split_tile_keys) + " KV tokens (" + tile.name + " tile)";
   return d;
+}
+
+SplitKVDecision decide_num_splits_uniform(int num_reqs, int q_len, int kv_len, SplitKVInput shape) {
+  ATTNKIT_REQUIRE(num_reqs >= 0, kWhere, "num_reqs", num_reqs, "must be >= 0");
+  ATTNKIT_REQUIRE(q_len >= 0 && kv_len >= 0, kWhere, "q_len / kv_len",
+                  std::to_string(q_len) + " / " + std::to_string(kv_len), "must be >= 0");
+  std::vector<int32_t> qsl(static_cast<size_t>(num_reqs) + 1), seq(static_cast<size_t>(num_reqs), kv_len);
+  for (int i = 0; i <= num_reqs; ++i) qsl[i] = i * q_len;
+  shape.query_start_loc = qsl;
+  shape.seq_lens = seq;
+  return decide_num_splits(shape);
 }
 
 }  // namespace attnkit::flash_attn

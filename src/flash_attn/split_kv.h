@@ -73,4 +73,10 @@ TileConfig split_kv_tile(const SplitKVInput& in);
 int64_t split_kv_work_items(const SplitKVInput& in);
 SplitKVDecision decide_num_splits(const SplitKVInput& in);
 
+// The rule for a uniform batch: num_reqs requests of q_len queries over kv_len keys each, with
+// the other fields of `shape` (heads, SMs, cache dtype, head size, device) as given. What
+// FlashAttention's num_splits = 0 and get_scheduler_metadata decide from host-visible sizes, and
+// what the bench's uniform batches take.
+SplitKVDecision decide_num_splits_uniform(int num_reqs, int q_len, int kv_len, SplitKVInput shape);
+
 }  // namespace attnkit::flash_attn

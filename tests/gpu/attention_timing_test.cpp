@@ -136,11 +136,7 @@ int builder_splits(int batch, int kv, DType cache_dtype = DType::bf16) {
   int dev = 0, sms = 0;
   ATTNKIT_CUDA_CHECK(cudaGetDevice(&dev));
   ATTNKIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  std::vector<int32_t> qsl(batch + 1), seq(batch, kv);
-  for (int i = 0; i <= batch; ++i) qsl[i] = i;
   flash_attn::SplitKVInput in;
-  in.query_start_loc = qsl;
-  in.seq_lens = seq;
   in.num_heads = 32;
   in.num_kv_heads = 8;
   in.num_sms = sms;
@@ -148,7 +144,7 @@ int builder_splits(int batch, int kv, DType cache_dtype = DType::bf16) {
   in.head_size = 128;
   in.cc_major = cuda::current_device_props().cc_major;
   in.hopper_kernels = flash_attn::hopper_kernels_available();
-  return flash_attn::decide_num_splits(in).num_splits;
+  return flash_attn::decide_num_splits_uniform(batch, 1, kv, in).num_splits;
 }
 
 TEST(DISABLED_VarlenTiming, Prefill) {
