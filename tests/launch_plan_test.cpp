@@ -205,15 +205,14 @@ TEST(ChooseLaunch, SplitRuleCountsTheGridsWork) {
     const int kv_heads = 1 << (rng() % 4), group = 1 + rng() % 8, reqs = 1 + rng() % 20;
     const int hd = std::vector<int>{64, 96, 128, 192, 256}[rng() % 5];
     const bool fp8 = rng() % 2, decode = rng() % 2;
-    std::vector<int32_t> qsl{0}, seq;
+    test::Batch b;
     for (int r = 0; r < reqs; ++r) {
       const int q = decode ? 1 + static_cast<int>(rng() % std::max(1, 16 / group)) : static_cast<int>(rng() % 700);
-      qsl.push_back(qsl.back() + q);
-      seq.push_back(q + static_cast<int>(rng() % 9000));
+      b.add(q, q + static_cast<int>(rng() % 9000));
     }
     SplitKVInput in;
-    in.query_start_loc = qsl;
-    in.seq_lens = seq;
+    in.query_start_loc = b.qsl;
+    in.seq_lens = b.seq;
     in.num_heads = kv_heads * group;
     in.num_kv_heads = kv_heads;
     in.num_sms = 132;
@@ -226,7 +225,8 @@ TEST(ChooseLaunch, SplitRuleCountsTheGridsWork) {
     LaunchFacts f = split_kv_facts(in);
     const LaunchPlan plan = choose_launch(f);
     int64_t grid_items = 0;
-    for (int r = 0; r < reqs; ++r) grid_items += kv_heads * ceil_div(int64_t{qsl[r + 1] - qsl[r]} * group, plan.config.rows);
+    for (int r = 0; r < reqs; ++r)
+      grid_items += kv_heads * ceil_div(int64_t{b.qsl[r + 1] - b.qsl[r]} * group, plan.config.rows);
     const std::string ctx = "trial " + std::to_string(trial) + " (" + plan.config.name + "): " + d.reason;
     EXPECT_EQ(d.work_items, grid_items) << ctx;
     EXPECT_LE(d.work_items, plan.grid_ctas) << ctx;
@@ -253,14 +253,11 @@ TEST(ChooseLaunch, HopperServedBatchesSplitOnlyWhereTheSplitsOutrunIt) {
   for (const Case& c : {Case{1, 128, 8192, 1, "W = 32: 4 splits would not beat hopper"},
                         Case{4, 32, 4096, 1, "W = 32"}, Case{1, 512, 16384, 1, "W = 128: past half a wave"},
                         Case{1, 16, 16384, 16, "W = 8: 16 splits"}, Case{2, 16, 8192, 8, "W = 16: 8 splits"}}) {
-    std::vector<int32_t> qsl{0}, seq;
-    for (int r = 0; r < c.reqs; ++r) {
-      qsl.push_back(qsl.back() + c.q);
-      seq.push_back(c.kv);
-    }
+    test::Batch b;
+    for (int r = 0; r < c.reqs; ++r) b.add(c.q, c.kv);
     SplitKVInput in;
-    in.query_start_loc = qsl;
-    in.seq_lens = seq;
+    in.query_start_loc = b.qsl;
+    in.seq_lens = b.seq;
     in.num_heads = 32;
     in.num_kv_heads = 8;
     in.num_sms = 132;

@@ -15,6 +15,16 @@
 
 namespace attnkit::test {
 
+// The query and key lengths of a batch of requests, as the host arrays a builder or rule reads:
+// query_start_loc (qsl) and seq_lens (seq).
+struct Batch {
+  std::vector<int32_t> qsl{0}, seq;
+  void add(int q, int s) {
+    qsl.push_back(qsl.back() + q);
+    seq.push_back(s);
+  }
+};
+
 inline std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> d(lo, hi);
