@@ -102,6 +102,21 @@ def build(recs):
     else:
         targets.append("prefill d128 causal vs FLASH: no comparable numbers in this run")
 
+    # Padding cost (issue 18): a head size rounded up to its kernel's dim, counted by its real
+    # columns, against the next compiled dim on the same shapes (geomean over the seqlens).
+    def pad_ratio(small, big):
+        rs = []
+        for k, a, _, _ in pre(rf"prefill d{small} h32/8 causal "):
+            b = val("prefill", k.replace(f"prefill d{small} ", f"prefill d{big} ", 1), "attnkit")
+            rs.append(ratio(a, b))
+        return geomean(rs), min((x for x in rs if x), default=None)
+
+    for small, big, want in ((80, 96, 0.8), (112, 128, 0.85)):
+        g, lo = pad_ratio(small, big)
+        if g:
+            targets.append(f"prefill d{small} / d{big} causal h32/8 TFLOP/s: geomean {fmt(g, 2)}x, min {fmt(lo, 2)}x "
+                           f"(target >= {want}x: {'met' if lo >= want else 'MISSED'})")
+
     def dec(dtype, cond):
         out = []
         for (s, k) in order:

@@ -237,9 +237,9 @@ TEST(KVCacheShape, RefusedBlockSizesThrowWithTheRule) {
 }
 
 TEST(KVCacheShape, CacheDtypesAndHeadSizesPerBackend) {
-  // FlashAttention has no nvfp4 cache and a fixed head-size list; the reference has both.
+  // FlashAttention has no nvfp4 cache; the reference has it. Both take any multiple of 8.
   EXPECT_THROW(backend("flash_attn").get_kv_cache_shape(4, 16, 8, 128, DType::nvfp4), Error);
-  EXPECT_THROW(backend("flash_attn").get_kv_cache_shape(4, 16, 8, 80, DType::bf16), Error);
+  EXPECT_EQ(backend("flash_attn").get_kv_cache_shape(4, 16, 8, 80, DType::bf16), (std::vector<int64_t>{4, 2, 16, 8, 80}));
   for (DType t : {DType::f16, DType::bf16, DType::fp8_e4m3, DType::fp8_e5m2})
     EXPECT_EQ(backend("flash_attn").get_kv_cache_shape(4, 16, 8, 128, t),
               (std::vector<int64_t>{4, 2, 16, 8, 128}));

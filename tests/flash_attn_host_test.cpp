@@ -66,9 +66,20 @@ TEST(Generation, ChoiceTable) {
       {"bf16 GQA sm90", 90, 128, DType::bf16, false, false, H, M, {}, {}},
       {"hd64 sm90", 90, 64, DType::bf16, false, false, H, M, {}, {}},
       {"hd64 sinks sm90", 90, 64, DType::bf16, false, true, H, M, {}, {}},
-      {"hd256 sm90", 90, 256, DType::bf16, false, true, M, M, {"head sizes 64, 128"}, {}},
-      {"hd96 sm90", 90, 96, DType::bf16, false, false, M, M, {"head sizes 64, 128"}, {}},
-      {"hd192 sm90", 90, 192, DType::bf16, false, false, M, M, {"head size is 192"}, {}},
+      {"hd256 sm90", 90, 256, DType::bf16, false, true, M, M, {"head dims 64 / 128"}, {}},
+      {"hd96 sm90", 90, 96, DType::bf16, false, false, M, M, {"head dims 64 / 128"}, {}},
+      {"hd192 sm90", 90, 192, DType::bf16, false, false, M, M, {"head size 192 runs on dim 192"}, {}},
+      // Rounded head sizes: hopper serves the ones whose mma_sync dim is 64 / 128.
+      {"hd8 sm90", 90, 8, DType::bf16, false, false, H, M, {}, {}},
+      {"hd40 sm90", 90, 40, DType::bf16, false, false, H, M, {}, {}},
+      {"hd112 sm90", 90, 112, DType::bf16, false, false, H, M, {}, {}},
+      {"hd72 sm90", 90, 72, DType::bf16, false, false, M, M, {"head size 72 runs on dim 80"}, {}},
+      {"hd80 sm90", 90, 80, DType::bf16, false, false, M, M, {"head size 80 runs on dim 80"}, {}},
+      {"hd200 sm90", 90, 200, DType::bf16, false, false, M, M, {"head size 200 runs on dim 256"}, {}},
+      {"fp8 hd80 sm90", 90, 80, DType::fp8_e4m3, false, false, M, M, {"head size 80 runs on dim 96"}, {}},
+      {"fp8 hd40 sm90", 90, 40, DType::fp8_e4m3, false, false, -1, -1, {"has no kernel dim"}, {"16 with an fp8 cache"}},
+      {"hd84 sm90", 90, 84, DType::bf16, false, false, -1, -1, {"has no kernel dim"}, {"head size is 84"}},
+      {"hd264 sm90", 90, 264, DType::bf16, false, false, -1, -1, {"has no kernel dim"}, {"head size is 264"}},
       {"fp8 sm90", 90, 128, DType::fp8_e4m3, false, false, M, M, {"16-bit caches"}, {}},
       {"fp8 e5m2 sm90", 90, 128, DType::fp8_e5m2, false, false, M, M, {"fp8_e5m2"}, {}},
       {"alibi sm90", 90, 128, DType::bf16, true, false, H, M, {}, {}},
@@ -77,7 +88,7 @@ TEST(Generation, ChoiceTable) {
       {"bf16 sm89", 89, 128, DType::bf16, false, false, M, M, {"needs sm90"}, {}},
       {"bf16 sm100", 100, 128, DType::bf16, false, false, M, M, {"the device is sm100"}, {}},
       {"sm75", 75, 128, DType::bf16, false, false, -1, -1, {"needs sm90"}, {"sm80 or newer"}},
-      {"hd512 sm90", 90, 512, DType::bf16, false, false, -1, -1, {"head size is 512"}, {"head size is 512"}},
+      {"hd512 sm90", 90, 512, DType::bf16, false, false, -1, -1, {"has no kernel dim"}, {"head size is 512"}},
       {"nvfp4 sm90", 90, 128, DType::nvfp4, false, false, -1, -1, {"16-bit caches"}, {"nvfp4"}},
       {"cpu", 0, 128, DType::bf16, false, false, -1, -1, {"CPU"}, {"CPU"}},
   };
@@ -128,7 +139,8 @@ TEST(Generation, DescribeNamesChosenAndRefused) {
 TEST(FlashAttnBackend, CapabilitiesAndRules) {
   const FlashAttnBackend fa;
   const Capabilities caps = fa.capabilities();
-  EXPECT_EQ(caps.head_sizes, (std::vector<int>{64, 96, 128, 192, 256}));
+  EXPECT_TRUE(caps.head_sizes.empty());  // (any multiple of 8 the kernels' dims cover)
+  EXPECT_EQ(caps.head_size_multiple_of, 8);
   EXPECT_EQ(caps.block_sizes.multiple_of, 16);
   EXPECT_EQ(caps.min_cc, 80);
   EXPECT_FALSE(caps.runs_on_cpu);
@@ -152,7 +164,12 @@ TEST(FlashAttnBackend, CapabilitiesAndRules) {
   EXPECT_TRUE(mentions(fa.check(config(0)), "runs on CUDA GPUs only")) << joined(fa.check(config(0)));
   EXPECT_NE(fa.variant(config(90)).find("mma_sync"), std::string::npos);
   EXPECT_THROW(fa.make_builder(config(0)), Error);
-  EXPECT_THROW(fa.make_impl(config(90, 80)), Error);
+  EXPECT_THROW(fa.make_impl(config(90, 84)), Error);
+  EXPECT_THROW(fa.make_impl(config(90, 264)), Error);
+  for (int hs : {8, 32, 40, 72, 80, 96, 112, 160, 200, 224, 256})
+    EXPECT_TRUE(fa.check(config(90, hs)).empty()) << hs << ": " << joined(fa.check(config(90, hs)));
+  EXPECT_NE(fa.variant(config(90, 112)).find("head-dim-128 kernels (head size 112 zero-padded)"), std::string::npos)
+      << fa.variant(config(90, 112));
 }
 
 // ---- cascade -------------------------------------------------------------------------------

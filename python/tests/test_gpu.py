@@ -190,6 +190,30 @@ def test_cuda_varlen_grid(dtype, heads, head_size, block_size):
     check(b, b.run(causal=True), b.reference(causal=True), f"{dtype} {heads} d={head_size} bs={block_size}")
 
 
+@needs_cuda
+@pytest.mark.parametrize("head_size", [8, 32, 40, 72, 80, 96, 112, 160, 200, 224, 256])
+def test_cuda_varlen_head_sizes(head_size):
+    # Head sizes padded up to the next compiled dim (and dims 80, 96, 256): paged and contiguous
+    # K/V, GQA, causal; an fp8 cache where the size is a multiple of 16.
+    b = TorchBatch(Q_LENS, KV_LENS, 8, 2, head_size, 16, torch.bfloat16, "cuda", seed=head_size)
+    check(b, b.run(causal=True), b.reference(causal=True), f"d={head_size} paged")
+    kc, vc, cu_k = contiguous_rows(b)
+    got = attnkit.flash_attn_varlen_func(b.q, kc, vc, b.max_seqlen_q, b.cu_seqlens_q, b.max_seqlen_k,
+                                         cu_seqlens_k=cu_k, causal=False, return_softmax_lse=True)
+    check(b, got, b.reference(causal=False), f"d={head_size} contiguous")
+    if head_size % 16 == 0:
+        f = TorchBatch(Q_LENS, KV_LENS, 8, 2, head_size, 16, torch.float16, "cuda", fp8="e4m3", seed=head_size + 1)
+        check(f, f.run(causal=True), f.reference(causal=True), f"d={head_size} fp8")
+
+
+@needs_cuda
+@pytest.mark.parametrize("head_size,fp8", [(84, None), (264, None), (40, "e4m3")])
+def test_cuda_varlen_unserved_head_size_is_an_error(head_size, fp8):
+    b = TorchBatch([3, 1], [5, 9], 4, 2, head_size, 16, torch.bfloat16, "cuda", fp8=fp8, seed=9)
+    with pytest.raises(attnkit.AttnkitError, match=f"head_size.*{head_size}.*multiple of"):
+        b.run(causal=True)
+
+
 CUDA_FEATURES = {
     "non_causal": (dict(causal=False), dict(causal=False)),
     "window": (dict(causal=True, window_size=(63, 0)), dict(causal=True, window=(63, 0))),

@@ -35,6 +35,7 @@ struct KvSourceArgs {
   PageMap pages;               // the request's pages
   FastDivmod block_size;
   int seq_len, kv_head;
+  int row_bytes;               // bytes of a row in the cache (<= G::kKvRowBytes; cp.async sources)
   const TmaDesc* k_map;        // TMA maps of the two sides (TMA sources only)
   const TmaDesc* v_map;
   bool evict_first;            // TMA boxes with an L2 evict-first policy
@@ -60,7 +61,7 @@ struct CpAsyncPagedSource {
   typename Loader::Pages next_pages;  // (written before any read: start, issue_ahead)
 
   __device__ __forceinline__ CpAsyncPagedSource(const KvSourceArgs<PageMap>& a, Barriers&, int tid_)
-      : loader{a.k, a.v, a.pages, a.block_size, a.seq_len}, stages(a.stages), first_key(a.first_key),
+      : loader{a.k, a.v, a.pages, a.block_size, a.seq_len, a.row_bytes}, stages(a.stages), first_key(a.first_key),
         n_tiles(a.n_tiles), tid(tid_) {}
   __device__ __forceinline__ int tile_key(int i) const { return first_key + i * G::kBlockN; }
   __device__ __forceinline__ uint32_t k_stage(int i) const { return stages + Ring::stage_of(i) * G::kStageBytes; }

@@ -3,7 +3,8 @@
 // contiguous rows (K/V of [total_keys, kv_heads, head_size], seen as 16-key "pages" that start
 // at the request's first row). Tiles may cross page boundaries (any block size works, including
 // ones smaller than the tile); keys at or past seq_len are zero-filled and their pages are
-// never looked up.
+// never looked up, and so are the columns of a row past its cache bytes (a head size padded up
+// to the tile's head dim).
 #pragma once
 #include <cstdint>
 
@@ -78,6 +79,9 @@ struct PagedKVTileLoader {
   PageMap page_map;  // this request's pages
   FastDivmod block_size;
   int seq_len;
+  // Bytes of a row in the cache (a multiple of 16, <= kRowBytes): chunks past it are
+  // zero-filled and read nothing (a head size padded up to the tile's head dim).
+  int row_bytes = kRowBytes;
 
   // Each thread copies one chunk column of whole 16-key groups (one block-table read per
   // group) when the thread count allows; else row by row.
@@ -135,7 +139,7 @@ struct PagedKVTileLoader {
   __device__ __forceinline__ Offsets offsets(const PagedSideBytes& side, int first_key, const Pages& pg,
                                              int tid) const {
     const int r0 = tid / kChunksPerRow, chunk = tid % kChunksPerRow;
-    const int32_t thread_off = (r0 & 15) * side.stride_slot + chunk * 16;
+    const int32_t thread_off = (r0 & 15) * side.stride_slot + (in_row(chunk) ? chunk * 16 : 0);
     Offsets o;
     o.stride_slot = side.stride_slot;
 #pragma unroll
@@ -151,7 +155,7 @@ struct PagedKVTileLoader {
                                             int tid) const {
     const int r0 = tid / kChunksPerRow, chunk = tid % kChunksPerRow;
     const uint32_t dst0 = tile + Layout::offset(r0, chunk);
-    const int rows_left = seq_len - first_key;
+    const int rows_left = in_row(chunk) ? seq_len - first_key : 0;  // (a padding chunk: zeros)
     const int32_t slot_step = kRowsPerIter * o.stride_slot;
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
@@ -183,21 +187,25 @@ struct PagedKVTileLoader {
       const PagedSideBytes& side = i < kRows ? k : v;
       const int32_t slot = key - page * block_size.divisor;
       prefetch_l2_bulk(side.head_base + static_cast<int64_t>(blk) * side.stride_block + slot * side.stride_slot,
-                       kRowBytes);
+                       row_bytes);
     }
   }
 
  private:
+  // Whether 16-byte chunk `chunk` of a row holds cache bytes (else it is padding).
+  __device__ __forceinline__ bool in_row(int chunk) const { return chunk * 16 < row_bytes; }
   // The first key of this thread's group gi, or key 0 (always backed by a block) past seq_len.
   __device__ __forceinline__ int group_key(int first_key, int r0, int gi) const {
     const int key = first_key + ((r0 + gi * kItersPerGroup * kRowsPerIter) & ~15);
     return key < seq_len ? key : 0;
   }
 
-  __device__ __forceinline__ static void copy_chunk(const PagedSideBytes& side, int row, int chunk, int32_t blk,
-                                                    int32_t slot, bool valid, uint32_t tile) {
-    const char* src = side.head_base + static_cast<int64_t>(blk) * side.stride_block + (slot * side.stride_slot + chunk * 16);
-    cp_async_16(tile + Layout::offset(row, chunk), src, valid);
+  __device__ __forceinline__ void copy_chunk(const PagedSideBytes& side, int row, int chunk, int32_t blk,
+                                             int32_t slot, bool valid, uint32_t tile) const {
+    const bool col = in_row(chunk);
+    const char* src =
+        side.head_base + static_cast<int64_t>(blk) * side.stride_block + (slot * side.stride_slot + (col ? chunk * 16 : 0));
+    cp_async_16(tile + Layout::offset(row, chunk), src, valid && col);
   }
 
   __device__ __forceinline__ void load_by_rows(int first_key, uint32_t k_tile, uint32_t v_tile, int tid) const {

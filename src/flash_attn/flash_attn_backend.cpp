@@ -13,7 +13,8 @@ Capabilities FlashAttnBackend::capabilities() const {
   Capabilities c;
   c.dtypes = {DType::f16, DType::bf16};
   c.cache_dtypes = {DType::bf16, DType::f16, DType::fp8_e4m3, DType::fp8_e5m2};
-  c.head_sizes = {64, 96, 128, 192, 256};
+  c.head_sizes = {};  // any multiple of 8 the kernels' dims cover (generation.cpp says which serves it)
+  c.head_size_multiple_of = 8;
   c.block_sizes = BlockSizeRule::MultipleOf(16);  // the page is resolved per 16-row slice
   c.layouts = {KVLayout::NHD, KVLayout::HND};
   c.features = {.sinks = true, .alibi = true, .softcap = true, .sliding_window = true,

@@ -2,19 +2,14 @@
 
 #include <algorithm>
 
+#include "flash_attn/tile_set.h"
+
 namespace attnkit::flash_attn {
 
 namespace {
 
 constexpr int kMmaSyncMinCC = 80;  // mma.sync m16n8k16 bf16 and cp.async arrive with Ampere
 constexpr int kHopperCC = 90;      // wgmma and TMA exist on sm90 only (sm100 has tcgen05)
-constexpr int kMmaSyncHeadSizes[] = {64, 96, 128, 192, 256};
-constexpr int kHopperHeadSizes[] = {64, 128};  // the hot shapes
-
-template <size_t N>
-bool in(const int (&set)[N], int x) {
-  return std::find(std::begin(set), std::end(set), x) != std::end(set);
-}
 
 template <size_t N>
 std::string list(const int (&set)[N]) {
@@ -35,10 +30,11 @@ std::vector<std::string> mma_sync_rules(const AttentionConfig& cfg) {
   if (!cfg.device.cpu && cfg.device.cc() < kMmaSyncMinCC)
     why.push_back("needs sm80 or newer for mma.sync bf16 tensor cores (the device is " +
                   cfg.device.describe() + ")");
-  if (!in(kMmaSyncHeadSizes, cfg.head_size))
-    why.push_back("has kernels for head sizes " + list(kMmaSyncHeadSizes) + " only (head size is " +
-                  std::to_string(cfg.head_size) + ")");
   const DType c = cfg.cache_dtype;
+  if (kernel_head_dim(cfg.head_size, is_fp8(c)) == 0)
+    why.push_back("serves head sizes that are multiples of 8 (16 with an fp8 cache) up to " +
+                  std::to_string(kMaxHeadSize) + ", each on the next larger of its kernels' head dims " +
+                  list(kMmaSyncHeadDims) + " (head size is " + std::to_string(cfg.head_size) + ")");
   if (c != DType::f16 && c != DType::bf16 && !is_fp8(c))
     why.push_back("reads f16, bf16 or FP8 caches only (cache dtype is " + std::string(dtype_name(c)) + ")");
   return why;
@@ -50,9 +46,11 @@ std::vector<std::string> hopper_rules(const AttentionConfig& cfg, bool built) {
   if (!cfg.device.cpu && cfg.device.cc() != kHopperCC)
     why.push_back("needs sm90 (wgmma and TMA are Hopper instructions; the device is " +
                   cfg.device.describe() + ")");
-  if (!in(kHopperHeadSizes, cfg.head_size))
-    why.push_back("has kernels for the hot head sizes " + list(kHopperHeadSizes) +
-                  " only (head size is " + std::to_string(cfg.head_size) + ")");
+  const int dim = kernel_head_dim(cfg.head_size, is_fp8(cfg.cache_dtype));
+  if (!tile_instantiated(TileId::hopper, dim, false))
+    why.push_back("has kernels for the hot head dims 64 / 128, serving the head sizes whose mma_sync "
+                  "kernel dim is the same (head size " + std::to_string(cfg.head_size) +
+                  (dim > 0 ? " runs on dim " + std::to_string(dim) + ")" : " has no kernel dim)"));
   if (cfg.cache_dtype != DType::f16 && cfg.cache_dtype != DType::bf16)
     why.push_back("reads 16-bit caches only (a " + std::string(dtype_name(cfg.cache_dtype)) +
                   " cache needs the mma_sync generation's in-kernel dequantization)");
@@ -93,9 +91,14 @@ GenerationChoice choose_generation(const AttentionConfig& cfg, bool hopper_kerne
     choice.why = "no kernel generation serves this configuration";
     return choice;
   }
+  const int dim = kernel_head_dim(cfg.head_size, is_fp8(cfg.cache_dtype));
+  const std::string kernels =
+      dim == cfg.head_size ? "the head-dim-" + std::to_string(dim) + " kernels"
+                           : "the head-dim-" + std::to_string(dim) + " kernels (head size " +
+                                 std::to_string(cfg.head_size) + " zero-padded)";
   if (*choice.chosen == Generation::hopper) {
     choice.why = "sm90 hot shape: wgmma kernels for prefill-shaped launches (decode-shaped and split "
-                 "launches run the mma_sync kernels)";
+                 "launches run the mma_sync kernels), " + kernels;
     return choice;
   }
   // mma_sync chosen: say whether hopper lost only because its kernels are not built.
@@ -105,6 +108,7 @@ GenerationChoice choose_generation(const AttentionConfig& cfg, bool hopper_kerne
                  "are not built, so mma_sync (sm80+) serves it";
   else
     choice.why = "mma.sync kernels for sm80+ with the widest feature set";
+  choice.why += ", " + kernels;
   return choice;
 }
 

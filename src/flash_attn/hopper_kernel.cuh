@@ -71,7 +71,12 @@ __device__ __forceinline__ void register_epilogue(const VarlenKernelParams& p, c
     T* dst = static_cast<T*>(p.out) + token * p.out_stride_token + head * p.out_stride_head + 2 * (lane & 3);
 #pragma unroll
     for (int dn = 0; dn < Tr::kOFrags; ++dn)
+    {
+      // The columns of the head size only (a break, not a guarded store: the guard left the
+      // consumers spilling 72-100 bytes).
+      if (dn * 8 >= p.head_size) break;
       *reinterpret_cast<uint32_t*>(dst + dn * 8) = cuda::pack2<T>(o[dn].c[2 * r] * f, o[dn].c[2 * r + 1] * f);
+    }
     if ((lane & 3) == 0 && p.lse != nullptr) p.lse[head * p.lse_stride_head + token * p.lse_stride_token] = lse;
   }
 }

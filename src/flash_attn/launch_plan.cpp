@@ -22,6 +22,8 @@ void validate(const LaunchFacts& f, const LaunchTuning& t) {
   ATTNKIT_REQUIRE(t.max_ctas >= 0, kWhere, "tuning.max_ctas", t.max_ctas, "must be >= 0 (0: the rule's choice)");
   ATTNKIT_REQUIRE(t.q_buffers >= 0 && t.q_buffers <= 2, kWhere, "tuning.q_buffers", t.q_buffers,
                   "must be 0 (the rule's choice), 1 or 2");
+  ATTNKIT_REQUIRE(f.head_size == 0 || kernel_head_dim(f.head_size, f.fp8_cache) > 0, kWhere, "head_size", f.head_size,
+                  head_size_rule(f.fp8_cache));
   ATTNKIT_REQUIRE(f.sm_count > 0, kWhere, "sm_count", f.sm_count, "must be > 0");
   ATTNKIT_REQUIRE(f.group >= 1, kWhere, "group", f.group, "must be >= 1");
   ATTNKIT_REQUIRE(f.num_splits >= 1, kWhere, "num_splits", f.num_splits, "must be >= 1");
@@ -32,12 +34,14 @@ int64_t packed_rows(const LaunchFacts& f) { return static_cast<int64_t>(f.max_qu
 // The tile family of the launch, before the grid-size refinements; `why` gets the reason.
 TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) {
   const int64_t rows = packed_rows(f);
-  const int hd = f.head_size;
+  const int hd = kernel_head_dim(f.head_size, f.fp8_cache);
   if (rows <= kDecodeTileRows) {
     // Decode-shaped (one token x its GQA group, or a few speculative tokens): 16-row tiles with
     // the warps along the keys. On sm90 their stages fill by TMA wherever the cache's rows and
-    // strides allow it (DECISIONS.md: TMA fills for every sm90 decode tile).
-    const bool tma = !t.cp_async_fill && f.cc_major >= 9 && f.tma_geometry && tma_rows(hd, f.fp8_cache);
+    // strides allow it (DECISIONS.md: TMA fills for every sm90 decode tile); a box copies whole
+    // rows, so a head size padded up to its kernel's takes the cp.async fills.
+    const bool tma = !t.cp_async_fill && f.cc_major >= 9 && f.tma_geometry && hd == f.head_size &&
+                     tma_rows(hd, f.fp8_cache);
     why = "at most " + std::to_string(kDecodeTileRows) + " packed rows (" + std::to_string(rows) + "): decode tile";
     if (tma && rows <= kTransposedMaxRows && tile_instantiated(TileId::decode_transposed, hd, f.fp8_cache)) {
       why += ", fp8 with <= " + std::to_string(kTransposedMaxRows) +
@@ -48,8 +52,9 @@ TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) 
       why += ", TMA stage fills";
       return TileId::decode_tma;
     }
-    why += t.cp_async_fill ? ", cp.async fills (tuning)"
-                           : ", cp.async fills (TMA needs sm90 and rows of whole 128-byte segments <= 512 bytes)";
+    why += t.cp_async_fill      ? ", cp.async fills (tuning)"
+           : hd != f.head_size ? ", cp.async fills (head size padded to its kernel's " + std::to_string(hd) + ")"
+                               : ", cp.async fills (TMA needs sm90 and rows of whole 128-byte segments <= 512 bytes)";
     return TileId::decode;
   }
   why = std::to_string(rows) + " packed rows: prefill tile";
@@ -62,7 +67,8 @@ TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) 
   if (f.preferred == Generation::hopper) {
     if (!f.hopper_kernels) why += " (mma_sync: no sm_90a kernels for this device)";
     else if (!tile_instantiated(TileId::hopper, hd, f.fp8_cache))
-      why += " (mma_sync: the hopper kernel serves 16-bit caches at head size 64 / 128)";
+      why += " (mma_sync: the hopper kernel serves 16-bit caches at head dims 64 / 128; head size " +
+             std::to_string(f.head_size) + " runs on dim " + std::to_string(hd) + ")";
     else if (f.num_splits > 1) why += " (mma_sync: split launches merge in the mma_sync epilogue)";
     else if (f.alibi_per_request) why += " (mma_sync: the hopper kernel reads per-head ALiBi slopes only)";
     else why += " (mma_sync: the hopper producer needs equal K and V strides)";
@@ -71,6 +77,11 @@ TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) 
 }
 
 }  // namespace
+
+std::string head_size_rule(bool fp8_cache) {
+  return std::string("must be a multiple of ") + (fp8_cache ? "16 (fp8 cache)" : "8") + " in [" +
+         (fp8_cache ? "16" : "8") + ", " + std::to_string(kMaxHeadSize) + "]";
+}
 
 bool pdl_for_grid(int64_t ctas, int64_t slots, bool transposed) {
   if (transposed) return !(2 * ctas > slots && ctas <= slots);
@@ -87,8 +98,11 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
   validate(f, t);
   LaunchPlan plan;
   plan.tile = base_tile(f, t, plan.reason);
+  plan.head_dim = kernel_head_dim(f.head_size, f.fp8_cache);
+  if (plan.head_dim != f.head_size)
+    plan.reason += "; head size " + std::to_string(f.head_size) + " padded to " + std::to_string(plan.head_dim);
   auto grid_of = [&](TileId id) {
-    plan.config = tile_config(id, f.head_size, f.fp8_cache);
+    plan.config = tile_config(id, plan.head_dim, f.fp8_cache);
     plan.row_tiles = ceil_div(packed_rows(f), plan.config.rows);
     plan.grid_ctas = plan.row_tiles * f.num_kv_heads * f.num_splits * f.num_reqs;
     plan.cta_slots = static_cast<int64_t>(plan.config.ctas_per_sm) * f.sm_count;
@@ -97,7 +111,7 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
   const int64_t sms = f.sm_count;
 
   // Refinements by the grid's size.
-  if (plan.tile == TileId::decode_tma && tile_instantiated(TileId::decode_two_stage, f.head_size, f.fp8_cache) &&
+  if (plan.tile == TileId::decode_tma && tile_instantiated(TileId::decode_two_stage, plan.head_dim, f.fp8_cache) &&
       plan.grid_ctas > sms && plan.grid_ctas <= 2 * sms) {
     plan.tile = TileId::decode_two_stage;
     plan.reason += "; a grid of 1-2 CTAs per SM: 2 stages, 3 CTAs per SM (DECISIONS.md: 2-stage 16-bit decode tile)";

@@ -32,7 +32,7 @@ struct LaunchFacts {
   int cc_major = 0, sm_count = 0;  // the device
   bool hopper_kernels = false;     // sm_90a code in this build and an sm90 device
   Generation preferred = Generation::hopper;
-  int head_size = 0;
+  int head_size = 0;               // the runtime head size (the plan's head_dim serves it)
   bool fp8_cache = false;
   bool same_kv_strides = true;     // K and V sides of the cache share block / slot strides
   bool tma_geometry = true;        // the cache's sides encode as TMA maps (cuda/tensor_map.h)
@@ -44,7 +44,8 @@ struct LaunchFacts {
 
 struct LaunchPlan {
   TileId tile = TileId::prefill;
-  TileConfig config;           // tile_config(tile, head_size, fp8_cache)
+  int head_dim = 0;            // the compiled head dim serving head_size (kernel_head_dim)
+  TileConfig config;           // tile_config(tile, head_dim, fp8_cache)
   Generation generation = Generation::mma_sync;
   int64_t row_tiles = 0;       // grid x: tiles of config.rows packed rows of the longest query
   int64_t grid_ctas = 0;       // one CTA per work item: row_tiles x kv heads x splits x requests

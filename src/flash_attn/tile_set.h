@@ -4,6 +4,7 @@
 // count per SM. docs/architecture.md section 9 says what each field means for the kernels.
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "flash_attn/generation.h"
 
@@ -46,6 +47,31 @@ struct TileConfig {
 
 inline constexpr int kDecodeTileRows = 16;     // packed rows up to which a launch takes a decode tile
 inline constexpr int kTransposedMaxRows = 8;   // packed rows the transposed tile serves
+
+// The head dims the mma_sync kernels are compiled for (varlen_hd*.cu: the sizes real models
+// use); every other head size runs on the next larger one (kernel_head_dim).
+inline constexpr int kMmaSyncHeadDims[] = {64, 80, 96, 128, 192, 256};
+inline constexpr int kMaxHeadSize = 256;
+
+// Whether an fp8 tile exists at head dim d: its fragments come in 32-dim groups and pairs of k16
+// steps (varlen_traits.h).
+constexpr bool fp8_head_dim(int d) { return d % 32 == 0; }
+
+// The compiled head dim that serves a runtime head size (0: none does). The runtime size is
+// rounded up to the smallest compiled dim the cache kind has: Q / K / V loads zero-fill the
+// padding columns, the output stores the real ones only, and the softmax scale is the real
+// size's (docs/architecture.md section 9). Head sizes are multiples of 8 (16-byte rows of a
+// 16-bit cache); an fp8 cache needs multiples of 16 (its rows are copied in 16-byte chunks).
+// Every generation asks this: the hopper kernel serves a size only where its dim is this one.
+constexpr int kernel_head_dim(int head_size, bool fp8_cache) {
+  if (head_size <= 0 || head_size % (fp8_cache ? 16 : 8) != 0) return 0;
+  for (int d : kMmaSyncHeadDims)
+    if (d >= head_size && (!fp8_cache || fp8_head_dim(d))) return d;
+  return 0;
+}
+
+// The rule kernel_head_dim applies, in words, for errors and the selector (launch_plan.cpp).
+std::string head_size_rule(bool fp8_cache);
 
 // Bytes of one K or V row in the cache.
 constexpr int kv_row_bytes(int head_dim, bool fp8_cache) { return fp8_cache ? head_dim : 2 * head_dim; }

@@ -3,6 +3,7 @@
 // runtime dtype / cache kind / head size and the plan's tile to a compiled kernel.
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <string>
 
 #include "attnkit/error.h"
@@ -24,23 +25,25 @@ namespace {
 constexpr const char* kWhere = "flash_attn varlen attention";
 constexpr int kMaxSplits = 256;
 
+// The plan's head dim (kernel_head_dim: the runtime head size rounded up) -> its instantiation.
 template <class Elem, bool kFp8>
-void launch_head_dim(int head_size, const VarlenKernelParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+void launch_head_dim(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   auto run = [&]<int kHeadDim>() {
     if constexpr (!kFp8 && tile_instantiated(TileId::hopper, kHeadDim, false)) {
       if (plan.generation == Generation::hopper) return launch_hopper<Elem, kHeadDim>(p, plan, stream);
     }
     launch_mma_sync<Elem, kHeadDim, kFp8>(p, plan, stream);
   };
-  switch (head_size) {
+  static_assert(std::size(kMmaSyncHeadDims) == 6, "one case per compiled head dim");
+  switch (plan.head_dim) {
     case 64: return run.template operator()<64>();
+    case 80: if constexpr (!kFp8) return run.template operator()<80>(); break;
     case 96: return run.template operator()<96>();
     case 128: return run.template operator()<128>();
     case 192: return run.template operator()<192>();
     case 256: return run.template operator()<256>();
-    default:
-      fail(kWhere, "head_size", head_size, "must be one of 64, 96, 128, 192, 256");
   }
+  fail(kWhere, "head dim", plan.head_dim, "has no kernels" + std::string(kFp8 ? " for fp8 caches" : ""));
 }
 
 // The geometry of one cache side as a TMA map sees it (cuda/tensor_map.h).
@@ -107,6 +110,8 @@ VarlenKernelParams varlen_kernel_params(const VarlenArgs& a) {
                       ") or be fp8_e4m3 / fp8_e5m2 for this kernel");
   ATTNKIT_REQUIRE(c.head_size == head_size, kWhere, "cache.head_size", c.head_size,
                   "must equal q's head size " + std::to_string(head_size));
+  ATTNKIT_REQUIRE(kernel_head_dim(head_size, is_fp8(c.dtype)) > 0, kWhere, "head_size", head_size,
+                  head_size_rule(is_fp8(c.dtype)));
   ATTNKIT_REQUIRE(c.num_kv_heads > 0 && a.num_heads % c.num_kv_heads == 0, kWhere, "cache.num_kv_heads",
                   c.num_kv_heads, "must divide num_heads = " + std::to_string(a.num_heads));
   ATTNKIT_REQUIRE(c.block_size > 0 && c.block_size % 16 == 0, kWhere, "cache.block_size", c.block_size,
@@ -132,6 +137,8 @@ VarlenKernelParams varlen_kernel_params(const VarlenArgs& a) {
                   "cache rows must be 16-byte aligned (base and strides)");
 
   VarlenKernelParams p;
+  p.head_size = head_size;
+  p.kv_row_bytes = kv_row_bytes(head_size, is_fp8(c.dtype));
   p.q = q.data;
   p.q_stride_token = q.stride(0);
   p.q_stride_head = q.stride(1);
@@ -284,11 +291,11 @@ void run_varlen_attention(const VarlenArgs& args, const LaunchTuning& tuning) {
   const cudaStream_t stream = cuda::as_stream(args.stream);
   const bool fp8 = facts.fp8_cache;
   if (args.q.dtype == DType::bf16) {
-    if (fp8) launch_head_dim<__nv_bfloat16, true>(facts.head_size, p, plan, stream);
-    else launch_head_dim<__nv_bfloat16, false>(facts.head_size, p, plan, stream);
+    if (fp8) launch_head_dim<__nv_bfloat16, true>(p, plan, stream);
+    else launch_head_dim<__nv_bfloat16, false>(p, plan, stream);
   } else {
-    if (fp8) launch_head_dim<__half, true>(facts.head_size, p, plan, stream);
-    else launch_head_dim<__half, false>(facts.head_size, p, plan, stream);
+    if (fp8) launch_head_dim<__half, true>(p, plan, stream);
+    else launch_head_dim<__half, false>(p, plan, stream);
   }
 }
 

@@ -110,7 +110,7 @@ __device__ __forceinline__ void merge_splits_in_cluster(const VarlenKernelParams
     for (int m = tid >> 5; m < w.rows; m += Tr::kThreads / 32) {
       const MergedRow<T> r = merged_row<T>(p, w, m);
       const ClusterRowParts row{parts + m * Tr::kHeadDim * 4, parts + Tr::kBlockM * Tr::kHeadDim * 4 + m * 4};
-      merge_parts_row<T, kMaxChunks>(row, p.num_splits, Tr::kHeadDim, r.sink, r.out, r.lse, tid & 31);
+      merge_parts_row<T, kMaxChunks>(row, p.num_splits, p.head_size, r.sink, r.out, r.lse, tid & 31);
     }
     cta_trace_flag(p.cta_trace, 1);
   }
@@ -168,10 +168,12 @@ struct SplitKvEpilogue {
     }
     __syncthreads();
 
-    // Output rows, 8 values per thread per step (16-byte stores for 16-bit outputs).
+    // Output rows, 8 values per thread per step (16-byte stores for 16-bit outputs); the columns
+    // of the head size only.
     constexpr int kChunks = Tr::kHeadDim / 8;
     for (int idx = tid; idx < w.rows * kChunks; idx += Tr::kThreads) {
       const int m = idx / kChunks, c = (idx % kChunks) * 8;
+      if (c >= p.head_size) continue;
       float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int n = 0; n < kN; ++n) {

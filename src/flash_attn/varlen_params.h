@@ -10,7 +10,10 @@
 namespace attnkit::flash_attn {
 
 struct VarlenKernelParams {
-  // q / out: [num_tokens, num_heads, head_size], last dim contiguous.
+  // q / out: [num_tokens, num_heads, head_size], last dim contiguous. head_size <= the kernel's
+  // head dim (tile_set.h kernel_head_dim): loads zero-fill columns past it, stores skip them.
+  int head_size = 0;
+  int kv_row_bytes = 0;  // bytes of head_size values in the cache (a multiple of 16)
   const void* q = nullptr;
   int64_t q_stride_token = 0, q_stride_head = 0;
   void* out = nullptr;

@@ -138,10 +138,12 @@ __device__ __forceinline__ Loader kv_loader_for(const VarlenKernelParams& p, con
   loader.page_map = page_map_for<typename Loader::PageMap, kL2Only>(p, w);
   loader.block_size = p.block_size;
   loader.seq_len = w.seq_len;
+  loader.row_bytes = p.kv_row_bytes;
   return loader;
 }
 
-// Q rows of the tile -> shared memory laid out by Layout (zero rows past the tile's real rows).
+// Q rows of the tile -> shared memory laid out by Layout (zero rows past the tile's real rows,
+// zero columns past the head size).
 template <class Tr, class Layout = cuda::PitchedTile<Tr::kPitch * 2>, int kLoaders = Tr::kThreads>
 __device__ __forceinline__ void load_q_tile(const VarlenKernelParams& p, const WorkItem& w,
                                             uint32_t sq, int tid) {
@@ -150,7 +152,7 @@ __device__ __forceinline__ void load_q_tile(const VarlenKernelParams& p, const W
   const T* q = static_cast<const T*>(p.q);
   for (int idx = tid; idx < Tr::kBlockM * kChunksPerRow; idx += kLoaders) {
     const int m = idx / kChunksPerRow, chunk = idx % kChunksPerRow;
-    const bool valid = m < w.rows;
+    const bool valid = m < w.rows && chunk * 8 < p.head_size;
     const T* src = q;
     if (valid) {
       const int gm = w.m0 + m;
@@ -173,6 +175,7 @@ __device__ __forceinline__ cuda::KvSourceArgs<PageMap> kv_source_args(const Varl
   a.block_size = p.block_size;
   a.seq_len = w.seq_len;
   a.kv_head = w.kv_head;
+  a.row_bytes = p.kv_row_bytes;
   a.k_map = &p.k_map;
   a.v_map = &p.v_map;
   a.evict_first = p.kv_evict_first;

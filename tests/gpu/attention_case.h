@@ -138,6 +138,8 @@ Case random_small_case(uint64_t seed);
 Case random_medium_case(uint64_t seed);
 // Decode-only fp8 batches of <= 8 packed rows per request at head size 128 (the transposed
 // decode tile), every group size 1..8, random features, block sizes and splits.
+// Head sizes other than the compiled dims (padded up to the next one) and the dim 80.
+Case random_head_size_case(uint64_t seed);
 Case random_transposed_decode_case(uint64_t seed);
 // Decode-only 16-bit batches whose grids hold one to two CTAs per SM of an H200 (the 2-stage
 // TMA decode tile, DecodeTwoStageTraits), head size 64 / 128.

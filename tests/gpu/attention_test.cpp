@@ -74,6 +74,14 @@ TEST_P(VarlenMediumGrid, MatchesCpuReference) { check_against_cpu(random_medium_
 
 INSTANTIATE_TEST_SUITE_P(Seeds, VarlenMediumGrid, ::testing::Range(0, 20));
 
+// ---- head sizes padded up to a compiled dim, and dim 80 -------------------------------------
+
+class VarlenHeadSizeGrid : public ::testing::TestWithParam<int> {};
+
+TEST_P(VarlenHeadSizeGrid, MatchesCpuReference) { check_against_cpu(random_head_size_case(GetParam())); }
+
+INSTANTIATE_TEST_SUITE_P(Seeds, VarlenHeadSizeGrid, ::testing::Range(0, 88));
+
 // ---- fp8 decodes of <= 8 packed rows: the transposed tile against the 16-row one and the CPU ----
 
 class VarlenTransposedDecodeGrid : public ::testing::TestWithParam<int> {};
@@ -425,13 +433,20 @@ TEST(VarlenErrors, RejectsInputsNoKernelServes) {
     EXPECT_TRUE(throws_error_with([&] { flash_attn::run_varlen_attention(a, t); }, {"transposed_stages"}))
         << "transposed_stages " << stages;
   }
-  {
-    Case c80 = c;
-    c80.head_size = 80;
-    Problem p80(c80);
-    cuda::DeviceBuffer out80(c.num_heads() * 80 * 2);
-    auto a = p80.make_args(out80.get(), nullptr, nullptr, 0, 1);
-    EXPECT_THROW(flash_attn::run_varlen_attention(a), Error);
+  // Head sizes no kernel dim serves: not a multiple of 8 (the cache view refuses it first),
+  // above 256, fp8 rows of 8-byte tails.
+  for (const auto& [hs, cache] : {std::pair{84, DType::bf16}, {264, DType::bf16}, {40, DType::fp8_e4m3}}) {
+    Case bad = c;
+    bad.head_size = hs;
+    bad.cache_dtype = cache;
+    EXPECT_TRUE(throws_error_with(
+        [&] {
+          Problem pb(bad);
+          cuda::DeviceBuffer out_b(bad.num_tokens() * c.num_heads() * hs * 2);
+          flash_attn::run_varlen_attention(pb.make_args(out_b.get(), nullptr, nullptr, 0, 1));
+        },
+        {"head_size", std::to_string(hs), "multiple of"}))
+        << "head size " << hs;
   }
 }
 
