@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The peers of attnkit_bench's prefill rows: PyTorch SDPA with its FLASH (FlashAttention-2) and
 cuDNN backends on the same shapes (16k tokens per batch as seqlen 512..16k, 32 query heads with 8
-KV heads and MHA, head sizes 64/128/256, causal and not, bf16; head sizes 80/96/112 GQA causal),
+KV heads and MHA, head sizes 64/128/256, causal and not, bf16; head sizes 80/96/112/512 GQA causal),
 K/V contiguous (not paged).
 Tensors are [batch, seq, heads, dim] viewed as [batch, heads, seq, dim] (the varlen layout).
 GQA runs through enable_gqa=True where the backend takes it, else K/V are expanded with
@@ -66,12 +66,12 @@ def main():
     print(f"peers: torch {torch.__version__}, {torch.cuda.get_device_name()}, "
           f"cuDNN {torch.backends.cudnn.version()}", flush=True)
     backends = [("torch-FLASH", SDPBackend.FLASH_ATTENTION), ("torch-cuDNN", SDPBackend.CUDNN_ATTENTION)]
-    head_sizes = [128] if args.quick else [64, 80, 96, 112, 128, 256]
+    head_sizes = [128] if args.quick else [64, 80, 96, 112, 128, 256, 512]
     torch.manual_seed(0)
     for hd in head_sizes:
         for hkv in (8, 32):
             for causal in (True, False):
-                if (args.quick or hd % 64 != 0) and (hkv != 8 or not causal):
+                if (args.quick or hd % 64 != 0 or hd > 256) and (hkv != 8 or not causal):
                     continue
                 seqlen = 512
                 while seqlen <= TOKENS:

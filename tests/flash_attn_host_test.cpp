@@ -79,7 +79,9 @@ TEST(Generation, ChoiceTable) {
       {"fp8 hd80 sm90", 90, 80, DType::fp8_e4m3, false, false, M, M, {"head size 80 runs on dim 96"}, {}},
       {"fp8 hd40 sm90", 90, 40, DType::fp8_e4m3, false, false, -1, -1, {"has no kernel dim"}, {"16 with an fp8 cache"}},
       {"hd84 sm90", 90, 84, DType::bf16, false, false, -1, -1, {"has no kernel dim"}, {"head size is 84"}},
-      {"hd264 sm90", 90, 264, DType::bf16, false, false, -1, -1, {"has no kernel dim"}, {"head size is 264"}},
+      {"hd264 sm90", 90, 264, DType::bf16, false, false, M, M, {"head size 264 runs on dim 512"}, {}},
+      {"fp8 hd512 sm90", 90, 512, DType::fp8_e5m2, false, false, M, M, {"head size 512 runs on dim 512"}, {}},
+      {"hd520 sm90", 90, 520, DType::bf16, false, false, -1, -1, {"has no kernel dim"}, {"head size is 520"}},
       {"fp8 sm90", 90, 128, DType::fp8_e4m3, false, false, M, M, {"16-bit caches"}, {}},
       {"fp8 e5m2 sm90", 90, 128, DType::fp8_e5m2, false, false, M, M, {"fp8_e5m2"}, {}},
       {"alibi sm90", 90, 128, DType::bf16, true, false, H, M, {}, {}},
@@ -88,7 +90,7 @@ TEST(Generation, ChoiceTable) {
       {"bf16 sm89", 89, 128, DType::bf16, false, false, M, M, {"needs sm90"}, {}},
       {"bf16 sm100", 100, 128, DType::bf16, false, false, M, M, {"the device is sm100"}, {}},
       {"sm75", 75, 128, DType::bf16, false, false, -1, -1, {"needs sm90"}, {"sm80 or newer"}},
-      {"hd512 sm90", 90, 512, DType::bf16, false, false, -1, -1, {"has no kernel dim"}, {"head size is 512"}},
+      {"hd512 sm90", 90, 512, DType::bf16, false, false, M, M, {"head size 512 runs on dim 512"}, {}},
       {"nvfp4 sm90", 90, 128, DType::nvfp4, false, false, -1, -1, {"16-bit caches"}, {"nvfp4"}},
       {"cpu", 0, 128, DType::bf16, false, false, -1, -1, {"CPU"}, {"CPU"}},
   };
@@ -165,8 +167,8 @@ TEST(FlashAttnBackend, CapabilitiesAndRules) {
   EXPECT_NE(fa.variant(config(90)).find("mma_sync"), std::string::npos);
   EXPECT_THROW(fa.make_builder(config(0)), Error);
   EXPECT_THROW(fa.make_impl(config(90, 84)), Error);
-  EXPECT_THROW(fa.make_impl(config(90, 264)), Error);
-  for (int hs : {8, 32, 40, 72, 80, 96, 112, 160, 200, 224, 256})
+  EXPECT_THROW(fa.make_impl(config(90, 520)), Error);
+  for (int hs : {8, 32, 40, 72, 80, 96, 112, 160, 200, 224, 256, 264, 512})
     EXPECT_TRUE(fa.check(config(90, hs)).empty()) << hs << ": " << joined(fa.check(config(90, hs)));
   EXPECT_NE(fa.variant(config(90, 112)).find("head-dim-128 kernels (head size 112 zero-padded)"), std::string::npos)
       << fa.variant(config(90, 112));

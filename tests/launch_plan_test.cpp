@@ -35,7 +35,7 @@ LaunchFacts h200(int reqs, int q_len, int kv_len, int head_size = 128, bool fp8 
 }
 
 TEST(TileSet, ConfigurationsAreConsistent) {
-  for (int hd : {64, 96, 128, 192, 256})
+  for (int hd : kMmaSyncHeadDims)
     for (bool fp8 : {false, true})
       for (TileId id : kAllTiles) {
         const TileConfig t = tile_config(id, hd, fp8);
@@ -177,6 +177,69 @@ TEST(ChooseLaunch, Table) {
     EXPECT_EQ(plan.grid_ctas, plan.row_tiles * c.facts.num_kv_heads * c.facts.num_splits * c.facts.num_reqs) << ctx;
     EXPECT_EQ(plan.cta_slots, int64_t{plan.config.ctas_per_sm} * c.facts.sm_count) << ctx;
   }
+}
+
+TEST(TileSet, EveryHeadSizeRunsOnTheNextCompiledDim) {
+  // Multiples of 8 (16 with an fp8 cache) up to 512, each on the smallest compiled dim >= it
+  // that the cache kind has (fp8 tiles: dims of whole 32-dim groups).
+  for (int hs = 1; hs <= 600; ++hs)
+    for (bool fp8 : {false, true}) {
+      const int d = kernel_head_dim(hs, fp8);
+      const std::string ctx = "head size " + std::to_string(hs) + (fp8 ? " fp8" : "");
+      if (hs % (fp8 ? 16 : 8) != 0 || hs > kMaxHeadSize) {
+        EXPECT_EQ(d, 0) << ctx;
+        continue;
+      }
+      ASSERT_GE(d, hs) << ctx;
+      EXPECT_TRUE(std::count(std::begin(kMmaSyncHeadDims), std::end(kMmaSyncHeadDims), d)) << ctx;
+      for (int smaller : kMmaSyncHeadDims)
+        if (smaller >= hs && smaller < d) EXPECT_TRUE(fp8 && !fp8_head_dim(smaller)) << ctx << ": skipped " << smaller;
+    }
+  EXPECT_EQ(kernel_head_dim(80, false), 80);
+  EXPECT_EQ(kernel_head_dim(80, true), 96);
+  EXPECT_EQ(kernel_head_dim(112, false), 128);
+  EXPECT_EQ(kernel_head_dim(264, false), 512);
+  // A padded size reads its rows by cp.async (a TMA box copies whole rows); hopper serves the
+  // sizes whose dim is 64 / 128.
+  LaunchFacts dec = h200(64, 1, 4096, 112);
+  EXPECT_EQ(choose_launch(dec).tile, TileId::decode) << choose_launch(dec).reason;
+  EXPECT_NE(choose_launch(dec).reason.find("padded to 128"), std::string::npos) << choose_launch(dec).reason;
+  dec.head_size = 128;
+  EXPECT_EQ(choose_launch(dec).tile, TileId::decode_tma);
+  EXPECT_EQ(choose_launch(h200(4, 2048, 2048, 112)).generation, Generation::hopper);
+  EXPECT_EQ(choose_launch(h200(4, 2048, 2048, 40)).generation, Generation::hopper);
+  EXPECT_EQ(choose_launch(h200(4, 2048, 2048, 72)).generation, Generation::mma_sync);
+  EXPECT_EQ(choose_launch(h200(4, 2048, 2048, 72)).head_dim, 80);
+  EXPECT_TRUE(test::throws_error_with([] { choose_launch(h200(4, 16, 16, 84)); }, {"head_size", "84", "multiple of 8"}));
+  EXPECT_TRUE(test::throws_error_with([] { choose_launch(h200(4, 16, 16, 40, true)); }, {"head_size", "40", "16 (fp8"}));
+}
+
+TEST(ChooseLaunch, HeadDim512RunsOutputSlicesOfThePrefillTile) {
+  for (bool fp8 : {false, true})
+    for (int q : {1, 4, 300}) {  // decode-shaped launches too: no decode tile at 512
+      const LaunchPlan plan = choose_launch(h200(3, q, 2000, 512, fp8));
+      const std::string ctx = "q " + std::to_string(q) + (fp8 ? " fp8" : "") + ": " + plan.reason;
+      EXPECT_EQ(plan.tile, TileId::prefill) << ctx;
+      EXPECT_EQ(plan.config.o_slices, 2) << ctx;
+      EXPECT_EQ(plan.grid_ctas, ceil_div(int64_t{q} * 4, plan.config.rows) * 8 * 3 * 2) << ctx;
+    }
+  EXPECT_TRUE(test::throws_error_with([] { choose_launch(h200(3, 1, 2000, 512, false, 4, 2)); },
+                                      {"num_splits", "2", "head dim 512"}));
+  // The split rule never splits them.
+  SplitKVInput in;
+  const std::vector<int32_t> qsl = {0, 1, 2}, seq = {30000, 30000};
+  in.query_start_loc = qsl;
+  in.seq_lens = seq;
+  in.num_heads = 8;
+  in.num_kv_heads = 1;
+  in.num_sms = 132;
+  in.head_size = 512;
+  in.cc_major = 9;
+  const SplitKVDecision d = decide_num_splits(in);
+  EXPECT_EQ(d.num_splits, 1) << d.reason;
+  EXPECT_NE(d.reason.find("head dim 512"), std::string::npos) << d.reason;
+  in.head_size = 128;
+  EXPECT_GT(decide_num_splits(in).num_splits, 1) << "(the same batch at head size 128 splits)";
 }
 
 TEST(ChooseLaunch, RejectsBadTuningWithTheValue) {

@@ -191,7 +191,7 @@ def test_cuda_varlen_grid(dtype, heads, head_size, block_size):
 
 
 @needs_cuda
-@pytest.mark.parametrize("head_size", [8, 32, 40, 72, 80, 96, 112, 160, 200, 224, 256])
+@pytest.mark.parametrize("head_size", [8, 32, 40, 72, 80, 96, 112, 160, 200, 224, 256, 320, 512])
 def test_cuda_varlen_head_sizes(head_size):
     # Head sizes padded up to the next compiled dim (and dims 80, 96, 256): paged and contiguous
     # K/V, GQA, causal; an fp8 cache where the size is a multiple of 16.
@@ -207,7 +207,7 @@ def test_cuda_varlen_head_sizes(head_size):
 
 
 @needs_cuda
-@pytest.mark.parametrize("head_size,fp8", [(84, None), (264, None), (40, "e4m3")])
+@pytest.mark.parametrize("head_size,fp8", [(84, None), (520, None), (40, "e4m3")])
 def test_cuda_varlen_unserved_head_size_is_an_error(head_size, fp8):
     b = TorchBatch([3, 1], [5, 9], 4, 2, head_size, 16, torch.bfloat16, "cuda", fp8=fp8, seed=9)
     with pytest.raises(attnkit.AttnkitError, match=f"head_size.*{head_size}.*multiple of"):

@@ -35,7 +35,7 @@ int64_t packed_rows(const LaunchFacts& f) { return static_cast<int64_t>(f.max_qu
 TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) {
   const int64_t rows = packed_rows(f);
   const int hd = kernel_head_dim(f.head_size, f.fp8_cache);
-  if (rows <= kDecodeTileRows) {
+  if (rows <= kDecodeTileRows && tile_instantiated(TileId::decode, hd, f.fp8_cache)) {
     // Decode-shaped (one token x its GQA group, or a few speculative tokens): 16-row tiles with
     // the warps along the keys. On sm90 their stages fill by TMA wherever the cache's rows and
     // strides allow it (DECISIONS.md: TMA fills for every sm90 decode tile); a box copies whole
@@ -58,6 +58,7 @@ TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) 
     return TileId::decode;
   }
   why = std::to_string(rows) + " packed rows: prefill tile";
+  if (rows <= kDecodeTileRows) why += " (no decode tile above head dim " + std::to_string(kMaxDecodeTileDim) + ")";
   if (f.preferred == Generation::hopper && f.hopper_kernels && tile_instantiated(TileId::hopper, hd, f.fp8_cache) &&
       f.num_splits == 1 && f.same_kv_strides && !f.alibi_per_request) {
     why += " of the hopper generation (wgmma, warp-specialised)";
@@ -104,7 +105,7 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
   auto grid_of = [&](TileId id) {
     plan.config = tile_config(id, plan.head_dim, f.fp8_cache);
     plan.row_tiles = ceil_div(packed_rows(f), plan.config.rows);
-    plan.grid_ctas = plan.row_tiles * f.num_kv_heads * f.num_splits * f.num_reqs;
+    plan.grid_ctas = plan.row_tiles * f.num_kv_heads * f.num_splits * f.num_reqs * plan.config.o_slices;
     plan.cta_slots = static_cast<int64_t>(plan.config.ctas_per_sm) * f.sm_count;
   };
   grid_of(plan.tile);
@@ -124,6 +125,12 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
   }
   grid_of(plan.tile);
   plan.generation = plan.config.generation;
+  // Output slices each merge their own columns; the split merge's counters are per work item.
+  ATTNKIT_REQUIRE(f.num_splits == 1 || plan.config.o_slices == 1, kWhere, "num_splits", f.num_splits,
+                  "must be 1 at head dim " + std::to_string(plan.head_dim) +
+                      " (its work items run as output-column slices, which do not split)");
+  if (plan.config.o_slices > 1)
+    plan.reason += "; " + std::to_string(plan.config.o_slices) + " CTAs per work item, one per slice of output columns";
   plan.ctas = plan.grid_ctas;
 
   if (plan.generation == Generation::hopper) {

@@ -48,7 +48,7 @@ struct LaunchPlan {
   TileConfig config;           // tile_config(tile, head_dim, fp8_cache)
   Generation generation = Generation::mma_sync;
   int64_t row_tiles = 0;       // grid x: tiles of config.rows packed rows of the longest query
-  int64_t grid_ctas = 0;       // one CTA per work item: row_tiles x kv heads x splits x requests
+  int64_t grid_ctas = 0;       // one CTA per work item and output slice: row_tiles x kv heads x splits x requests x o_slices
   int64_t ctas = 0;            // CTAs launched (a persistent hopper launch: fewer than grid_ctas)
   int64_t cta_slots = 0;       // config.ctas_per_sm x SMs
   bool pdl = false;

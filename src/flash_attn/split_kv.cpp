@@ -74,6 +74,10 @@ SplitKVDecision decide_num_splits(const SplitKVInput& in) {
     d.reason = "no query tokens: nothing to split";
     return d;
   }
+  if (tile.o_slices > 1) {
+    d.reason = "head dim " + std::to_string(head_dim) + ": output-column slices, which do not split";
+    return d;
+  }
   const int32_t max_kv = facts.max_seq_len;  // longest KV among requests that have queries
   if (2 * d.work_items > d.cta_slots) {
     d.reason = std::to_string(d.work_items) + " work items fill more than half of " +

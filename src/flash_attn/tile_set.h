@@ -43,6 +43,9 @@ struct TileConfig {
   KvFill fill = KvFill::cp_async;
   bool transposed = false;  // S^T = K Q^T: keys on the MMA's M, <= kTransposedMaxRows rows on N
   int q_buffers = 1;        // hopper: Q tiles in shared memory
+  // mma_sync: CTAs per work item, each computing 1 / o_slices of the output columns (and all
+  // of S: the fp32 output of a whole head of 512 would not fit in registers).
+  int o_slices = 1;
 };
 
 inline constexpr int kDecodeTileRows = 16;     // packed rows up to which a launch takes a decode tile
@@ -50,8 +53,9 @@ inline constexpr int kTransposedMaxRows = 8;   // packed rows the transposed til
 
 // The head dims the mma_sync kernels are compiled for (varlen_hd*.cu: the sizes real models
 // use); every other head size runs on the next larger one (kernel_head_dim).
-inline constexpr int kMmaSyncHeadDims[] = {64, 80, 96, 128, 192, 256};
-inline constexpr int kMaxHeadSize = 256;
+inline constexpr int kMmaSyncHeadDims[] = {64, 80, 96, 128, 192, 256, 512};
+inline constexpr int kMaxHeadSize = 512;
+inline constexpr int kMaxDecodeTileDim = 256;  // the 16-row decode tiles' largest head dim
 
 // Whether an fp8 tile exists at head dim d: its fragments come in 32-dim groups and pairs of k16
 // steps (varlen_traits.h).
@@ -85,9 +89,13 @@ constexpr TileConfig tile_config(TileId id, int head_dim, bool fp8_cache) {
   switch (id) {
     case TileId::prefill:
       // <= 128: 4 warps x 32 rows (each K/V fragment feeds two row fragments), 2 CTAs per SM;
-      // 192 / 256: 8 warps x 16 rows (the fp32 output of 32 rows would not fit in registers).
-      t = head_dim <= 128 ? TileConfig{"prefill", Generation::mma_sync, 128, 2, 4, 1, 64, 2, 2}
-                          : TileConfig{"prefill", Generation::mma_sync, 128, 1, 8, 1, 64, 2, 1};
+      // 192 / 256: 8 warps x 16 rows (the fp32 output of 32 rows would not fit in registers);
+      // 512: 4 warps x 16 rows, tiles of 32 keys (shared memory), two CTAs per work item
+      // computing 256 output columns each (every launch at 512 takes this tile, decodes too).
+      t = head_dim <= 128   ? TileConfig{"prefill", Generation::mma_sync, 128, 2, 4, 1, 64, 2, 2}
+          : head_dim <= 256 ? TileConfig{"prefill", Generation::mma_sync, 128, 1, 8, 1, 64, 2, 1}
+                            : TileConfig{"prefill", Generation::mma_sync, 64, 1, 4, 1, 32, 2, 1};
+      if (head_dim > 256) t.o_slices = 2;
       break;
     case TileId::decode:
     case TileId::decode_tma:
@@ -126,10 +134,11 @@ constexpr TileConfig tile_config(TileId id, int head_dim, bool fp8_cache) {
 constexpr bool tile_instantiated(TileId id, int head_dim, bool fp8_cache) {
   switch (id) {
     case TileId::prefill:
-    case TileId::decode:
       return true;
+    case TileId::decode:
+      return head_dim <= kMaxDecodeTileDim;
     case TileId::decode_tma:
-      return tma_rows(head_dim, fp8_cache);
+      return head_dim <= kMaxDecodeTileDim && tma_rows(head_dim, fp8_cache);
     case TileId::decode_two_stage:
       return !fp8_cache && head_dim <= 128 && tma_rows(head_dim, fp8_cache);
     case TileId::decode_transposed:

@@ -34,7 +34,7 @@ void launch_head_dim(const VarlenKernelParams& p, const LaunchPlan& plan, cudaSt
     }
     launch_mma_sync<Elem, kHeadDim, kFp8>(p, plan, stream);
   };
-  static_assert(std::size(kMmaSyncHeadDims) == 6, "one case per compiled head dim");
+  static_assert(std::size(kMmaSyncHeadDims) == 7, "one case per compiled head dim");
   switch (plan.head_dim) {
     case 64: return run.template operator()<64>();
     case 80: if constexpr (!kFp8) return run.template operator()<80>(); break;
@@ -42,6 +42,7 @@ void launch_head_dim(const VarlenKernelParams& p, const LaunchPlan& plan, cudaSt
     case 128: return run.template operator()<128>();
     case 192: return run.template operator()<192>();
     case 256: return run.template operator()<256>();
+    case 512: return run.template operator()<512>();
   }
   fail(kWhere, "head dim", plan.head_dim, "has no kernels" + std::string(kFp8 ? " for fp8 caches" : ""));
 }

@@ -61,7 +61,7 @@ __device__ __forceinline__ void combine_splits_if_last(const VarlenKernelParams&
   __shared__ int s_last;
   const int tid = threadIdx.x;
   WorkItem w;
-  schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w);  // (true: this CTA has a tile)
+  schedule_work<Tr::kBlockM, Tr::kBlockN, false, Tr::kOSliceCols>(p, w);  // (true: this CTA has a tile)
   __syncthreads();  // every thread's partials are written before thread 0 releases them
   if (tid == 0) {
     unsigned int* counter =
@@ -104,12 +104,12 @@ __device__ __forceinline__ void merge_splits_in_cluster(const VarlenKernelParams
   cluster_sync();  // every split's partials are in its shared memory
   if (cluster_rank() == 0) {
     WorkItem w;
-    schedule_work<Tr::kBlockM, Tr::kBlockN>(p, w);  // (the item, taken again: see combine_splits_if_last)
+    schedule_work<Tr::kBlockM, Tr::kBlockN, false, Tr::kOSliceCols>(p, w);  // (taken again: see combine_splits_if_last)
     const int tid = threadIdx.x;
     const uint32_t parts = smem_addr(smem + Tr::kClusterPartOffset);
     for (int m = tid >> 5; m < w.rows; m += Tr::kThreads / 32) {
       const MergedRow<T> r = merged_row<T>(p, w, m);
-      const ClusterRowParts row{parts + m * Tr::kHeadDim * 4, parts + Tr::kBlockM * Tr::kHeadDim * 4 + m * 4};
+      const ClusterRowParts row{parts + m * Tr::kODim * 4, parts + Tr::kBlockM * Tr::kODim * 4 + m * 4};
       merge_parts_row<T, kMaxChunks>(row, p.num_splits, p.head_size, r.sink, r.out, r.lse, tid & 31);
     }
     cta_trace_flag(p.cta_trace, 1);
@@ -138,6 +138,7 @@ struct SplitKvEpilogue {
 
     // Per row: merge the warps' parts, fold in v_scale and the sink, write the LSE.
     const bool split = p.num_splits > 1;
+    const int col0 = Tr::kOSlices > 1 ? w.o_col0 : 0;  // this CTA's first output column
     const float v_scale = Tr::kFp8Cache ? scale_of(p.v_scale, p.v_scale_stride, w.kv_head) : 1.f;
     for (int m = tid; m < w.rows; m += Tr::kThreads) {
       float mx[kN], sm[kN], wt[kN];
@@ -159,10 +160,10 @@ struct SplitKvEpilogue {
 #pragma unroll
       for (int n = 0; n < kN; ++n) s_weight[m * kN + n] = wt[n] * v_scale * sink_weight;
       if (split && p.cluster_merge) {
-        reinterpret_cast<float*>(smem + Tr::kClusterPartOffset + Tr::kBlockM * Tr::kHeadDim * 4)[m] = lse;
+        reinterpret_cast<float*>(smem + Tr::kClusterPartOffset + Tr::kBlockM * Tr::kODim * 4)[m] = lse;
       } else if (split) {
         p.partials.lse[p.partials.lse_index(w.split, token, head)] = lse;
-      } else if (p.lse != nullptr) {
+      } else if (p.lse != nullptr && col0 == 0) {  // (every output slice has the row's LSE: the first writes it)
         p.lse[head * p.lse_stride_head + token * p.lse_stride_token] = lse;
       }
     }
@@ -170,10 +171,10 @@ struct SplitKvEpilogue {
 
     // Output rows, 8 values per thread per step (16-byte stores for 16-bit outputs); the columns
     // of the head size only.
-    constexpr int kChunks = Tr::kHeadDim / 8;
+    constexpr int kChunks = Tr::kODim / 8;
     for (int idx = tid; idx < w.rows * kChunks; idx += Tr::kThreads) {
       const int m = idx / kChunks, c = (idx % kChunks) * 8;
-      if (c >= p.head_size) continue;
+      if (col0 + c >= p.head_size) continue;
       float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int n = 0; n < kN; ++n) {
@@ -188,13 +189,13 @@ struct SplitKvEpilogue {
       const int64_t token = w.q_start + gm / p.group;
       const int head = w.kv_head * p.group + gm % p.group;
       if (split && p.cluster_merge) {
-        float4* dst = reinterpret_cast<float4*>(smem + Tr::kClusterPartOffset) + (m * Tr::kHeadDim + c) / 4;
+        float4* dst = reinterpret_cast<float4*>(smem + Tr::kClusterPartOffset) + (m * Tr::kODim + c) / 4;
         dst[0] = make_float4(v[0], v[1], v[2], v[3]);
         dst[1] = make_float4(v[4], v[5], v[6], v[7]);
       } else if (split) {
-        store8(p.partials.o + p.partials.o_index(w.split, token, head) + c, v);
+        store8(p.partials.o + p.partials.o_index(w.split, token, head) + col0 + c, v);
       } else {
-        store8(static_cast<T*>(p.out) + token * p.out_stride_token + head * p.out_stride_head + c, v);
+        store8(static_cast<T*>(p.out) + token * p.out_stride_token + head * p.out_stride_head + col0 + c, v);
       }
     }
   }

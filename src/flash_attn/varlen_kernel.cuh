@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (p.l2_prefetch && static_cast<int64_t>(linear_block_index()) < p.l2_prefetch_ctas)
     prefetch_first_tiles<Tr::kBlockM, Tr::kBlockN, typename CpAsyncPagedSource<Tr, typename Source::PageMap>::Loader,
-                         Tr::kStages>(p, threadIdx.x);
+                         Tr::kStages, Tr::kOSliceCols>(p, threadIdx.x);
 #endif
   pdl_wait();  // everything below may read what the previous kernel wrote (metadata, q, cache)
   cta_trace_mark(p.cta_trace, kTraceReleased);
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
     __syncthreads();
     if constexpr (kConvertQ) q_factor = detail::q_tile_to_f16<Tr>(smem, tid);
   }
-  Math math(warp_row0, warp_key0, lane);
+  Math math(warp_row0, warp_key0, lane, Tr::kOSlices > 1 ? w.o_col0 : 0);
   if constexpr (Tr::kQInRegs) math.load_q(smem, s_q);
   const float k_scale = Tr::kFp8Cache ? detail::scale_of(p.k_scale, p.k_scale_stride, w.kv_head) : 1.f;
   const ScoreMod mod{p.scale * k_scale / q_factor, p.softcap, p.alibi_slopes != nullptr};

@@ -17,7 +17,7 @@ template <class Tr, class PageMap>
 void launch_varlen(VarlenKernelParams p, const LaunchPlan& plan, cudaStream_t stream) {
   dim3 grid;
   if (!varlen_grid(p, plan, Tr::kSmemBytes, "flash_attn varlen attention", grid)) return;
-  using Sched = GridScheduler<Tr::kBlockM, Tr::kBlockN>;
+  using Sched = GridScheduler<Tr::kBlockM, Tr::kBlockN, Tr::kOSliceCols>;
   using Epi = detail::SplitKvEpilogue<Tr>;
   using Src = KvSourceOf<Tr, PageMap>;
   auto kernel = attention_kernel<Tr, Sched, Src, Epi, cuda::Fp8Format::e4m3>;

@@ -26,6 +26,7 @@ struct WorkItem {
   int m0, rows;                // first packed row of the tile, real rows in it (<= kBlockM)
   int tile_begin, tile_end;    // K/V tiles [begin, end) this CTA visits
   int full_lo, full_hi;        // keys visible to every row of the tile: [full_lo, full_hi)
+  int o_col0;                  // the first output column this CTA computes (tiles with o_slices)
 };
 
 // A metadata read; kL2Only bypasses L1 (reads before the PDL wait: a line cached then could be
@@ -41,8 +42,18 @@ __device__ __forceinline__ int32_t load_meta(const int32_t* p) {
 }
 
 // The work item at grid coordinates (x, y, z); false when x is past the request's row tiles.
-template <int kBlockM, int kBlockN, bool kL2Only = false>
+// kOSliceCols > 0: the tile's items have output-column slices of that width, the slice outermost
+// in y (y = (slice x kv heads + kv_head) x splits + split: a cluster of one item's splits stays
+// contiguous in y).
+template <int kBlockM, int kBlockN, bool kL2Only = false, int kOSliceCols = 0>
 __device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, int x, int y, int z, WorkItem& w) {
+  w.o_col0 = 0;
+  if constexpr (kOSliceCols > 0) {
+    const int per_slice = p.num_kv_heads * p.num_splits;
+    const int slice = y / per_slice;
+    y -= slice * per_slice;
+    w.o_col0 = slice * kOSliceCols;
+  }
   w.req = z;
   w.kv_head = y / p.num_splits;
   w.split = y % p.num_splits;
@@ -76,17 +87,17 @@ __device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, int x
 }
 
 // The work item of this CTA in a grid of one CTA per item.
-template <int kBlockM, int kBlockN, bool kL2Only = false>
+template <int kBlockM, int kBlockN, bool kL2Only = false, int kOSliceCols = 0>
 __device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, WorkItem& w) {
-  return schedule_work<kBlockM, kBlockN, kL2Only>(p, blockIdx.x, blockIdx.y, blockIdx.z, w);
+  return schedule_work<kBlockM, kBlockN, kL2Only, kOSliceCols>(p, blockIdx.x, blockIdx.y, blockIdx.z, w);
 }
 
 // The grid scheduler: the CTA's item is its grid coordinates.
-template <int kBlockM, int kBlockN>
+template <int kBlockM, int kBlockN, int kOSliceCols = 0>
 struct GridScheduler {
   // This CTA's item; false: it has none (past its request's row tiles).
   __device__ __forceinline__ static bool take(const VarlenKernelParams& p, WorkItem& w) {
-    return schedule_work<kBlockM, kBlockN>(p, w);
+    return schedule_work<kBlockM, kBlockN, false, kOSliceCols>(p, w);
   }
 };
 
@@ -191,10 +202,10 @@ __device__ __forceinline__ cuda::KvSourceArgs<PageMap> kv_source_args(const Varl
 // the item is only a guess: keys are clamped to the request's block-table row and page ids to
 // the cache (PagedKVTileLoader::prefetch_l2), and nothing here is kept. (Contiguous K/V have
 // no block-table row: the clamp leaves nothing to prefetch.)
-template <int kBlockM, int kBlockN, class Loader, int kTiles>
+template <int kBlockM, int kBlockN, class Loader, int kTiles, int kOSliceCols = 0>
 __device__ __forceinline__ void prefetch_first_tiles(const VarlenKernelParams& p, int tid) {
   WorkItem w;
-  if (!schedule_work<kBlockM, kBlockN, /*kL2Only=*/true>(p, w)) return;
+  if (!schedule_work<kBlockM, kBlockN, /*kL2Only=*/true, kOSliceCols>(p, w)) return;
   Loader loader = kv_loader_for<Loader, /*kL2Only=*/true>(p, w);
   loader.seq_len = min(w.seq_len, p.max_blocks_per_req * p.block_size.divisor);
   const int n = min(w.tile_end - w.tile_begin, kTiles);
@@ -224,7 +235,7 @@ __device__ __forceinline__ cuda::RowFacts row_facts(const VarlenKernelParams& p,
   return f;
 }
 
-// The grid of a launch (x = packed-row tiles, y = KV head x split, z = request) and the checks
+// The grid of a launch (x = packed-row tiles, y = output slice x KV head x split, z = request) and the checks
 // every generation's launcher makes: false = nothing to launch.
 inline bool varlen_grid(const VarlenKernelParams& p, const LaunchPlan& plan, size_t smem_bytes, const char* where,
                         dim3& grid) {
@@ -232,8 +243,8 @@ inline bool varlen_grid(const VarlenKernelParams& p, const LaunchPlan& plan, siz
   ATTNKIT_REQUIRE(plan.row_tiles <= 0x7fffffff, where, "max_query_len * group", plan.row_tiles,
                   "must fit one grid (in tiles of " + std::to_string(plan.config.rows) + " rows)");
   ATTNKIT_REQUIRE(p.num_reqs <= 65535, where, "num_reqs", p.num_reqs, "must be <= 65535 (grid z)");
-  const int64_t y = static_cast<int64_t>(p.num_kv_heads) * p.num_splits;
-  ATTNKIT_REQUIRE(y <= 65535, where, "num_kv_heads * num_splits", y, "must be <= 65535 (grid y)");
+  const int64_t y = static_cast<int64_t>(p.num_kv_heads) * p.num_splits * plan.config.o_slices;
+  ATTNKIT_REQUIRE(y <= 65535, where, "num_kv_heads * num_splits * output slices", y, "must be <= 65535 (grid y)");
   const cuda::DeviceProps& dev = cuda::current_device_props();
   ATTNKIT_REQUIRE(smem_bytes <= dev.smem_per_block_optin, where, "shared memory per block", smem_bytes,
                   "must fit the device's opt-in limit of " + std::to_string(dev.smem_per_block_optin) + " bytes");

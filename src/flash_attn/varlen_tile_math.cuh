@@ -128,11 +128,11 @@ __device__ __forceinline__ void qk_tile(FragC (&s)[Tr::kMFrags][Tr::kSFrags],
   }
 }
 
-// O (kMFrags x 16 rows x head_dim) += P V, P taken from the softmaxed S fragments.
+// O (kMFrags x 16 rows x kODim columns from o_col0) += P V, P taken from the softmaxed S fragments.
 template <class Tr, Fp8Format kFmt, class KvL>
 __device__ __forceinline__ void pv_tile(FragC (&o)[Tr::kMFrags][Tr::kOFrags],
                                         const FragC (&s)[Tr::kMFrags][Tr::kSFrags], const unsigned char* smem,
-                                        uint32_t s_base, uint32_t sv, int key0, int lane) {
+                                        uint32_t s_base, uint32_t sv, int key0, int o_col0, int lane) {
   using M = typename Tr::MmaElem;
 #pragma unroll
   for (int kk = 0; kk < Tr::kSFrags / 2; ++kk) {
@@ -143,9 +143,9 @@ __device__ __forceinline__ void pv_tile(FragC (&o)[Tr::kMFrags][Tr::kOFrags],
       // O's columns permuted within 32-dim groups (fp8_dequant.h); undone in the epilogue.
       const unsigned char* v_tile = smem + (sv - s_base);
 #pragma unroll
-      for (int group = 0; group < Tr::kHeadDim / 32; ++group) {
+      for (int group = 0; group < Tr::kODim / 32; ++group) {
         FragB b[4];
-        v_frags_fp8<kFmt, KvL>(v_tile, key0 + kk * 16, group, lane, b);
+        v_frags_fp8<kFmt, KvL>(v_tile, key0 + kk * 16, o_col0 / 32 + group, lane, b);
 #pragma unroll
         for (int mf = 0; mf < Tr::kMFrags; ++mf)
 #pragma unroll
@@ -155,7 +155,7 @@ __device__ __forceinline__ void pv_tile(FragC (&o)[Tr::kMFrags][Tr::kOFrags],
 #pragma unroll
       for (int dn = 0; dn < Tr::kOFrags; dn += 2) {
         uint32_t b[4];
-        ldmatrix_x4_trans(b, b_frag_addr_trans_in<KvL>(sv, key0 + kk * 16, dn * 8, lane));
+        ldmatrix_x4_trans(b, b_frag_addr_trans_in<KvL>(sv, key0 + kk * 16, o_col0 + dn * 8, lane));
 #pragma unroll
         for (int mf = 0; mf < Tr::kMFrags; ++mf) {
           mma_16816<M>(o[mf][dn], pa[mf], FragB{{b[0], b[1]}});
@@ -178,9 +178,10 @@ struct TileMath<Tr, kFmt, KvL, false> {
   RowSoftmax softmax[Tr::kMFrags];
   FragC o[Tr::kMFrags][Tr::kAccOFrags];
   int warp_row0, warp_key0, lane;
+  int o_col0;  // the first of the kODim output columns this CTA computes (V's columns read)
 
-  __device__ __forceinline__ TileMath(int warp_row0_, int warp_key0_, int lane_)
-      : warp_row0(warp_row0_), warp_key0(warp_key0_), lane(lane_) {
+  __device__ __forceinline__ TileMath(int warp_row0_, int warp_key0_, int lane_, int o_col0_ = 0)
+      : warp_row0(warp_row0_), warp_key0(warp_key0_), lane(lane_), o_col0(o_col0_) {
 #pragma unroll
     for (int mf = 0; mf < Tr::kMFrags; ++mf) softmax[mf].init();
   }
@@ -204,7 +205,7 @@ struct TileMath<Tr, kFmt, KvL, false> {
     for (int mf = 0; mf < Tr::kMFrags; ++mf)
       softmax_tile(s[mf], o[mf], softmax[mf], mod, unit, whole_tile_visible, p, w, warp_row0 + 16 * mf,
                    tile_key0 + warp_key0, lane);
-    pv_tile<Tr, kFmt, KvL>(o, s, smem, s_q, s_v, warp_key0, lane);
+    pv_tile<Tr, kFmt, KvL>(o, s, smem, s_q, s_v, warp_key0, Tr::kOSlices > 1 ? o_col0 : 0, lane);
   }
   // The warp's unnormalised rows (fp32, pitch kOPitch, starting at its row 0) and (max, sum).
   __device__ __forceinline__ void store_parts(float* s_o, float2* s_stat, float unit, int warp_m) const {
@@ -252,7 +253,7 @@ struct TileMath<Tr, kFmt, KvL, true> {
   TransposedLaneOffsets<Tr, KvL> offsets;  // this lane's fragment addresses within a stage
   int warp_row0, warp_key0, lane;
 
-  __device__ __forceinline__ TileMath(int warp_row0_, int warp_key0_, int lane_)
+  __device__ __forceinline__ TileMath(int warp_row0_, int warp_key0_, int lane_, int = 0)
       : offsets(warp_key0_, lane_), warp_row0(warp_row0_), warp_key0(warp_key0_), lane(lane_) {
     softmax.init();
   }

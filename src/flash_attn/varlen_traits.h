@@ -47,7 +47,12 @@ struct VarlenTraits {
 
   static constexpr int kWarpKeys = kBlockN / kWarpsN;  // keys per warp per tile
   static constexpr int kSFrags = kWarpKeys / 8;        // n8 fragments of a warp's S tile
-  static constexpr int kOFrags = kHeadDim / 8;         // n8 fragments of a warp's O tile
+  // Output columns: a CTA computes kODim of them, from column o_col0 of its work item
+  // (WorkItem; o_slices CTAs per item: tile_set.h), and all of S.
+  static constexpr int kOSlices = kConfig.o_slices;
+  static constexpr int kODim = kHeadDim / kOSlices;
+  static constexpr int kOSliceCols = kOSlices > 1 ? kODim : 0;  // (the schedulers' slice width; 0: none)
+  static constexpr int kOFrags = kODim / 8;            // n8 fragments of a warp's O tile
   static constexpr int kKSteps = kHeadDim / 16;        // k16 steps of S = Q K^T
   // One row fragment of Q stays in registers; more (or larger heads) are re-read from smem.
   static constexpr bool kQInRegs = kMFrags == 1 && kHeadDim <= 128;
@@ -57,9 +62,11 @@ struct VarlenTraits {
   static constexpr bool kTransposed = kConfig.transposed;
   static constexpr int kMaxRows = kTransposed ? kTransposedMaxRows : kBlockM;  // packed rows a work item may have
   static constexpr int kAccSFrags = kTransposed ? kWarpKeys / 16 : kSFrags;  // C fragments of S (S^T)
-  static constexpr int kAccOFrags = kTransposed ? kHeadDim / 16 : kOFrags;   // C fragments of O (O^T)
+  static constexpr int kAccOFrags = kTransposed ? kODim / 16 : kOFrags;   // C fragments of O (O^T)
 
-  static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head size must be a multiple of 16, <= 256");
+  static_assert(kHeadDim % 16 == 0 && kHeadDim <= 512, "head dims are multiples of 16, <= 512");
+  static_assert(kODim <= 256 && kHeadDim % kOSlices == 0 && (kOSlices == 1 || !kTransposed),
+                "an output slice of at most 256 columns");
   static_assert(kWarpKeys % 16 == 0, "each warp needs whole k16 steps of keys");
   static_assert(!kFp8Cache || (kHeadDim % 32 == 0 && kKSteps % 2 == 0),
                 "fp8 fragments come in 32-dim groups and pairs of k16 steps");
@@ -85,7 +92,7 @@ struct VarlenTraits {
                 "TMA stages need rows of whole 128-byte segments (up to 512) and 1024-byte tiles");
   static constexpr int kMainBytes = kStagesOffset + kStages * kStageBytes + kTmaSlack;
   // Epilogue (reuses everything): per-warp-column fp32 O, per-row softmax stats and weights.
-  static constexpr int kOPitch = kHeadDim + 8;
+  static constexpr int kOPitch = kODim + 8;
   static constexpr int kEpiOBytes = kWarpsN * kBlockM * kOPitch * 4;
   static constexpr int kEpiStatBytes = kWarpsN * kBlockM * 8;
   static constexpr int kEpiWeightBytes = kBlockM * kWarpsN * 4;
@@ -95,8 +102,9 @@ struct VarlenTraits {
   // normalised partial rows (fp32) and their LSEs here, past the epilogue's scratch, for rank 0
   // to read through distributed shared memory.
   static constexpr int kClusterPartOffset = kEpiBytes;
-  static constexpr int kClusterPartBytes = kBlockM * kHeadDim * 4 + kBlockM * 4;
-  static constexpr bool kClusterMerge = kBlockM <= 16 && kClusterPartOffset + kClusterPartBytes <= kSmemBytes;
+  static constexpr int kClusterPartBytes = kBlockM * kODim * 4 + kBlockM * 4;
+  static constexpr bool kClusterMerge =
+      kOSlices == 1 && kBlockM <= 16 && kClusterPartOffset + kClusterPartBytes <= kSmemBytes;
 };
 
 // Launches tile plan.tile of the kernel for (Elem, kHeadDim, kFp8Cache) (varlen_launcher.cuh,

@@ -474,14 +474,16 @@ Case random_small_case(uint64_t seed) {
 }
 
 Case random_head_size_case(uint64_t seed) {
-  // Every head size class: compiled dims (80, 96, 256) and sizes padded up to one (8, 32, 40 ->
-  // 64; 72 -> 80; 112 -> 128; 160 -> 192; 200, 224 -> 256), on the small and the medium grids.
-  constexpr int kSizes[] = {8, 32, 40, 72, 80, 96, 112, 160, 200, 224, 256};
+  // Every head size class: compiled dims (80, 96, 256, 512) and sizes padded up to one (8, 32,
+  // 40 -> 64; 72 -> 80; 112 -> 128; 160 -> 192; 200, 224 -> 256; 320 -> 512), on the small and
+  // the medium grids.
+  constexpr int kSizes[] = {8, 32, 40, 72, 80, 96, 112, 160, 200, 224, 256, 320, 512};
   constexpr int kN = static_cast<int>(std::size(kSizes));
   Case c = (seed / kN) % 4 == 3 ? random_medium_case(5000 + seed) : random_small_case(4000 + seed);
   c.seed = seed;
   c.head_size = kSizes[seed % kN];
   if (is_fp8(c.cache_dtype) && c.head_size % 16 != 0) c.cache_dtype = c.dtype;  // (fp8 rows: 16-byte chunks)
+  if (c.head_size > 256) c.num_splits = 1;  // (dim 512's output slices do not split)
   return c;
 }
 

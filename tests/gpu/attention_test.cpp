@@ -80,7 +80,7 @@ class VarlenHeadSizeGrid : public ::testing::TestWithParam<int> {};
 
 TEST_P(VarlenHeadSizeGrid, MatchesCpuReference) { check_against_cpu(random_head_size_case(GetParam())); }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, VarlenHeadSizeGrid, ::testing::Range(0, 88));
+INSTANTIATE_TEST_SUITE_P(Seeds, VarlenHeadSizeGrid, ::testing::Range(0, 104));
 
 // ---- fp8 decodes of <= 8 packed rows: the transposed tile against the 16-row one and the CPU ----
 
@@ -433,9 +433,19 @@ TEST(VarlenErrors, RejectsInputsNoKernelServes) {
     EXPECT_TRUE(throws_error_with([&] { flash_attn::run_varlen_attention(a, t); }, {"transposed_stages"}))
         << "transposed_stages " << stages;
   }
+  {  // Head dim 512 runs output-column slices, which do not split.
+    Case c512 = c;
+    c512.head_size = 512;
+    Problem p512(c512);
+    cuda::DeviceBuffer out512(c512.num_tokens() * c.num_heads() * 512 * 2);
+    const size_t ws_bytes = flash_attn::varlen_workspace_bytes(c512.num_tokens(), c.num_heads(), 512, 2);
+    cuda::DeviceBuffer ws(ws_bytes);
+    auto a = p512.make_args(out512.get(), nullptr, ws.get(), ws_bytes, 2);
+    EXPECT_TRUE(throws_error_with([&] { flash_attn::run_varlen_attention(a); }, {"num_splits", "head dim 512"}));
+  }
   // Head sizes no kernel dim serves: not a multiple of 8 (the cache view refuses it first),
-  // above 256, fp8 rows of 8-byte tails.
-  for (const auto& [hs, cache] : {std::pair{84, DType::bf16}, {264, DType::bf16}, {40, DType::fp8_e4m3}}) {
+  // above 512, fp8 rows of 8-byte tails.
+  for (const auto& [hs, cache] : {std::pair{84, DType::bf16}, {520, DType::bf16}, {40, DType::fp8_e4m3}}) {
     Case bad = c;
     bad.head_size = hs;
     bad.cache_dtype = cache;
