@@ -253,9 +253,10 @@ TEST_P(KvWriteGrid, GpuEqualsCpuByteForByte) {
   const bool quantized = is_fp8(c.cache_dtype) || c.cache_dtype == DType::nvfp4;
   uint64_t seed = 1;
   for (int block_size : {16, 32})
-    for (int head_size : {64, 128})
+    for (int head_size : {40, 64, 80, 128, 512})  // (the attention kernels' sizes, padded ones too)
       for (int heads : {1, 4})
         for (ScaleMode sm : {ScaleMode::None, ScaleMode::PerTensor, ScaleMode::PerHead}) {
+          if (c.cache_dtype == DType::nvfp4 && head_size % 16 != 0) continue;  // (16-value blocks)
           if (!quantized && sm == ScaleMode::PerHead) continue;
           if (c.cache_dtype == DType::nvfp4 && sm == ScaleMode::PerHead) continue;
           ++seed;
