@@ -4,6 +4,7 @@
 #include "attnkit/error.h"
 #include "core/cuda_dispatch.h"
 #include "flash_attn/varlen_launch.h"
+#include "flashinfer/gpu_decode.h"
 
 namespace attnkit::cuda {
 
@@ -54,6 +55,10 @@ void run_varlen_attention(const VarlenArgs&, const LaunchTuning&) {
   throw Error("flash_attn varlen attention", "device = cuda",
               "this attnkit was built without CUDA (ATTNKIT_CUDA=OFF or no nvcc)");
 }
+void run_planned_attention(const VarlenArgs&, const PlannedLaunch&, const LaunchTuning&) {
+  throw Error("flash_attn varlen attention", "device = cuda",
+              "this attnkit was built without CUDA (ATTNKIT_CUDA=OFF or no nvcc)");
+}
 
 LaunchFacts varlen_launch_facts(const VarlenArgs&) {
   throw Error("flash_attn varlen launch facts", "device = cuda",
@@ -63,4 +68,20 @@ LaunchFacts varlen_launch_facts(const VarlenArgs&) {
 bool hopper_kernels_available() { return false; }
 
 }  // namespace attnkit::flash_attn
+namespace attnkit::flashinfer {
+
+DevicePlan::DevicePlan(const PlanCapacity&, int, int64_t) {
+  throw Error("flashinfer planned decode", "device = cuda",
+              "this attnkit was built without CUDA (ATTNKIT_CUDA=OFF or no nvcc)");
+}
+DevicePlan::~DevicePlan() = default;
+void DevicePlan::upload(const PlanBuffers&, const PageTable&, const PlanBatch&, void*) {}
+void run_planned_decode(const DevicePlan&, const PlanBuffers&, const PageTable&, const PlanBatch&,
+                        const PlannedDecodeArgs&, const flash_attn::LaunchTuning&) {
+  throw Error("flashinfer planned decode", "device = cuda",
+              "this attnkit was built without CUDA (ATTNKIT_CUDA=OFF or no nvcc)");
+}
+
+}  // namespace attnkit::flashinfer
+
 #endif

@@ -17,6 +17,7 @@
 // kBlockN, kKvRowBytes, kStages, kThreads, kStageTileBytes, kStageBytes, kStagePitchBytes.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/cp_async.h"
 #include "cuda/fast_divmod.h"
@@ -105,9 +106,10 @@ struct CpAsyncPagedSource {
 // block-table entries are never read); the tail tile's rows past seq_len are zeroed once it
 // has landed, as cp.async's zero fill does. Stages are dense, 128-byte swizzled
 // (kv_smem_layout.h PagedSwizzle128) and 1024-byte aligned.
-template <class G>
+template <class G, class PageMapT = BlockTablePages>
 struct TmaBlockTableSource {
-  using PageMap = BlockTablePages;
+  static_assert(std::is_base_of_v<BlockTablePages, PageMapT>, "TMA fills read a block-table row");
+  using PageMap = PageMapT;
   using Layout = PagedSwizzle128<G::kKvRowBytes>;
   using Pipe = Pipeline<G::kStages, /*kEmpty=*/false>;  // a stage is free once the CTA synced past it
   using State = typename Pipe::State;
@@ -134,7 +136,7 @@ struct TmaBlockTableSource {
   unsigned char* stages_ptr;
   int32_t page_cur = 0, page_next = 0;  // this lane's page group of the current / next batch
 
-  __device__ __forceinline__ TmaBlockTableSource(const KvSourceArgs<BlockTablePages>& a, Barriers& bars, int tid_)
+  __device__ __forceinline__ TmaBlockTableSource(const KvSourceArgs<PageMap>& a, Barriers& bars, int tid_)
       : pipe(bars), k_map(a.k_map), v_map(a.v_map), block_row(a.pages.row), block_size(a.block_size),
         seq_len(a.seq_len), kv_head(a.kv_head), first_key(a.first_key), n_tiles(a.n_tiles), tid(tid_),
         lane(tid_ & 31), evict_first(a.evict_first), issuer(tid_ < 32),

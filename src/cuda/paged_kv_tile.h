@@ -29,6 +29,9 @@ struct BlockTablePages {
   __device__ __forceinline__ int32_t at(int page) const { return __ldg(row + page); }
   __device__ __forceinline__ int32_t at_l2(int page) const { return __ldcg(row + page); }
 };
+// FlashInfer's page table (indptr / indices): request r's pages are indices[indptr[r] ..], a
+// block-table row that starts at indptr[r].
+struct PageTablePages : BlockTablePages {};
 // Contiguous rows (varlen K/V with cu_seqlens_k): "pages" of 16 keys whose block id is the row
 // index of their first key, over a view whose block stride is one row (stride_block ==
 // stride_slot): key j of the request is row first_row + j. No memory is read.

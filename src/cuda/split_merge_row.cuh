@@ -106,19 +106,17 @@ __device__ __forceinline__ void merge_parts_row(const Parts& parts, int num_part
 
 // kMaxChunks: float4 chunks per lane, head_size <= 128 * kMaxChunks. `sink`: nullptr or the
 // head's sink logit; `lse_out`: nullptr or where the row's LSE goes (written by lane 0).
-template <class T, int kMaxChunks>
-__device__ __forceinline__ void merge_split_row(const SplitPartials& parts, int64_t token, int head,
-                                                const float* sink, T* out_row, float* lse_out, int lane) {
-  const int num_splits = parts.num_splits;
+// Any number of parts (Parts as for merge_parts_row): more than 32 stride the lanes.
+template <class T, int kMaxChunks, class Parts>
+__device__ __forceinline__ void merge_row(const Parts& row, int num_splits, int head_size, const float* sink,
+                                          T* out_row, float* lse_out, int lane) {
   if (num_splits <= 32) {
-    merge_parts_row<T, kMaxChunks>(WorkspaceRowParts{&parts, token, head}, num_splits, parts.head_size, sink,
-                                   out_row, lse_out, lane);
+    merge_parts_row<T, kMaxChunks>(row, num_splits, head_size, sink, out_row, lse_out, lane);
     return;
   }
   // More splits than lanes: the LSE pass strides the splits.
-  const WorkspaceRowParts row{&parts, token, head};
   const float sink_lse = sink != nullptr ? sanitize_lse(*sink) : -INFINITY;
-  const int chunks = parts.head_size / 4;
+  const int chunks = head_size / 4;
   float acc[kMaxChunks][4] = {};
   float row_lse = -INFINITY;
   float mx = sink_lse;
@@ -138,11 +136,19 @@ __device__ __forceinline__ void merge_split_row(const SplitPartials& parts, int6
     for (int s = 0; s < num_splits; ++s) {
       const float w = expf(sanitize_lse(row.lse(s)) - mx) * inv_sum;
       float4 v[kMaxChunks];
-      row.values<kMaxChunks>(s, v, chunks, lane);
+      row.template values<kMaxChunks>(s, v, chunks, lane);
       merge_part_values<kMaxChunks>(acc, v, w, chunks, lane);
     }
   }
   store_merged_row<T, kMaxChunks>(acc, row_lse, chunks, out_row, lse_out, lane);
+}
+
+// The split-KV workspace's row (token, head).
+template <class T, int kMaxChunks>
+__device__ __forceinline__ void merge_split_row(const SplitPartials& parts, int64_t token, int head,
+                                                const float* sink, T* out_row, float* lse_out, int lane) {
+  merge_row<T, kMaxChunks>(WorkspaceRowParts{&parts, token, head}, parts.num_splits, parts.head_size, sink, out_row,
+                           lse_out, lane);
 }
 
 }  // namespace attnkit::cuda

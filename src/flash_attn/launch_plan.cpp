@@ -1,6 +1,7 @@
 #include "flash_attn/launch_plan.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "attnkit/error.h"
 #include "core/int_math.h"
@@ -16,25 +17,30 @@ constexpr std::string_view kWhere = "flash_attn launch decision";
 constexpr int kPersistentMaxKeys = 4096;
 constexpr int kDoubleQMaxKeys = 1024;
 
+int64_t packed_rows(const LaunchFacts& f) { return static_cast<int64_t>(f.max_query_len) * f.group; }
+
 void validate(const LaunchFacts& f, const LaunchTuning& t) {
   ATTNKIT_REQUIRE(t.transposed_stages == 0 || t.transposed_stages == 2 || t.transposed_stages == 3, kWhere,
                   "tuning.transposed_stages", t.transposed_stages, "must be 0 (the rule's choice), 2 or 3");
   ATTNKIT_REQUIRE(t.max_ctas >= 0, kWhere, "tuning.max_ctas", t.max_ctas, "must be >= 0 (0: the rule's choice)");
   ATTNKIT_REQUIRE(t.q_buffers >= 0 && t.q_buffers <= 2, kWhere, "tuning.q_buffers", t.q_buffers,
                   "must be 0 (the rule's choice), 1 or 2");
-  ATTNKIT_REQUIRE(f.head_size == 0 || kernel_head_dim(f.head_size, f.fp8_cache) > 0, kWhere, "head_size", f.head_size,
-                  head_size_rule(f.fp8_cache));
+  ATTNKIT_REQUIRE(f.head_size == 0 || kernel_head_dim(f.head_size, f.fp8_cache, f.planned_items > 0) > 0, kWhere, "head_size", f.head_size,
+                  head_size_rule(f.fp8_cache, f.planned_items > 0));
+  ATTNKIT_REQUIRE(f.planned_items == 0 || packed_rows(f) <= kDecodeTileRows, kWhere,
+                  "planned max_query_len * group", packed_rows(f),
+                  "must be <= " + std::to_string(kDecodeTileRows) +
+                      ": planned launches run the decode tiles (FlashInfer-style prefill kernels are not built yet)");
   ATTNKIT_REQUIRE(f.sm_count > 0, kWhere, "sm_count", f.sm_count, "must be > 0");
   ATTNKIT_REQUIRE(f.group >= 1, kWhere, "group", f.group, "must be >= 1");
   ATTNKIT_REQUIRE(f.num_splits >= 1, kWhere, "num_splits", f.num_splits, "must be >= 1");
 }
 
-int64_t packed_rows(const LaunchFacts& f) { return static_cast<int64_t>(f.max_query_len) * f.group; }
 
 // The tile family of the launch, before the grid-size refinements; `why` gets the reason.
 TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) {
   const int64_t rows = packed_rows(f);
-  const int hd = kernel_head_dim(f.head_size, f.fp8_cache);
+  const int hd = kernel_head_dim(f.head_size, f.fp8_cache, f.planned_items > 0);
   if (rows <= kDecodeTileRows && tile_instantiated(TileId::decode, hd, f.fp8_cache)) {
     // Decode-shaped (one token x its GQA group, or a few speculative tokens): 16-row tiles with
     // the warps along the keys. On sm90 their stages fill by TMA wherever the cache's rows and
@@ -79,9 +85,10 @@ TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) 
 
 }  // namespace
 
-std::string head_size_rule(bool fp8_cache) {
+std::string head_size_rule(bool fp8_cache, bool planned) {
+  const int max = planned ? kPlannedHeadDims[std::size(kPlannedHeadDims) - 1] : kMaxHeadSize;
   return std::string("must be a multiple of ") + (fp8_cache ? "16 (fp8 cache)" : "8") + " in [" +
-         (fp8_cache ? "16" : "8") + ", " + std::to_string(kMaxHeadSize) + "]";
+         (fp8_cache ? "16" : "8") + ", " + std::to_string(max) + "]";
 }
 
 bool pdl_for_grid(int64_t ctas, int64_t slots, bool transposed) {
@@ -99,13 +106,14 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
   validate(f, t);
   LaunchPlan plan;
   plan.tile = base_tile(f, t, plan.reason);
-  plan.head_dim = kernel_head_dim(f.head_size, f.fp8_cache);
+  plan.head_dim = kernel_head_dim(f.head_size, f.fp8_cache, f.planned_items > 0);
   if (plan.head_dim != f.head_size)
     plan.reason += "; head size " + std::to_string(f.head_size) + " padded to " + std::to_string(plan.head_dim);
   auto grid_of = [&](TileId id) {
     plan.config = tile_config(id, plan.head_dim, f.fp8_cache);
     plan.row_tiles = ceil_div(packed_rows(f), plan.config.rows);
-    plan.grid_ctas = plan.row_tiles * f.num_kv_heads * f.num_splits * f.num_reqs * plan.config.o_slices;
+    plan.grid_ctas = f.planned_items > 0 ? f.planned_items * f.num_kv_heads
+                                         : plan.row_tiles * f.num_kv_heads * f.num_splits * f.num_reqs * plan.config.o_slices;
     plan.cta_slots = static_cast<int64_t>(plan.config.ctas_per_sm) * f.sm_count;
   };
   grid_of(plan.tile);
@@ -154,12 +162,13 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
     plan.pdl = t.pdl;
   } else {
     plan.pdl = t.pdl && f.cc_major >= 9 && pdl_for_grid(plan.grid_ctas, plan.cta_slots, plan.config.transposed);
-    plan.l2_prefetch = plan.pdl && t.l2_prefetch;
+    plan.l2_prefetch = plan.pdl && t.l2_prefetch && f.planned_items == 0;  // (a planned item is read from the plan)
     plan.kv_evict_first = t.kv_evict_first && f.num_splits > 1 && plan.config.fill == KvFill::tma;
     if (t.pdl && f.cc_major >= 9 && !plan.pdl) plan.reason += "; no PDL for this part of a wave";
     if (plan.kv_evict_first) plan.reason += "; split launch: K/V read evict-first";
     // Clusters of 2 splits merge in shared memory (DECISIONS.md: Cluster merge: 2 splits only).
-    plan.cluster_merge = t.cluster_merge && f.cc_major >= 9 && f.num_splits == 2 && plan.config.rows == kDecodeTileRows;
+    plan.cluster_merge = t.cluster_merge && f.cc_major >= 9 && f.num_splits == 2 && plan.config.rows == kDecodeTileRows &&
+                         f.planned_items == 0;
     if (plan.cluster_merge) plan.reason += "; 2 splits: merged in a cluster";
   }
   return plan;

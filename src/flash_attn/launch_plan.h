@@ -40,6 +40,9 @@ struct LaunchFacts {
   int num_reqs = 0, num_kv_heads = 0, group = 1;
   int max_query_len = 0, max_seq_len = 0;
   int num_splits = 1;
+  // > 0: a planned launch (FlashInfer-style: PlanScheduler, src/flashinfer/plan.h) of this many
+  // work items per KV head; its head dims are kPlannedHeadDims, its splits the plan's chunks.
+  int64_t planned_items = 0;
 };
 
 struct LaunchPlan {

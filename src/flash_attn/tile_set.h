@@ -61,21 +61,30 @@ inline constexpr int kMaxDecodeTileDim = 256;  // the 16-row decode tiles' large
 // steps (varlen_traits.h).
 constexpr bool fp8_head_dim(int d) { return d % 32 == 0; }
 
+// The head dims of the planned (FlashInfer-style) decode kernels (src/flashinfer/decode_hd*.cu).
+inline constexpr int kPlannedHeadDims[] = {64, 128, 256};
+
 // The compiled head dim that serves a runtime head size (0: none does). The runtime size is
 // rounded up to the smallest compiled dim the cache kind has: Q / K / V loads zero-fill the
 // padding columns, the output stores the real ones only, and the softmax scale is the real
 // size's (docs/architecture.md section 9). Head sizes are multiples of 8 (16-byte rows of a
 // 16-bit cache); an fp8 cache needs multiples of 16 (its rows are copied in 16-byte chunks).
 // Every generation asks this: the hopper kernel serves a size only where its dim is this one.
-constexpr int kernel_head_dim(int head_size, bool fp8_cache) {
+// Planned launches (planned = true) take the next of kPlannedHeadDims.
+constexpr int kernel_head_dim(int head_size, bool fp8_cache, bool planned = false) {
   if (head_size <= 0 || head_size % (fp8_cache ? 16 : 8) != 0) return 0;
+  if (planned) {
+    for (int d : kPlannedHeadDims)
+      if (d >= head_size) return d;
+    return 0;
+  }
   for (int d : kMmaSyncHeadDims)
     if (d >= head_size && (!fp8_cache || fp8_head_dim(d))) return d;
   return 0;
 }
 
 // The rule kernel_head_dim applies, in words, for errors and the selector (launch_plan.cpp).
-std::string head_size_rule(bool fp8_cache);
+std::string head_size_rule(bool fp8_cache, bool planned = false);
 
 // Bytes of one K or V row in the cache.
 constexpr int kv_row_bytes(int head_dim, bool fp8_cache) { return fp8_cache ? head_dim : 2 * head_dim; }

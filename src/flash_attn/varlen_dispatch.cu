@@ -279,6 +279,59 @@ LaunchFacts varlen_launch_facts(const VarlenArgs& args) {
   return varlen_launch_facts(args, varlen_kernel_params(args));
 }
 
+namespace {
+
+// The plan's head dim (kPlannedHeadDims) -> its planned instantiation.
+template <class Elem, bool kFp8>
+void launch_planned_head_dim(const VarlenKernelParams& p, const LaunchPlan& plan, int64_t grid_items,
+                             cudaStream_t stream) {
+  static_assert(std::size(kPlannedHeadDims) == 3, "one case per planned head dim");
+  switch (plan.head_dim) {
+    case 64: return launch_planned<Elem, 64, kFp8>(p, plan, grid_items, stream);
+    case 128: return launch_planned<Elem, 128, kFp8>(p, plan, grid_items, stream);
+    case 256: return launch_planned<Elem, 256, kFp8>(p, plan, grid_items, stream);
+  }
+  fail("flashinfer planned decode", "head dim", plan.head_dim, "has no planned kernels");
+}
+
+}  // namespace
+
+void run_planned_attention(const VarlenArgs& args, const PlannedLaunch& planned, const LaunchTuning& tuning) {
+  const char* where = "flashinfer planned decode";
+  ATTNKIT_REQUIRE(args.num_splits == 1, where, "num_splits", args.num_splits,
+                  "must be 1 (a planned launch splits by the plan's chunks)");
+  ATTNKIT_REQUIRE(args.cu_seqlens_k == nullptr, where, "cu_seqlens_k", "set", "must be null (pages come from the page table)");
+  ATTNKIT_REQUIRE(planned.items != nullptr && planned.num_items != nullptr && planned.page_indptr != nullptr, where,
+                  "planned items / num_items / page_indptr", "nullptr", "must be device arrays");
+  ATTNKIT_REQUIRE(planned.planned_items >= 0 && planned.planned_items <= planned.grid_items, where, "planned_items",
+                  planned.planned_items, "must be in [0, grid_items = " + std::to_string(planned.grid_items) + "]");
+  VarlenKernelParams p = varlen_kernel_params(args);
+  if (p.num_tokens == 0 || args.num_reqs == 0 || planned.planned_items == 0) return;
+  p.plan_items = planned.items;
+  p.plan_num_items = planned.num_items;
+  p.plan_tile_q = planned.tile_q;
+  p.page_indptr = planned.page_indptr;
+  p.plan_part_o = planned.part_o;
+  p.plan_part_lse = planned.part_lse;
+  LaunchFacts facts = varlen_launch_facts(args, p);
+  facts.planned_items = planned.planned_items;
+  LaunchPlan plan = choose_launch(facts, tuning);
+  if (plan.config.fill == KvFill::tma && !encode_kv_maps(p, kv_row_bytes(facts.head_size, facts.fp8_cache))) {
+    facts.tma_geometry = false;  // (a driver without the encoder: the cp.async tiles)
+    plan = choose_launch(facts, tuning);
+  }
+  p.cta_trace = tuning.cta_trace;
+  const cudaStream_t stream = cuda::as_stream(args.stream);
+  const bool fp8 = facts.fp8_cache;
+  if (args.q.dtype == DType::bf16) {
+    if (fp8) launch_planned_head_dim<__nv_bfloat16, true>(p, plan, planned.grid_items, stream);
+    else launch_planned_head_dim<__nv_bfloat16, false>(p, plan, planned.grid_items, stream);
+  } else {
+    if (fp8) launch_planned_head_dim<__half, true>(p, plan, planned.grid_items, stream);
+    else launch_planned_head_dim<__half, false>(p, plan, planned.grid_items, stream);
+  }
+}
+
 void run_varlen_attention(const VarlenArgs& args, const LaunchTuning& tuning) {
   VarlenKernelParams p = varlen_kernel_params(args);
   if (p.num_tokens == 0 || args.num_reqs == 0) return;

@@ -117,9 +117,40 @@ __device__ __forceinline__ void merge_splits_in_cluster(const VarlenKernelParams
   cluster_sync();
 }
 
-// The epilogue policy: direct (one split), or split partials merged through the workspace or in
-// the cluster.
-template <class Tr>
+// Where a split work item's partial rows go, and who merges them.
+// The FlashAttention-style split workspace: partials [split][token][head]; the item's last split
+// CTA (or the cluster) merges them in the kernel.
+struct WorkspacePartials {
+  __device__ __forceinline__ static bool split(const VarlenKernelParams& p, const WorkItem&) { return p.num_splits > 1; }
+  __device__ __forceinline__ static float* o(const VarlenKernelParams& p, const WorkItem& w, int, int64_t token, int head) {
+    return p.partials.o + p.partials.o_index(w.split, token, head);
+  }
+  __device__ __forceinline__ static float* lse(const VarlenKernelParams& p, const WorkItem& w, int, int64_t token,
+                                               int head) {
+    return p.partials.lse + p.partials.lse_index(w.split, token, head);
+  }
+  static constexpr bool kMergesInKernel = true;
+};
+// The FlashInfer-style plan's partial rows: tile row m of chunk j is partial row partial_base +
+// m * num_chunks + j (per KV head); a merge kernel after the launch folds them (merge_indptr).
+struct PlanPartials {
+  __device__ __forceinline__ static bool split(const VarlenKernelParams&, const WorkItem& w) { return w.num_chunks > 1; }
+  __device__ __forceinline__ static int64_t row(const VarlenKernelParams& p, const WorkItem& w, int m) {
+    return (static_cast<int64_t>(w.partial_base) + static_cast<int64_t>(m) * w.num_chunks + w.split) * p.num_kv_heads +
+           w.kv_head;
+  }
+  __device__ __forceinline__ static float* o(const VarlenKernelParams& p, const WorkItem& w, int m, int64_t, int) {
+    return p.plan_part_o + row(p, w, m) * p.head_size;
+  }
+  __device__ __forceinline__ static float* lse(const VarlenKernelParams& p, const WorkItem& w, int m, int64_t, int) {
+    return p.plan_part_lse + row(p, w, m);
+  }
+  static constexpr bool kMergesInKernel = false;
+};
+
+// The epilogue policy: direct (one split), or split partials (Partials) merged through the
+// workspace or in the cluster, or by a later kernel.
+template <class Tr, class Partials = WorkspacePartials>
 struct SplitKvEpilogue {
   // All threads, after the main loop and a CTA barrier; reuses all shared memory. Math: the
   // tile math policy (varlen_tile_math.cuh) holding the warp's O and softmax state.
@@ -137,7 +168,7 @@ struct SplitKvEpilogue {
     __syncthreads();
 
     // Per row: merge the warps' parts, fold in v_scale and the sink, write the LSE.
-    const bool split = p.num_splits > 1;
+    const bool split = Partials::split(p, w);
     const int col0 = Tr::kOSlices > 1 ? w.o_col0 : 0;  // this CTA's first output column
     const float v_scale = Tr::kFp8Cache ? scale_of(p.v_scale, p.v_scale_stride, w.kv_head) : 1.f;
     for (int m = tid; m < w.rows; m += Tr::kThreads) {
@@ -162,7 +193,7 @@ struct SplitKvEpilogue {
       if (split && p.cluster_merge) {
         reinterpret_cast<float*>(smem + Tr::kClusterPartOffset + Tr::kBlockM * Tr::kODim * 4)[m] = lse;
       } else if (split) {
-        p.partials.lse[p.partials.lse_index(w.split, token, head)] = lse;
+        if (col0 == 0) *Partials::lse(p, w, m, token, head) = lse;
       } else if (p.lse != nullptr && col0 == 0) {  // (every output slice has the row's LSE: the first writes it)
         p.lse[head * p.lse_stride_head + token * p.lse_stride_token] = lse;
       }
@@ -193,7 +224,7 @@ struct SplitKvEpilogue {
         dst[0] = make_float4(v[0], v[1], v[2], v[3]);
         dst[1] = make_float4(v[4], v[5], v[6], v[7]);
       } else if (split) {
-        store8(p.partials.o + p.partials.o_index(w.split, token, head) + col0 + c, v);
+        store8(Partials::o(p, w, m, token, head) + col0 + c, v);
       } else {
         store8(static_cast<T*>(p.out) + token * p.out_stride_token + head * p.out_stride_head + col0 + c, v);
       }
@@ -203,6 +234,7 @@ struct SplitKvEpilogue {
   // After run (all threads): the merge of the item's splits, in the cluster or by the last
   // split CTA through the workspace.
   __device__ __forceinline__ static void finish(const VarlenKernelParams& p, const unsigned char* smem) {
+    if constexpr (!Partials::kMergesInKernel) return;
     if (p.num_splits <= 1) return;
     if constexpr (Tr::kClusterMerge) {
       if (p.cluster_merge) {

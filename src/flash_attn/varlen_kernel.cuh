@@ -39,7 +39,8 @@ namespace attnkit::flash_attn {
 // The K/V source of a tile: its fill (tile_set.h) through a page map (the block table or
 // contiguous rows: cuda/paged_kv_tile.h; TMA fills read block tables only).
 template <class Tr, class PageMap = cuda::BlockTablePages>
-using KvSourceOf = std::conditional_t<Tr::kTmaStages, cuda::TmaBlockTableSource<Tr>, cuda::CpAsyncPagedSource<Tr, PageMap>>;
+using KvSourceOf =
+    std::conditional_t<Tr::kTmaStages, cuda::TmaBlockTableSource<Tr, PageMap>, cuda::CpAsyncPagedSource<Tr, PageMap>>;
 
 template <class Tr, class Scheduler, class Source, class Epilogue, cuda::Fp8Format kFmt>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
@@ -53,9 +54,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
   cta_trace_mark(p.cta_trace, kTraceEntry);
   Source::prefetch_maps(&p.k_map, &p.v_map);  // (parameters: valid before the wait)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (p.l2_prefetch && static_cast<int64_t>(linear_block_index()) < p.l2_prefetch_ctas)
-    prefetch_first_tiles<Tr::kBlockM, Tr::kBlockN, typename CpAsyncPagedSource<Tr, typename Source::PageMap>::Loader,
-                         Tr::kStages, Tr::kOSliceCols>(p, threadIdx.x);
+  if constexpr (Scheduler::kGridItems)
+    if (p.l2_prefetch && static_cast<int64_t>(linear_block_index()) < p.l2_prefetch_ctas)
+      prefetch_first_tiles<Tr::kBlockM, Tr::kBlockN, typename CpAsyncPagedSource<Tr, typename Source::PageMap>::Loader,
+                           Tr::kStages, Tr::kOSliceCols>(p, threadIdx.x);
 #endif
   pdl_wait();  // everything below may read what the previous kernel wrote (metadata, q, cache)
   cta_trace_mark(p.cta_trace, kTraceReleased);

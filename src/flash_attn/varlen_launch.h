@@ -75,6 +75,28 @@ LaunchFacts varlen_launch_facts(const VarlenArgs& args);
 // no compiled kernel serves. In a build without CUDA it throws.
 void run_varlen_attention(const VarlenArgs& args, const LaunchTuning& tuning = {});
 
+// A planned launch (the FlashInfer-style backend's decode, src/flashinfer/gpu_decode.h): the
+// args' batch is a planned part whose block_table is the page table's indices (request r's
+// pages from page_indptr[r]); the work comes from the plan's items instead of the grid. Device
+// arrays: items (7 int32 per item: plan.h WorkItem), num_items (the plan's count, read by the
+// kernel), page_indptr [num_reqs + 1]; part_o / part_lse: the split tiles' partial rows
+// (PlanBuffers::workspace_bytes), merged afterwards by the caller (cuda/plan_merge.h).
+struct PlannedLaunch {
+  const int32_t* items = nullptr;
+  const int32_t* num_items = nullptr;
+  int64_t grid_items = 0;     // CTAs per KV head: the plan's item capacity (any plan of it fits)
+  int64_t planned_items = 0;  // the current plan's count (the launch decision reads it)
+  int tile_q = 0;             // the plan's query tile (<= 16 packed rows: decode tiles)
+  const int32_t* page_indptr = nullptr;
+  float* part_o = nullptr;
+  float* part_lse = nullptr;
+};
+
+// Launches the planned decode on args.stream (args.num_splits must be 1, no split workspace):
+// the decode tile choose_launch picks (LaunchFacts::planned_items), head dims kPlannedHeadDims.
+// Throws Error; a build without CUDA throws.
+void run_planned_attention(const VarlenArgs& args, const PlannedLaunch& planned, const LaunchTuning& tuning = {});
+
 // True when this build compiled the hopper kernels (sm_90a among its CUDA architectures) and
 // the current device is sm90.
 bool hopper_kernels_available();

@@ -66,7 +66,58 @@ void launch_mma_sync(const VarlenKernelParams& p, const LaunchPlan& plan, cudaSt
                       (kFp8Cache ? " with an fp8 cache" : "") + (contiguous ? " over contiguous K/V" : ""));
 }
 
+// A planned launch (FlashInfer-style decode): the plan's decode tile over the page table, one CTA
+// per planned item slot (grid_items, the plan's capacity: slots past the plan's count exit) and KV
+// head; split tiles write the plan's partial rows (merged by the caller after the launch).
+template <class Elem, int kHeadDim, bool kFp8Cache>
+void launch_planned(VarlenKernelParams p, const LaunchPlan& plan, int64_t grid_items, cudaStream_t stream) {
+  const char* where = "flashinfer planned decode";
+  ATTNKIT_REQUIRE(grid_items > 0 && grid_items <= 0x7fffffff, where, "plan item capacity", grid_items,
+                  "must be in [1, 2^31) (grid x)");
+  ATTNKIT_REQUIRE(p.num_kv_heads <= 65535, where, "num_kv_heads", p.num_kv_heads, "must be <= 65535 (grid y)");
+  bool launched = false;
+  auto try_tile = [&]<TileId kTile>() {
+    constexpr TileConfig kCfg = tile_config(kTile, kHeadDim, kFp8Cache);
+    if constexpr (tile_instantiated(kTile, kHeadDim, kFp8Cache) && kCfg.generation == Generation::mma_sync &&
+                  kCfg.rows == kDecodeTileRows) {
+      if (plan.tile != kTile) return;
+      using Tr = VarlenTraits<Elem, kHeadDim, kFp8Cache, kTile>;
+      using Sched = PlanScheduler<Tr::kBlockM, Tr::kBlockN>;
+      using Epi = detail::SplitKvEpilogue<Tr, detail::PlanPartials>;
+      using Src = KvSourceOf<Tr, cuda::PageTablePages>;
+      // (an item has min(tile_q, its packed rows) rows; the transposed tile is chosen only where
+      // every request has at most kMaxRows)
+      ATTNKIT_REQUIRE(p.plan_tile_q >= 1 && p.plan_tile_q <= Tr::kBlockM, where, "plan tile_q", p.plan_tile_q,
+                      "must be in [1, " + std::to_string(Tr::kBlockM) + "] for the " + kCfg.name + " tile");
+      const cuda::DeviceProps& dev = cuda::current_device_props();
+      ATTNKIT_REQUIRE(static_cast<size_t>(Tr::kSmemBytes) <= dev.smem_per_block_optin, where, "shared memory per block",
+                      Tr::kSmemBytes, "must fit the device's opt-in limit");
+      auto kernel = attention_kernel<Tr, Sched, Src, Epi, cuda::Fp8Format::e4m3>;
+      if constexpr (Tr::kFp8Cache)
+        if (p.fp8_format == static_cast<int>(cuda::Fp8Format::e5m2))
+          kernel = attention_kernel<Tr, Sched, Src, Epi, cuda::Fp8Format::e5m2>;
+      ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+      p.l2_prefetch = false;
+      p.kv_evict_first = plan.kv_evict_first;
+      p.cluster_merge = false;
+      cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(grid_items), static_cast<unsigned>(p.num_kv_heads), 1),
+                          dim3(Tr::kThreads), Tr::kSmemBytes, stream, plan.pdl, dim3(1, 1, 1), p);
+      launched = true;
+    }
+  };
+  try_tile.template operator()<TileId::decode>();
+  try_tile.template operator()<TileId::decode_tma>();
+  try_tile.template operator()<TileId::decode_two_stage>();
+  try_tile.template operator()<TileId::decode_transposed>();
+  try_tile.template operator()<TileId::decode_transposed_two_stage>();
+  ATTNKIT_REQUIRE(launched, where, "tile", plan.config.name,
+                  "is not a planned decode tile built for head dim " + std::to_string(kHeadDim));
+}
+
 }  // namespace attnkit::flash_attn
+
+#define ATTNKIT_PLANNED_INSTANTIATE(ELEM, HEAD_DIM, FP8)                                                    \
+  template void launch_planned<ELEM, HEAD_DIM, FP8>(VarlenKernelParams, const LaunchPlan&, int64_t, cudaStream_t);
 
 // Explicit instantiation of every mma_sync tile of one (dtype, head size, cache kind).
 #define ATTNKIT_VARLEN_INSTANTIATE(ELEM, HEAD_DIM, FP8)                                                    \

@@ -82,6 +82,17 @@ struct VarlenKernelParams {
   // TMA stage fills read K/V with an L2 evict-first policy (LaunchPlan::kv_evict_first).
   bool kv_evict_first = false;
 
+  // Planned launches (FlashInfer-style, PlanScheduler; src/flashinfer/plan.h): the plan's work
+  // items (7 int32 each) and their count on the device, its query tile, the page table's indptr
+  // (block_table is then its indices), and the partial rows of split tiles: o [rows][num_kv_heads]
+  // [head_size], lse [rows][num_kv_heads] (merged after the launch through merge_indptr).
+  const int32_t* plan_items = nullptr;
+  const int32_t* plan_num_items = nullptr;
+  int plan_tile_q = 0;
+  const int32_t* page_indptr = nullptr;
+  float* plan_part_o = nullptr;
+  float* plan_part_lse = nullptr;
+
   // Diagnostics: per-CTA timestamps (cuda/cta_trace.h), [grid CTAs][kCtaTraceSlots]; nullptr = off.
   uint64_t* cta_trace = nullptr;
 };

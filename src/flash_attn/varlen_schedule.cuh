@@ -24,9 +24,12 @@ struct WorkItem {
   int req, kv_head, split;
   int q_start, q_len, seq_len;
   int m0, rows;                // first packed row of the tile, real rows in it (<= kBlockM)
-  int tile_begin, tile_end;    // K/V tiles [begin, end) this CTA visits
+  int tile_begin, tile_end;    // K/V tiles [begin, end) this CTA visits ...
+  int first_key;               // ... tile t's first key: first_key + (t - tile_begin) * kBlockN
+  int key_lo, key_hi;          // the item's keys (a planned KV chunk; else [0, seq_len)): rows see no others
   int full_lo, full_hi;        // keys visible to every row of the tile: [full_lo, full_hi)
   int o_col0;                  // the first output column this CTA computes (tiles with o_slices)
+  int num_chunks, partial_base;  // planned items (PlanScheduler): chunks of the tile, its partial rows
 };
 
 // A metadata read; kL2Only bypasses L1 (reads before the PDL wait: a line cached then could be
@@ -83,6 +86,11 @@ __device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, int x
   const int per_split = (t_hi - t_lo + p.num_splits - 1) / p.num_splits;
   w.tile_begin = min(t_hi, t_lo + w.split * per_split);
   w.tile_end = min(t_hi, w.tile_begin + per_split);
+  w.first_key = w.tile_begin * kBlockN;
+  w.key_lo = 0;
+  w.key_hi = w.seq_len;
+  w.num_chunks = p.num_splits;
+  w.partial_base = -1;
   return true;
 }
 
@@ -95,9 +103,50 @@ __device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, WorkI
 // The grid scheduler: the CTA's item is its grid coordinates.
 template <int kBlockM, int kBlockN, int kOSliceCols = 0>
 struct GridScheduler {
+  static constexpr bool kGridItems = true;  // (the early L2 prefetch can guess the item)
   // This CTA's item; false: it has none (past its request's row tiles).
   __device__ __forceinline__ static bool take(const VarlenKernelParams& p, WorkItem& w) {
     return schedule_work<kBlockM, kBlockN, false, kOSliceCols>(p, w);
+  }
+};
+
+// The plan scheduler (FlashInfer-style, src/flashinfer/plan.h): CTA (x, y) runs planned work
+// item x (request, packed-row tile of plan_tile_q rows, KV chunk [kv_begin, kv_end), chunk j of
+// n, partial base) for KV head y; x at or past the device-side item count has none (a grid sized
+// to the plan's capacity stays valid for every re-plan: CUDA graphs). The item's rows see the
+// chunk's keys only; its tiles start at the chunk's first 16-key group.
+template <int kBlockM, int kBlockN>
+struct PlanScheduler {
+  static constexpr bool kGridItems = false;
+  static constexpr int kItemInts = 7;  // WorkItem of plan.h: request, q_tile, kv_begin, kv_end, chunk, num_chunks, partial_base
+  __device__ __forceinline__ static bool take(const VarlenKernelParams& p, WorkItem& w) {
+    const int item = blockIdx.x;
+    if (item >= __ldg(p.plan_num_items)) return false;
+    const int32_t* it = p.plan_items + static_cast<int64_t>(item) * kItemInts;
+    w.o_col0 = 0;
+    w.req = __ldg(it + 0);
+    const int q_tile = __ldg(it + 1), kv_begin = __ldg(it + 2), kv_end = __ldg(it + 3);
+    w.split = __ldg(it + 4);
+    w.num_chunks = __ldg(it + 5);
+    w.partial_base = __ldg(it + 6);
+    w.kv_head = blockIdx.y;
+    w.q_start = __ldg(p.cu_seqlens_q + w.req);
+    w.q_len = __ldg(p.cu_seqlens_q + w.req + 1) - w.q_start;
+    w.m0 = q_tile * p.plan_tile_q;
+    w.rows = min(p.plan_tile_q, w.q_len * p.group - w.m0);
+    w.seq_len = __ldg(p.seqused_k + w.req);
+    const cuda::KeyVisibility vis{w.seq_len, p.causal, p.window_left, p.window_right};
+    const int i_first = w.m0 / p.group, i_last = (w.m0 + w.rows - 1) / p.group;
+    const cuda::KeyRange first = vis.of(cuda::query_position(w.seq_len, w.q_len, i_first));
+    const cuda::KeyRange last = vis.of(cuda::query_position(w.seq_len, w.q_len, i_last));
+    w.key_lo = max(first.lo, kv_begin);
+    w.key_hi = min(last.hi, kv_end);
+    w.full_lo = max(last.lo, kv_begin);
+    w.full_hi = min(first.hi, kv_end);
+    w.first_key = w.key_lo & ~15;
+    w.tile_begin = 0;
+    w.tile_end = w.key_hi > w.key_lo ? (w.key_hi - w.first_key + kBlockN - 1) / kBlockN : 0;
+    return true;
   }
 };
 
@@ -129,12 +178,15 @@ struct PersistentScheduler {
   }
 };
 
-// The page map (cuda/paged_kv_tile.h) of the work item's request: its block-table row, or its
-// first row of contiguous K/V (cu_seqlens_k; kL2Only: a read before the PDL wait).
+// The page map (cuda/paged_kv_tile.h) of the work item's request: its block-table row, its
+// page-table row, or its first row of contiguous K/V (cu_seqlens_k; kL2Only: a read before the
+// PDL wait).
 template <class PageMap, bool kL2Only = false>
 __device__ __forceinline__ PageMap page_map_for(const VarlenKernelParams& p, const WorkItem& w) {
   if constexpr (std::is_same_v<PageMap, cuda::ContiguousPages>) {
     return {load_meta<kL2Only>(p.cu_seqlens_k + w.req)};
+  } else if constexpr (std::is_same_v<PageMap, cuda::PageTablePages>) {
+    return {{p.block_table + load_meta<kL2Only>(p.page_indptr + w.req)}};
   } else {
     return {p.block_table + static_cast<int64_t>(w.req) * p.max_blocks_per_req};
   }
@@ -190,7 +242,7 @@ __device__ __forceinline__ cuda::KvSourceArgs<PageMap> kv_source_args(const Varl
   a.k_map = &p.k_map;
   a.v_map = &p.v_map;
   a.evict_first = p.kv_evict_first;
-  a.first_key = w.tile_begin * kBlockN;
+  a.first_key = w.first_key;
   a.n_tiles = w.tile_end - w.tile_begin;
   a.stages = stages;
   a.stages_ptr = stages_ptr;
@@ -227,6 +279,8 @@ __device__ __forceinline__ cuda::RowFacts row_facts(const VarlenKernelParams& p,
     const int head = w.kv_head * p.group + m % p.group;
     f.pos[r] = cuda::query_position(w.seq_len, w.q_len, token);
     f.keys[r] = vis.of(f.pos[r]);
+    f.keys[r].lo = max(f.keys[r].lo, w.key_lo);  // (the item's keys: a planned chunk's)
+    f.keys[r].hi = max(f.keys[r].lo, min(f.keys[r].hi, w.key_hi));
     f.alibi_slope[r] =
         p.alibi_slopes != nullptr
             ? p.alibi_slopes[(per_request_alibi ? w.req * p.alibi_req_stride : 0) + head * p.alibi_stride]

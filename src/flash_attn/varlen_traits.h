@@ -113,4 +113,9 @@ struct VarlenTraits {
 template <class Elem, int kHeadDim, bool kFp8Cache>
 void launch_mma_sync(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStream_t stream);
 
+// The planned (FlashInfer-style) decode of (Elem, kHeadDim, kFp8Cache) for plan.tile
+// (varlen_launcher.cuh, instantiated in src/flashinfer/decode_hd*.cu for kPlannedHeadDims).
+template <class Elem, int kHeadDim, bool kFp8Cache>
+void launch_planned(VarlenKernelParams p, const LaunchPlan& plan, int64_t grid_items, cudaStream_t stream);
+
 }  // namespace attnkit::flash_attn

@@ -20,9 +20,10 @@ namespace {
 constexpr std::string_view kWhere = "flashinfer cpu forward";
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-// The plan, the page table and the call must describe the same batch.
-void check_consistent(const TensorView& q, const PagedKV& cache, const PageTable& pages,
-                      const PlanBuffers& plan, const PlanBatch& batch, const AttentionParams& p) {
+}  // namespace
+
+void check_planned_call(const TensorView& q, const PagedKV& cache, const PageTable& pages, const PlanBuffers& plan,
+                        const PlanBatch& batch, const AttentionParams& p, std::string_view kWhere) {
   const PlanConfig& cfg = plan.config;
   const int64_t n = static_cast<int64_t>(batch.kv_lens.size());
   ATTNKIT_REQUIRE(plan.num_reqs == n && pages.num_reqs == n, kWhere, "plan / page table requests",
@@ -59,6 +60,8 @@ void check_consistent(const TensorView& q, const PagedKV& cache, const PageTable
                     "must be < the cache's num_blocks = " + std::to_string(cache.num_blocks));
 }
 
+namespace {
+
 float head_value(const TensorView& t, int h) { return t.ptr<const float>()[h * t.stride(0)]; }
 
 }  // namespace
@@ -72,7 +75,7 @@ void run_plan_on_cpu(const TensorView& q, const PagedKV& cache, const PageTable&
   BatchView empty;
   empty.query_start_loc = no_reqs;
   reference::validate_inputs(q, cache, empty, params, out, false);
-  check_consistent(q, cache, pages, plan, batch, params);
+  check_planned_call(q, cache, pages, plan, batch, params, kWhere);
 
   const int kv_heads = cache.num_kv_heads, group = plan.config.group_size;
   const int head_size = static_cast<int>(q.size(2));

@@ -6,6 +6,8 @@
 // them per packed row. So the result depends on the plan being right: a chunk left out or a
 // wrong merge map shows up against the reference.
 #pragma once
+#include <string_view>
+
 #include "attnkit/kv_cache.h"
 #include "attnkit/params.h"
 #include "attnkit/tensor.h"
@@ -20,6 +22,12 @@ namespace attnkit::flashinfer {
 // be the page table's and params' causal / windows must be the ones it was planned with.
 // cache.block_size must be the plan's page size, every page id < cache.num_blocks. Error on
 // any violation, before anything is written.
+// The checks both paths make: the plan, the page table and the call describe the same batch
+// (requests, kv_lens, causal / windows, heads, head size, page size, tokens) and every page id
+// lies in the cache. Error naming the first disagreement.
+void check_planned_call(const TensorView& q, const PagedKV& cache, const PageTable& pages, const PlanBuffers& plan,
+                        const PlanBatch& batch, const AttentionParams& params, std::string_view where);
+
 void run_plan_on_cpu(const TensorView& q, const PagedKV& cache, const PageTable& pages,
                      const PlanBuffers& plan, const PlanBatch& batch,
                      const AttentionParams& params, const TensorView& out);

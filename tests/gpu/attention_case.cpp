@@ -69,6 +69,8 @@ void upload(cuda::DeviceBuffer& dst, const void* src, size_t bytes) {
   if (bytes) ATTNKIT_CUDA_CHECK(cudaMemcpy(dst.get(), src, bytes, cudaMemcpyHostToDevice));
 }
 
+}  // namespace
+
 std::vector<float> download_as_float(const void* src, DType dtype, int64_t n) {
   std::vector<uint8_t> raw(static_cast<size_t>(n) * dtype_size(dtype));
   if (n) ATTNKIT_CUDA_CHECK(cudaMemcpy(raw.data(), src, raw.size(), cudaMemcpyDeviceToHost));
@@ -76,6 +78,8 @@ std::vector<float> download_as_float(const void* src, DType dtype, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = load_as_float(raw.data(), dtype, i);
   return out;
 }
+
+namespace {
 
 // Dequantised K/V values stay within ~[-1.5, 1.5]: fp8 codes of [-48, 48) times scales in
 // [1/48, 1/32]; 16-bit caches hold values in [-1, 1).

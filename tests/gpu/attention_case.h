@@ -103,6 +103,10 @@ class Problem {
   std::vector<RefRow> sample_rows(int random_tokens, uint64_t seed) const;
 
   const std::vector<int32_t>& cu_seqlens() const { return cu_; }
+  const std::vector<int32_t>& seq_lens() const { return seq_; }
+  // The host block table [num_reqs, max_blocks()] (entries past a request's blocks are invalid ids).
+  const std::vector<int32_t>& block_table() const { return table_; }
+  int max_blocks() const { return max_blocks_; }
 
  private:
   AttentionParams params_on(bool device) const;
@@ -121,6 +125,9 @@ class Problem {
   std::vector<float> h_params_;  // alibi [H] | sinks [H] | k_scale [n] | v_scale [n] | alibi [reqs, H]
   int scale_count_ = 1;
 };
+
+// n device elements of `dtype` as floats (a synchronous copy).
+std::vector<float> download_as_float(const void* src, DType dtype, int64_t n);
 
 // Comparisons with a reference (shape: the row-major shape for reporting coordinates).
 // Output: |a - e| <= tol + tol |e| with tol 1e-2 (bf16) or 2e-3 (f16); LSE: 2e-3 + 1e-4 |e|.

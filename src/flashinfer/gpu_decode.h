@@ -1,0 +1,73 @@
+// The FlashInfer-style backend's decode on the GPU: a planned batch part (plan.h) run by the
+// planned decode kernels (the FlashAttention-style kernel skeleton with the plan's policies:
+// flash_attn/varlen_launch.h run_planned_attention) and, for split tiles, the plan merge
+// (cuda/plan_merge.h). The result equals run_plan_on_cpu's on the same plan (cpu_forward.h),
+// except that query rows past the plan's tokens are not written.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "attnkit/kv_cache.h"
+#include "attnkit/params.h"
+#include "attnkit/tensor.h"
+#include "flash_attn/launch_plan.h"
+#include "flashinfer/page_table.h"
+#include "flashinfer/plan.h"
+
+namespace attnkit::flashinfer {
+
+// The device copy of one planned part: the plan's items and their count, the part's query
+// offsets and KV lengths, its page table (indptr, indices) and merge map, each at a fixed offset
+// of one device buffer sized once for the plan's capacity and max_pages; upload() refreshes it
+// from pinned staging with one asynchronous copy (no allocation, no device synchronisation), so
+// a launch recorded once keeps reading the same addresses after a re-plan.
+class DevicePlan {
+ public:
+  DevicePlan(const PlanCapacity& capacity, int group_size, int64_t max_pages);
+  ~DevicePlan();
+  DevicePlan(const DevicePlan&) = delete;
+  DevicePlan& operator=(const DevicePlan&) = delete;
+
+  // Packs the current plan, page table and batch into the staging buffer (waiting, if needed,
+  // for the previous upload's copy to finish reading it) and copies them on `stream`
+  // (cudaStream_t). Error when they disagree with each other or exceed the capacity.
+  void upload(const PlanBuffers& plan, const PageTable& pages, const PlanBatch& batch, void* stream);
+
+  const int32_t* items() const { return base() + items_off_; }
+  const int32_t* num_items() const { return base() + count_off_; }
+  const int32_t* qo_indptr() const { return base() + qo_off_; }
+  const int32_t* kv_lens() const { return base() + kv_off_; }
+  const int32_t* page_indptr() const { return base() + indptr_off_; }
+  const int32_t* page_indices() const { return base() + indices_off_; }
+  const int32_t* merge_indptr() const { return base() + merge_off_; }
+  int64_t max_items() const { return capacity_.max_items; }
+
+ private:
+  const int32_t* base() const { return static_cast<const int32_t*>(device_); }
+  PlanCapacity capacity_;
+  int group_ = 1;
+  int64_t max_pages_ = 0;
+  int64_t items_off_ = 0, count_off_ = 0, qo_off_ = 0, kv_off_ = 0, indptr_off_ = 0, merge_off_ = 0, indices_off_ = 0;
+  int64_t total_ = 0;  // int32 entries
+  void* device_ = nullptr;
+  int32_t* staging_ = nullptr;  // pinned
+  void* copied_ = nullptr;      // cudaEvent_t: the last upload's copy
+};
+
+struct PlannedDecodeArgs {
+  TensorView q;    // [>= plan.num_tokens, num_heads, head_size], CUDA, bf16 / f16: the part's tokens
+  TensorView out;  // same shape and dtype
+  PagedKV cache;   // CUDA, block_size = the plan's page size (16..1024), 16-bit or fp8
+  AttentionParams params;  // device tensors; lse (if defined) natural log [num_heads, q.size(0)]
+  void* workspace = nullptr;  // >= plan.workspace_bytes() bytes when the plan splits, 16-byte aligned
+  size_t workspace_bytes = 0;
+  void* stream = nullptr;
+};
+
+// Runs the uploaded plan (`dev` holds what upload() copied of plan / pages / batch). Checks the
+// call against the plan first (check_planned_call) and throws Error before any launch.
+void run_planned_decode(const DevicePlan& dev, const PlanBuffers& plan, const PageTable& pages,
+                        const PlanBatch& batch, const PlannedDecodeArgs& args,
+                        const flash_attn::LaunchTuning& tuning = {});
+
+}  // namespace attnkit::flashinfer

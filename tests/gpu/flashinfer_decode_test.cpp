@@ -1,0 +1,204 @@
+// GPU tests of the FlashInfer-style planned decode (src/flashinfer/gpu_decode.h) against the CPU
+// reference: the Problem's batch (tests/gpu/attention_case.h) as a page table (its block-table
+// rows), planned by plan_batch, uploaded, run by the planned kernels and merged; every row of
+// the output and LSE (poisoned first) compared. Page sizes 16..1024, NHD / HND, 16-bit and fp8
+// caches, head sizes padded up to 64 / 128 / 256, GQA 1..8, 1..4 query tokens per request,
+// split and unsplit plans, every mask and score mod.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "attention_case.h"
+#include "attnkit/error.h"
+#include "cuda/cuda_check.h"
+#include "cuda/device_buffer.h"
+#include "cuda/device_props.h"
+#include "device_fill.h"
+#include "flashinfer/gpu_decode.h"
+#include "test_util.h"
+
+namespace attnkit::test {
+namespace {
+
+using flashinfer::DevicePlan;
+using flashinfer::PageTable;
+using flashinfer::PlanBatch;
+using flashinfer::PlanBuffers;
+using flashinfer::PlanCapacity;
+using flashinfer::PlanConfig;
+using flashinfer::PlanKernel;
+
+// The problem's batch as FlashInfer's page table: request r's first ceil(seq / page) block ids.
+PageTable page_table_of(const Problem& p) {
+  const Case& c = p.spec();
+  const int n = static_cast<int>(c.q_lens.size());
+  std::vector<int32_t> indptr{0}, indices, last;
+  for (int r = 0; r < n; ++r) {
+    const int seq = p.seq_lens()[r];
+    const int pages = (seq + c.block_size - 1) / c.block_size;
+    for (int b = 0; b < pages; ++b) indices.push_back(p.block_table()[static_cast<size_t>(r) * p.max_blocks() + b]);
+    indptr.push_back(static_cast<int32_t>(indices.size()));
+    last.push_back(pages ? seq - (pages - 1) * c.block_size : 0);
+  }
+  PageTable t(n, std::max<int64_t>(1, static_cast<int64_t>(indices.size())));
+  t.assign(indptr, indices, last, c.block_size);
+  return t;
+}
+
+struct PlannedRun {
+  Result result;
+  bool split = false;
+  int tile_q = 0;
+};
+
+// Plans, uploads and runs the case's batch; slots: CTA slots per KV head (0: the H200's rule).
+PlannedRun run_planned(const Problem& p, PlanKernel kernel, int slots, const flash_attn::LaunchTuning& tuning = {}) {
+  const Case& c = p.spec();
+  const int64_t T = c.num_tokens();
+  const int H = c.num_heads(), D = c.head_size;
+  const PageTable pages = page_table_of(p);
+  PlanConfig cfg;
+  cfg.kernel = kernel;
+  cfg.num_kv_heads = c.num_kv_heads;
+  cfg.group_size = c.group;
+  cfg.head_size = D;
+  cfg.page_size = c.block_size;
+  cfg.num_slots = slots > 0 ? slots : flashinfer::num_slots_for(cuda::current_device_props().sm_count, c.num_kv_heads);
+  const PlanCapacity cap = PlanCapacity::for_limits(cfg, static_cast<int>(c.q_lens.size()), static_cast<int>(T));
+  PlanBuffers plan(cfg, cap);
+  PlanBatch batch;
+  batch.qo_indptr = p.cu_seqlens();
+  batch.kv_lens = p.seq_lens();
+  batch.causal = c.causal;
+  batch.window_left = c.window_left;
+  batch.window_right = c.window_right;
+  flashinfer::plan_batch(batch, plan);
+
+  cuda::DeviceBuffer out(std::max<int64_t>(T * H * D * 2, 16)), lse(std::max<int64_t>(T * H * 4, 16));
+  cuda::DeviceBuffer ws(std::max<size_t>(plan.workspace_bytes(), 16));
+  const flash_attn::VarlenArgs va = p.make_args(out.get(), c.want_lse ? lse.get() : nullptr, nullptr, 0, 1);
+  cudaStream_t stream;
+  ATTNKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  PlannedRun run;
+  try {
+    DevicePlan dev(plan.capacity, c.group, pages.num_pages);
+    poison_device(out.get(), T * H * D * 2, stream);
+    poison_device(lse.get(), T * H * 4, stream);
+    poison_device(ws.get(), static_cast<int64_t>(plan.workspace_bytes()), stream);
+    dev.upload(plan, pages, batch, stream);
+    flashinfer::PlannedDecodeArgs a;
+    a.q = va.q;
+    a.out = va.out;
+    a.cache = va.cache;
+    a.params = va.params;
+    a.workspace = ws.get();
+    a.workspace_bytes = ws.bytes();
+    a.stream = stream;
+    flashinfer::run_planned_decode(dev, plan, pages, batch, a, tuning);
+    ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  } catch (...) {
+    cudaStreamDestroy(stream);
+    throw;
+  }
+  ATTNKIT_CUDA_CHECK(cudaStreamDestroy(stream));
+  run.result.out = download_as_float(out.get(), c.dtype, T * H * D);
+  if (c.want_lse) run.result.lse = download_as_float(lse.get(), DType::f32, T * H);
+  run.split = plan.split_kv;
+  run.tile_q = plan.tile_q;
+  return run;
+}
+
+// A decode batch: 1..max_q query tokens per request (uniform), group * q <= 16 packed rows.
+Case random_planned_decode_case(uint64_t seed) {
+  std::mt19937_64 rng(seed * 9176 + 29);
+  Case c;
+  c.seed = seed;
+  constexpr int kPages[] = {16, 32, 64, 128, 256, 512, 1024};
+  constexpr int kHeads[] = {64, 128, 256, 40, 112, 200};
+  c.block_size = kPages[seed % 7];
+  c.head_size = kHeads[(seed / 7) % 6];
+  c.dtype = (seed / 42) % 2 ? DType::f16 : DType::bf16;
+  const int cache_kind = static_cast<int>(rng() % 3);
+  c.cache_dtype = cache_kind == 0 || c.head_size % 16 ? c.dtype : cache_kind == 1 ? DType::fp8_e4m3 : DType::fp8_e5m2;
+  c.layout = rng() % 2 ? KVLayout::NHD : KVLayout::HND;
+  const int groups[] = {1, 2, 4, 8};
+  c.group = groups[rng() % 4];
+  c.num_kv_heads = 1 + static_cast<int>(rng() % 3);
+  const int q = 1 + static_cast<int>(rng() % std::min(4, 16 / c.group));
+  c.causal = rng() % 8 != 0;
+  if (rng() % 4 == 0) c.window_left = static_cast<int>(rng() % 300);
+  if (rng() % 5 == 0) c.softcap = 30.f;
+  c.alibi = rng() % 6 == 0;
+  c.sinks = rng() % 4 == 0;
+  c.per_head_kv_scale = rng() % 2 == 0;
+  c.want_lse = rng() % 6 != 0;
+  const int n = rng() % 4 == 0 ? 1 : 1 + static_cast<int>(rng() % 24);
+  const bool skewed = rng() % 5 == 0;  // one long request among short ones
+  for (int r = 0; r < n; ++r) {
+    int seq;
+    if (skewed) seq = r == 0 ? 3000 + static_cast<int>(rng() % 3000) : q + static_cast<int>(rng() % 100);
+    else if (rng() % 6 == 0) seq = q + static_cast<int>(rng() % (2 * c.block_size));  // last pages of every fill
+    else seq = q + static_cast<int>(rng() % 2500);
+    c.q_lens.push_back(q);
+    c.seq_lens.push_back(seq);
+  }
+  return c;
+}
+
+void check_planned(const Case& c, int slots) {
+  SCOPED_TRACE(c.describe() + ", slots " + std::to_string(slots));
+  Problem p(c);
+  const Result ref = p.run_cpu_reference();
+  const int64_t T = c.num_tokens();
+  const int H = c.num_heads();
+  for (PlanKernel k : {PlanKernel::TensorCore, PlanKernel::CudaCoreDecode}) {
+    if (k == PlanKernel::CudaCoreDecode && c.max_query_len() > 1) continue;
+    const PlannedRun run = run_planned(p, k, slots);
+    SCOPED_TRACE(std::string(k == PlanKernel::TensorCore ? "tensor-core plan" : "cuda-core plan") + ", tile_q " +
+                 std::to_string(run.tile_q) + (run.split ? ", split" : ", unsplit"));
+    EXPECT_TRUE(outputs_match(c.dtype, run.result.out, ref.out, {T, H, c.head_size}));
+    if (c.want_lse) EXPECT_TRUE(lse_match(run.result.lse, ref.lse, {H, T}));
+  }
+}
+
+class PlannedDecodeGrid : public ::testing::TestWithParam<int> {};
+
+// The H200's slot count, and few slots (long chunks, many items per slot) or many (short
+// chunks: every tile split).
+TEST_P(PlannedDecodeGrid, MatchesCpuReference) {
+  const int i = GetParam();
+  check_planned(random_planned_decode_case(i), i % 3 == 0 ? 0 : i % 3 == 1 ? 2 : 64);
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, PlannedDecodeGrid, ::testing::Range(0, 126));
+
+TEST(PlannedDecodeSanitizer, SmallGrid) {
+  for (int i = 0; i < 14; ++i) {
+    Case c = random_planned_decode_case(500 + i);
+    c.seq_lens.resize(std::min<size_t>(c.seq_lens.size(), 4));
+    c.q_lens.resize(c.seq_lens.size());
+    check_planned(c, i % 2 ? 64 : 0);
+  }
+}
+
+TEST(PlannedDecodeErrors, RejectsWhatThePlanCannotRun) {
+  Case c = random_planned_decode_case(3);
+  c.head_size = 128;
+  c.cache_dtype = c.dtype;
+  c.group = 4;
+  c.q_lens = {8, 8};  // 32 packed rows: a prefill-shaped part
+  c.seq_lens = {100, 200};
+  Problem p(c);
+  EXPECT_TRUE(throws_error_with([&] { run_planned(p, PlanKernel::TensorCore, 0); }, {"planned"}));
+  Case big = c;
+  big.q_lens = {1, 1};
+  big.head_size = 512;
+  Problem pb(big);
+  EXPECT_TRUE(throws_error_with([&] { run_planned(pb, PlanKernel::TensorCore, 0); }, {"head_size", "512"}));
+}
+
+}  // namespace
+}  // namespace attnkit::test
