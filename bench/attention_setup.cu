@@ -82,9 +82,12 @@ const flash_attn::LaunchTuning& tuning_of(const std::vector<flash_attn::LaunchTu
 // `calls` launches rotating over `args`, run once eagerly (module load, first-launch setup) and
 // then captured as one CUDA graph; throws when the capture fails.
 cudaGraphExec_t capture_rotating(const std::vector<flash_attn::VarlenArgs>& args, int calls, cudaStream_t stream,
-                                 const std::vector<flash_attn::LaunchTuning>& tunings) {
+                                 const std::vector<flash_attn::LaunchTuning>& tunings,
+                                 const std::function<void(int)>& call = {}) {
   auto enqueue = [&] {
-    for (int i = 0; i < calls; ++i) flash_attn::run_varlen_attention(args[i % args.size()], tuning_of(tunings, i));
+    for (int i = 0; i < calls; ++i)
+      if (call) call(i);
+      else flash_attn::run_varlen_attention(args[i % args.size()], tuning_of(tunings, i));
   };
   enqueue();
   ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -142,7 +145,7 @@ std::vector<double> time_interleaved(const std::vector<TimedLaunch>& launches, c
   std::vector<std::vector<float>> samples(n);
   try {
     for (size_t c = 0; c < n; ++c) {
-      execs[c] = capture_rotating(launches[c].args, launches[c].calls, stream, {launches[c].tuning});
+      execs[c] = capture_rotating(launches[c].args, launches[c].calls, stream, {launches[c].tuning}, launches[c].call);
       ATTNKIT_CUDA_CHECK(cudaGraphLaunch(execs[c], stream));  // one warm replay
     }
     ATTNKIT_CUDA_CHECK(cudaEventCreate(&a));

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,6 +56,8 @@ struct TimedLaunch {
   std::vector<flash_attn::VarlenArgs> args;
   int calls = 1;
   flash_attn::LaunchTuning tuning = {};  // (tests and A/B rows: launch_plan.h)
+  // Set: call i enqueues this (i in [0, calls)) instead of run_varlen_attention(args[i % n]).
+  std::function<void(int)> call;
 };
 std::vector<double> time_interleaved(const std::vector<TimedLaunch>& launches, cudaStream_t stream, int reps = 9);
 

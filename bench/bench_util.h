@@ -61,6 +61,8 @@ void run_kv_write(Recorder& rec, cudaStream_t stream);
 void run_merge(Recorder& rec, cudaStream_t stream);
 void run_prefill(Recorder& rec, cudaStream_t stream, bool quick);
 void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick);
+// The FlashInfer-style planned decode on the decode shapes, pages 16 / 128 (decode_flashinfer.cu).
+void run_decode_flashinfer(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick);
 // attnkit_bench --split-sweep: decode shapes x forced split-KV counts, one printed table.
 void run_split_sweep(Recorder& rec, cudaStream_t stream, double read_gbps);
 // Per-CTA timeline of a few decode shapes (decode_trace.cu; attnkit_bench --decode-trace [DIR]:

@@ -69,10 +69,12 @@ def build(recs):
         a = val(s, k, "attnkit")
         fl, cu = val(s, k, "torch-FLASH"), val(s, k, "torch-cuDNN")
         frac = speed = None
-        if s == "decode" and a and read_bw:
+        if s in ("decode", "decode-fi") and unit == "GB/s" and a and read_bw:
             frac = 100.0 * a / read_bw
         if s == "decode" and k.startswith("decode fp8"):
             speed = ratio(ms(s, k.replace("decode fp8", "decode bf16"), "attnkit"), ms(s, k, "attnkit"))
+        if s == "decode-fi" and k.startswith("decode-fi fp8"):
+            speed = ratio(ms(s, k.replace("decode-fi fp8", "decode-fi bf16"), "attnkit"), ms(s, k, "attnkit"))
         notes = []
         for r in impls.values():  # each distinct note once: ours' method, the peers' GQA mode, failures
             n = r.get("note", "")
@@ -143,6 +145,56 @@ def build(recs):
     if sp:
         targets.append(f"decode fp8/bf16 speedup, batch>=16 KV>=4k: {fmt(min(sp), 2)}x..{fmt(max(sp), 2)}x "
                        f"(target >= 1.7x: {'met' if min(sp) >= 1.7 else 'MISSED'})")
+    # FlashInfer-style decode (issue 19).
+    def fi(dtype, page, cond):
+        out = []
+        for (s, k) in order:
+            m = re.match(rf"decode-fi {dtype} p{page} b(\d+) kv(\d+)$", k) if s == "decode-fi" else None
+            if m and cond(int(m.group(1)), int(m.group(2))):
+                out.append((k, val(s, k, "attnkit"), ms(s, k, "attnkit")))
+        return out
+
+    if read_bw and fi("bf16", 16, lambda b, l: True):
+        big = [100.0 * v / read_bw for _, v, _ in fi("bf16", 16, lambda b, l: b >= 16 and l >= 4096) if v]
+        if big:
+            targets.append(f"flashinfer decode bf16 p16 batch>=16 KV>=4k: {fmt(min(big))}%..{fmt(max(big))}% of read BW "
+                           f"(target >= 95%: {'met' if min(big) >= 95 else 'MISSED'})")
+        one = fi("bf16", 16, lambda b, l: b == 1 and l == 32768)
+        if one and one[0][1]:
+            f1 = 100.0 * one[0][1] / read_bw
+            targets.append(f"flashinfer decode bf16 p16 1 x 32k: {fmt(f1)}% of read BW (target >= 80%: {'met' if f1 >= 80 else 'MISSED'})")
+        small = fi("bf16", 16, lambda b, l: b == 1 and l == 1024)
+        if small and small[0][2]:
+            us = small[0][2] * 1e3
+            targets.append(f"flashinfer decode bf16 p16 1 x 1k: {fmt(us)} us per call (target <= 6 us: {'met' if us <= 6 else 'MISSED'})")
+        sp = []
+        for k, _, t8 in fi("fp8", 16, lambda b, l: b >= 16 and l >= 4096):
+            t16 = ms("decode-fi", k.replace("decode-fi fp8", "decode-fi bf16"), "attnkit")
+            if t8 and t16:
+                sp.append(t16 / t8)
+        if sp:
+            targets.append(f"flashinfer decode fp8/bf16 batch>=16 KV>=4k: {fmt(min(sp), 2)}x..{fmt(max(sp), 2)}x "
+                           f"(target >= 1.85x: {'met' if min(sp) >= 1.85 else 'MISSED'})")
+        pr = []
+        for k, v, _ in fi("bf16", 128, lambda b, l: True):
+            v16 = val("decode-fi", k.replace(" p128 ", " p16 "), "attnkit")
+            if v and v16:
+                pr.append(v / v16)
+        if pr:
+            targets.append(f"flashinfer decode page 128 / page 16 (bf16): {fmt(min(pr), 3)}x..{fmt(max(pr), 3)}x "
+                           f"(target within 3%: {'met' if min(pr) >= 0.97 else 'MISSED'})")
+        rf = []
+        for (s, k) in order:
+            if s == "decode-fi":
+                m = re.search(r"\): ([0-9.]+)x$", by[(s, k)].get("attnkit", {}).get("note", ""))
+                if m:
+                    rf.append(float(m.group(1)))
+        if rf:
+            targets.append(f"flashinfer decode / FlashAttention-style decode, same instances in turns: geomean "
+                           f"{fmt(geomean(rf), 3)}x, range {fmt(min(rf), 2)}..{fmt(max(rf), 2)}x")
+    plan_us = val("decode-fi", "decode-fi host plan b256 kv4096", "attnkit")
+    if plan_us:
+        targets.append(f"flashinfer host plan, batch 256: {fmt(plan_us)} us (target < 20 us: {'met' if plan_us < 20 else 'MISSED'})")
     if read_bw:
         targets.insert(0, f"read-only ceiling measured: {fmt(read_bw)} GB/s")
     return lines, targets

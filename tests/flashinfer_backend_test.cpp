@@ -122,18 +122,26 @@ TEST(FlashInferBackend, CheckTable) {
   }
 }
 
-// Until the kernels ship, the selector must never hand an engine this backend on a GPU: check()
-// adds that rule to every GPU configuration (and only there), while builders and impls (the
-// host side) accept what the configuration rules accept.
-TEST(FlashInferBackend, CheckRefusesGpusUntilTheKernelsShip) {
-  ASSERT_FALSE(kFlashInferKernelsBuilt);
+// The selector hands an engine this backend on a GPU only where its kernels are in the build
+// (a CUDA build) and read the cache (no NVFP4 on the GPU yet); builders and impls (the host
+// side) accept what the configuration rules accept either way.
+TEST(FlashInferBackend, CheckOnGpusFollowsTheBuildsKernels) {
   for (const AttentionConfig& c : {config(32, 8, 16), config(32, 8, 256), config(16, 1, 1024, DeviceSpec::Cuda(10, 0))}) {
     EXPECT_TRUE(configuration_refusals(c).empty()) << joined(configuration_refusals(c));
     const auto why = flashinfer_backend().check(c);
-    ASSERT_EQ(why.size(), 1u) << joined(why);
-    EXPECT_NE(why[0].find("GPU kernels are not in this build"), std::string::npos) << why[0];
+    if (flashinfer_kernels_built()) {
+      EXPECT_TRUE(why.empty()) << joined(why);
+    } else {
+      ASSERT_EQ(why.size(), 1u) << joined(why);
+      EXPECT_NE(why[0].find("GPU kernels are not in this build"), std::string::npos) << why[0];
+    }
     EXPECT_NO_THROW(flashinfer_backend().make_builder(c));
+    EXPECT_NE(flashinfer_backend().variant(c).find("decode-only batches"), std::string::npos);
   }
+  AttentionConfig fp4 = config(32, 8, 16);
+  fp4.cache_dtype = DType::nvfp4;
+  EXPECT_NE(joined(flashinfer_backend().check(fp4)).find("NVFP4 cache is not read by its GPU kernels"), std::string::npos)
+      << joined(flashinfer_backend().check(fp4));
   const auto cpu = flashinfer_backend().check(config(32, 8, 16, DeviceSpec::Cpu()));
   EXPECT_EQ(joined(cpu).find("GPU kernels are not in this build"), std::string::npos) << joined(cpu);
 }
@@ -428,7 +436,7 @@ struct ForwardCase {
   }
 };
 
-TEST(FlashInferImpl, ValidatesThenSaysTheKernelsAreNotInThisBuild) {
+TEST(FlashInferImpl, ValidatesThenRefusesBatchesWithPrefills) {
   std::mt19937_64 rng(5);
   ForwardCase fc(1 + 40);
   FlashInferMetadataBuilder builder(fc.cfg, small_limits());
@@ -437,7 +445,7 @@ TEST(FlashInferImpl, ValidatesThenSaysTheKernelsAreNotInThisBuild) {
   auto run = [&](const ForwardCase& c, const BackendMetadata& m) {
     impl->forward(c.q, c.k, c.v, c.cache, m, c.params, c.out);
   };
-  EXPECT_TRUE(test::throws_error_with([&] { run(fc, *md); }, {"kernels are not in this build yet"}));
+  EXPECT_TRUE(test::throws_error_with([&] { run(fc, *md); }, {"prefill kernels are not built yet"}));
 
   struct OtherMetadata : BackendMetadata {};
   EXPECT_TRUE(test::throws_error_with([&] { run(fc, OtherMetadata{}); }, {"another backend's metadata"}));
@@ -494,7 +502,7 @@ TEST(FlashInferImpl, ValidatesThenSaysTheKernelsAreNotInThisBuild) {
   {
     ForwardCase c = fc;  // the plan assumed no window: any window is within it
     c.params.window_left = 10;
-    EXPECT_TRUE(test::throws_error_with([&] { run(c, *md); }, {"not in this build"}));
+    EXPECT_TRUE(test::throws_error_with([&] { run(c, *md); }, {"prefill kernels are not built yet"}));
   }
   {
     BuilderLimits l = small_limits();
@@ -507,7 +515,7 @@ TEST(FlashInferImpl, ValidatesThenSaysTheKernelsAreNotInThisBuild) {
     c.params.window_left = -1;
     EXPECT_TRUE(test::throws_error_with([&] { run(c, *wmd); }, {"planned window_left = 8"}));
     c.params.window_left = 4;
-    EXPECT_TRUE(test::throws_error_with([&] { run(c, *wmd); }, {"not in this build"}));
+    EXPECT_TRUE(test::throws_error_with([&] { run(c, *wmd); }, {"prefill kernels are not built yet"}));
   }
   {
     // nvfp4: the packed u8 cache (last dim 128/2 + 128/16 = 72 bytes).
@@ -519,7 +527,7 @@ TEST(FlashInferImpl, ValidatesThenSaysTheKernelsAreNotInThisBuild) {
     ForwardCase c = fc;
     c.cache = TensorView(fake(), DType::u8, {64, 2, 16, 2, 72}, Device::CUDA);
     EXPECT_TRUE(test::throws_error_with(
-        [&] { impl4->forward(c.q, c.k, c.v, c.cache, *md4, c.params, c.out); }, {"not in this build"}));
+        [&] { impl4->forward(c.q, c.k, c.v, c.cache, *md4, c.params, c.out); }, {"prefill kernels are not built yet"}));
     c.cache = TensorView(fake(), DType::u8, {64, 2, 16, 2, 128}, Device::CUDA);
     EXPECT_TRUE(test::throws_error_with(
         [&] { impl4->forward(c.q, c.k, c.v, c.cache, *md4, c.params, c.out); }, {"[64, 2, 16, 2, 72]"}));
@@ -536,7 +544,7 @@ TEST(FlashInferImpl, ValidatesThenSaysTheKernelsAreNotInThisBuild) {
     c.params.sinks = TensorView(fake(), DType::f32, {8}, Device::CUDA);
     c.params.softcap = 30.f;
     EXPECT_TRUE(test::throws_error_with([&] { full->forward(c.q, c.k, c.v, c.cache, *md, c.params, c.out); },
-                                        {"not in this build"}));
+                                        {"prefill kernels are not built yet"}));
   }
   builder.build(make_batch({1}, {5}, 16, rng));
   EXPECT_TRUE(test::throws_error_with([&] { run(fc, *md); }, {"re-planned"}));

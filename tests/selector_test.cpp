@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "flash_attn/generation.h"
+#include "flashinfer/flashinfer_backend.h"
 
 #include "test_util.h"
 
@@ -47,6 +48,11 @@ std::vector<Row> table() {
   const std::vector<std::string> sm90_hot = flash_attn::hopper_generation_built()
                                                 ? std::vector<std::string>{"hopper generation"}
                                                 : std::vector<std::string>{"mma_sync generation", "hopper", "not built"};
+  // The FlashInfer-style backend serves GPUs where this build has its (decode) kernels.
+  const bool fi = flashinfer::flashinfer_kernels_built();
+  const std::string fi_chosen = fi ? "flashinfer" : "";
+  const std::vector<std::string> fi_variant = fi ? std::vector<std::string>{"decode-only batches"} : std::vector<std::string>{};
+  auto fi_error = [&](std::vector<std::string> m) { return fi ? std::vector<std::string>{} : m; };
   return {
       {"bf16 GQA on sm90", kSm90, none, {}, "flash_attn", sm90_hot,
        {{"reference", {oracle}}}, {}},
@@ -77,9 +83,10 @@ std::vector<Row> table() {
       {"block size 256 GQA on sm90", kSm90, [](AttentionConfig& c) { c.block_size = 256; }, {}, "flash_attn", {},
        {{"reference", {oracle}}}, {}},
       // The FlashInfer-style backend accepts block 256 for GQA on sm90 (its configuration rules,
-      // tested in flashinfer_backend_test) but its GPU kernels are not in this build yet.
+      // tested in flashinfer_backend_test) where this build has its GPU kernels.
       {"block size 256 with the FlashInfer-style backend", kSm90, [](AttentionConfig& c) { c.block_size = 256; },
-       "flashinfer", "", {}, {}, {"preferred backend = flashinfer", "not in this build"}},
+       "flashinfer", fi_chosen, fi_variant, {{"reference", {oracle}}},
+       fi_error({"preferred backend = flashinfer", "not in this build"})},
       {"block size 256 MHA, flashinfer preferred", kSm90,
        [](AttentionConfig& c) {
          c.block_size = 256;
@@ -98,7 +105,8 @@ std::vector<Row> table() {
       {"non-causal", kSm90, [](AttentionConfig& c) { c.features.non_causal = true; }, {}, "flash_attn", sm90_hot,
        {{"reference", {oracle}}}, {}},
       {"non-causal, flashinfer preferred", kSm90, [](AttentionConfig& c) { c.features.non_causal = true; },
-       "flashinfer", "", {}, {}, {"preferred backend = flashinfer", "not in this build"}},
+       "flashinfer", fi_chosen, fi_variant, {{"reference", {oracle}}},
+       fi_error({"preferred backend = flashinfer", "not in this build"})},
       {"softcap + window + LSE", kSm90,
        [](AttentionConfig& c) { c.features.softcap = c.features.sliding_window = c.features.lse = true; }, {},
        "flash_attn", sm90_hot, {{"reference", {oracle}}}, {}},
@@ -112,7 +120,7 @@ std::vector<Row> table() {
        {{"flash_attn", {"dtype f32 is not supported"}}, {"flashinfer", {"dtype f32"}}, {"reference", {oracle}}},
        {"dtype f32"}},
       {"NVFP4 cache on sm90: nobody in this build", kSm90, [](AttentionConfig& c) { c.cache_dtype = DType::nvfp4; },
-       {}, "", {}, {{"flash_attn", {"nvfp4"}}, {"reference", {oracle}}}, {"nvfp4", "not in this build"}},
+       {}, "", {}, {{"flash_attn", {"nvfp4"}}, {"flashinfer", {"NVFP4"}}, {"reference", {oracle}}}, {"nvfp4"}},
       {"f16 cache for a bf16 model: nobody in this build", kSm90,
        [](AttentionConfig& c) { c.cache_dtype = DType::f16; }, {}, "", {},
        {{"flash_attn", {"model dtype"}}, {"reference", {oracle}}}, {"model dtype"}},
@@ -132,6 +140,7 @@ std::string joined(const std::vector<std::string>& v) {
 }
 
 TEST(Selector, Table) {
+  const bool fi_built = flashinfer::flashinfer_kernels_built();
   for (const Row& row : table()) {
     SCOPED_TRACE(row.name);
     AttentionConfig cfg = base(row.device);
@@ -163,7 +172,7 @@ TEST(Selector, Table) {
       // Exactly the listed backends are refused, each with the listed reasons; on a GPU the
       // FlashInfer-style backend is always refused too, until its kernels ship.
       auto expected = row.refused;
-      if (!row.device.cpu) expected["flashinfer"].push_back("GPU kernels are not in this build");
+      if (!row.device.cpu && !fi_built) expected["flashinfer"].push_back("GPU kernels are not in this build");
       for (const auto& [name, reasons] : by_name)
         EXPECT_TRUE(expected.count(name)) << name << " refused unexpectedly: " << joined(reasons);
       for (const auto& [name, mentions] : expected) {

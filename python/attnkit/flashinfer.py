@@ -4,10 +4,13 @@ log; conversion happens here, at the boundary).
 
 plan() hands the page table and the batch to the C++ FlashInfer-style host side (the page table
 is validated and held by flashinfer::PageTable, the batch planned by plan_batch into
-fixed-capacity buffers; `wrapper.plan_info` shows what it decided). The FlashInfer-style GPU
-kernels are not part of this build yet: run() executes the plan on CPU inputs on the backend's
-CPU path (the reference's math, item by item through the page table), CUDA inputs raise
-AttnkitError. merge_state(s) run on both devices through attnkit's merge.
+fixed-capacity buffers; `wrapper.plan_info` shows what it decided). run() executes the plan: on
+CPU inputs on the backend's CPU path (the reference's math, item by item through the page
+table); on CUDA inputs, for the decode wrapper, with the planned decode kernels (the caller's
+float_workspace_buffer holds the split tiles' partials; the plan's device copy is made by the
+first CUDA run and refreshed by every later plan(), so a run captured in a CUDA graph replays
+after a re-plan). The prefill wrappers raise AttnkitError on CUDA inputs (their kernels are not
+built yet). merge_state(s) run on both devices through attnkit's merge.
 """
 
 from __future__ import annotations
@@ -82,8 +85,9 @@ def _assign(dst, src):
 def _cuda_refused(where, q):
     if A.is_cuda(q):
         A.fail(where, "q.device = cuda",
-               "the FlashInfer-style GPU kernels are not part of this attnkit build yet: run the "
-               "wrapper on CPU tensors, or use attnkit.flash_attn_varlen_func on the GPU")
+               "the FlashInfer-style prefill kernels are not part of this attnkit build yet: run the "
+               "wrapper on CPU tensors, or use attnkit.flash_attn_varlen_func on the GPU (the decode "
+               "wrapper runs on CUDA tensors)")
 
 
 class _Plan:
@@ -177,7 +181,6 @@ class _Wrapper:
                 window_left, sinks):
         plan = self._need_plan(where)
         A.check_array(q, where, "q")
-        _cuda_refused(where, q)
         if plan.q_data_type is not None and A.dtype_name(q) != plan.q_data_type:
             A.fail(where, f"q.dtype = {A.dtype_name(q)}", f"must be plan()'s q_data_type = {plan.q_data_type}")
         if window_left is not None and int(window_left) != plan.window_left:
@@ -188,8 +191,13 @@ class _Wrapper:
         if out is None:
             out = A.empty(q, q.shape)
         lse_nat = A.empty(q, (q.shape[1], q.shape[0]), "float32") if (return_lse or lse is not None) else None
-        self._cpp.run(where, q, k, v, cache_dtype, scale, plan.logits_soft_cap,
-                      A.as_float32(sinks, where, "sinks"), out, lse_nat)
+        if A.is_cuda(q):  # the planned decode kernels (decode plans only)
+            self._cpp.run_cuda(where, q, k, v, cache_dtype, scale, plan.logits_soft_cap,
+                               A.as_float32(sinks, where, "sinks"), out, lse_nat,
+                               self._float_workspace_buffer, A.resolve_stream(None, q))
+        else:
+            self._cpp.run(where, q, k, v, cache_dtype, scale, plan.logits_soft_cap,
+                          A.as_float32(sinks, where, "sinks"), out, lse_nat)
         if v_scale is not None and float(v_scale) != 1.0:
             out *= float(v_scale)
         if lse_nat is None:
@@ -243,7 +251,6 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         _no_positional_extras(where, args)
         self._need_plan(where)
         A.check_array(q, where, "q")
-        _cuda_refused(where, q)
         if q.shape[0] != self._cpp.num_reqs:
             A.fail(where, f"q.shape[0] = {q.shape[0]}", f"must be plan()'s batch size = {self._cpp.num_reqs}")
         k, v, cache_dtype = self._cache_views(paged_kv_cache, where)

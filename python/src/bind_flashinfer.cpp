@@ -1,11 +1,14 @@
 // The C++ half of the FlashInfer-style wrappers (attnkit.flashinfer): a wrapper's plan() fills a
 // flashinfer::PageTable (which validates FlashInfer's CSR page table) and plans the batch with
 // plan_batch into fixed-capacity PlanBuffers; run() executes that plan on the backend's CPU path
-// (run_plan_on_cpu: the reference's row math, item by item through the page table).
+// (run_plan_on_cpu: the reference's row math, item by item through the page table), run_cuda()
+// a decode plan on the GPU (gpu_decode.h: the plan's device copy is refreshed by every plan()
+// once it exists, so a captured run stays valid across re-plans).
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
 #include <algorithm>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -16,6 +19,7 @@
 #include "convert.h"
 #include "flashinfer/cpu_forward.h"
 #include "flashinfer/flashinfer_backend.h"
+#include "flashinfer/gpu_decode.h"
 #include "flashinfer/page_table.h"
 #include "flashinfer/plan.h"
 
@@ -141,6 +145,46 @@ class FlashInferPlan {
     });
   }
 
+  // The planned decode on the GPU: q [batch, H, D], the paged views, out; workspace: the
+  // caller's float workspace (needed when the plan splits). The first CUDA run creates the
+  // plan's device copy (one allocation) and uploads it; later plan() calls refresh it.
+  void run_cuda(const std::string& where, const InArray& q, const InArray& k, const InArray& v,
+                const std::string& cache_dtype, float scale, float softcap, const OptIn& sinks,
+                const OutArray& out, const OptOut& lse, const OptOut& workspace, uintptr_t stream) {
+    as_call(where, [&] {
+      ATTNKIT_REQUIRE(planned_, where, "plan", "None", "call plan(...) before run(...)");
+      ATTNKIT_REQUIRE(!ragged_ && decode_, where, "plan", "a prefill plan",
+                      "runs on the GPU for decode plans only (the FlashInfer-style prefill kernels are not built yet)");
+      const TensorView kt = as_cache_view(to_view(k, where, "k_cache"), cache_dtype, where, "k_cache");
+      const TensorView vt = as_cache_view(to_view(v, where, "v_cache"), cache_dtype, where, "v_cache");
+      flashinfer::PlannedDecodeArgs a;
+      a.cache = paged_kv_from_views(kt, vt);
+      a.q = to_view(q, where, "q");
+      a.out = to_view(out, where, "out");
+      a.params.scale = scale;
+      a.params.causal = batch_.causal;
+      a.params.window_left = batch_.window_left;
+      a.params.window_right = batch_.window_right;
+      a.params.softcap = softcap;
+      a.params.sinks = to_view(sinks, where, "sinks");
+      a.params.lse = to_view(lse, where, "lse");
+      const TensorView ws = to_view(workspace, where, "float_workspace_buffer");
+      if (ws.defined()) {
+        ws.require_device(where, "float_workspace_buffer", Device::CUDA);
+        a.workspace = ws.data;
+        a.workspace_bytes = static_cast<size_t>(ws.numel()) * dtype_size(ws.dtype);
+      }
+      a.stream = stream_ptr(stream);
+      a.graph_safe = fixed_;  // (CUDA-graph mode: a captured run replays every plan of the capacity)
+      if (!dev_) {
+        dev_ = std::make_unique<flashinfer::DevicePlan>(plan_.capacity, plan_.config.group_size, pages_.max_pages());
+        dev_max_pages_ = pages_.max_pages();
+        dev_->upload(plan_, pages_, batch_, a.stream);
+      }
+      flashinfer::run_planned_decode(*dev_, plan_, pages_, batch_, a);
+    });
+  }
+
   int num_reqs() const { return planned_ ? plan_.num_reqs : 0; }
 
   // What the plan decided (and the capacity it was planned into).
@@ -214,17 +258,26 @@ class FlashInferPlan {
     for (int r = 0; r < pages_.num_reqs; ++r) keys += kv_lens_[r] = static_cast<int32_t>(pages_.kv_len(r));
     fit(max_tokens_, decode ? max_reqs_ : std::clamp<int64_t>(qo.back(), 0, keys));
     if (!same_config(plan_.config, cfg) || plan_.capacity.max_reqs != max_reqs_ ||
-        plan_.capacity.max_tokens != max_tokens_)
+        plan_.capacity.max_tokens != max_tokens_) {
       plan_ = PlanBuffers(cfg, PlanCapacity::for_limits(cfg, max_reqs_, max_tokens_));
+      dev_.reset();  // (a new capacity: the next CUDA run makes a device copy of it)
+    }
+    if (dev_ && pages_.max_pages() > dev_max_pages_) dev_.reset();
     qo_ = qo;
     batch_ = PlanBatch{qo_, kv_lens_, causal, window_left, -1};
     flashinfer::plan_batch(batch_, plan_);
     planned_ = true;
+    decode_ = decode;
+    // The device copy, once a CUDA run made it, follows every plan (on the legacy default
+    // stream, as FlashInfer's plan() copies on the current one), outside any graph capture.
+    if (dev_) dev_->upload(plan_, pages_, batch_, nullptr);
   }
 
   int max_reqs_ = 0, max_tokens_ = 0;
   int64_t max_pages_ = 0;
-  bool fixed_ = false, planned_ = false, ragged_ = false;
+  bool fixed_ = false, planned_ = false, ragged_ = false, decode_ = false;
+  std::unique_ptr<flashinfer::DevicePlan> dev_;
+  int64_t dev_max_pages_ = 0;
   int64_t kv_rows_ = 0;  // ragged: rows of k / v the plan reads
   PageTable pages_;
   PlanBuffers plan_;
@@ -248,6 +301,9 @@ void register_flashinfer(nb::module_& m) {
       .def("run", &FlashInferPlan::run, nb::arg("where"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
            nb::arg("cache_dtype"), nb::arg("scale"), nb::arg("softcap"), nb::arg("sinks").none(),
            nb::arg("out"), nb::arg("lse").none())
+      .def("run_cuda", &FlashInferPlan::run_cuda, nb::arg("where"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
+           nb::arg("cache_dtype"), nb::arg("scale"), nb::arg("softcap"), nb::arg("sinks").none(),
+           nb::arg("out"), nb::arg("lse").none(), nb::arg("workspace").none(), nb::arg("stream"))
       .def_prop_ro("num_reqs", &FlashInferPlan::num_reqs)
       .def("info", &FlashInferPlan::info);
 }

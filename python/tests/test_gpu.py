@@ -444,13 +444,121 @@ def test_cuda_merge_state_base2(dtype):
     assert_close_t(s, exp_s, 1e-4, 1e-5, "merge s")
 
 
+def page_table_of(b):
+    """FlashInfer's (indptr, indices, last_page_len) of a TorchBatch's block table."""
+    bs = b.kv_cache.shape[2] if b.layout == "NHD" else b.kv_cache.shape[3]
+    indptr, indices, last = [0], [], []
+    for r, n in enumerate(b.seqused_k.tolist()):
+        pages = -(-n // bs)
+        indices += b.block_table[r, :pages].tolist()
+        indptr.append(len(indices))
+        last.append(n - (pages - 1) * bs if pages else 0)
+    return [torch.tensor(x, dtype=torch.int32) for x in (indptr, indices, last)]
+
+
+def flashinfer_decode(b, w, H, Hkv, D, **plan_kw):
+    bs = b.kv_cache.shape[2] if b.layout == "NHD" else b.kv_cache.shape[3]
+    w.plan(*page_table_of(b), H, Hkv, D, bs, q_data_type=b.q.dtype,
+           kv_data_type=b.kv_cache.dtype, **plan_kw)
+
+
 @needs_cuda
-def test_cuda_flashinfer_wrappers_raise_clear_error():
-    w = attnkit.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1024, dtype=torch.uint8, device="cuda"))
-    w.plan(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0], dtype=torch.int32),
-           torch.tensor([1], dtype=torch.int32), 4, 4, 64, 16, q_data_type=torch.float16)
-    with pytest.raises(attnkit.AttnkitError, match="FlashInfer-style GPU kernels"):
-        w.run(torch.zeros(1, 4, 64, dtype=torch.float16, device="cuda"),
+@pytest.mark.parametrize("page", [16, 128, 1024])
+@pytest.mark.parametrize("heads", [(8, 2), (8, 8), (16, 2)], ids=["gqa4", "mha", "gqa8"])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_cuda_flashinfer_decode_wrapper(page, heads, layout):
+    H, Hkv = heads
+    kv = [1, 17, 300, 2000, page, page + 1, 33]
+    b = TorchBatch([1] * len(kv), kv, H, Hkv, 128, page, torch.bfloat16, "cuda", layout=layout, seed=page + H)
+    ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    for tc in (True, False):
+        w = attnkit.BatchDecodeWithPagedKVCacheWrapper(ws, kv_layout=layout, use_tensor_cores=tc)
+        flashinfer_decode(b, w, H, Hkv, 128, logits_soft_cap=5.0, sm_scale=0.1)
+        out, lse = w.run(b.q, b.kv_cache, return_lse=True)
+        exp = b.reference(causal=True, softcap=5.0, scale=0.1)
+        atol, rtol = tol(b.q.dtype)
+        assert_close_t(out, exp[0], atol, rtol, f"decode page {page} tc {tc}")
+        assert_close_t(lse, exp[1].T.to(torch.float32) / math.log(2), 2e-3, 2e-3, f"decode lse page {page} tc {tc}")
+
+
+@needs_cuda
+def test_cuda_flashinfer_decode_fp8_sinks_window_and_small_workspace():
+    b = TorchBatch([1] * 5, [700, 40, 1300, 5, 260], 8, 2, 128, 32, torch.float16, "cuda", fp8="e4m3", seed=77)
+    sinks = torch.linspace(-1, 2, 8, device="cuda")
+    w = attnkit.BatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"),
+                                                   use_tensor_cores=True)
+    flashinfer_decode(b, w, 8, 2, 128, window_left=100)
+    out = w.run(b.q, b.kv_cache, k_scale=0.5, v_scale=2.0, sinks=sinks)
+    exp = b.reference(causal=True, window=(100, -1), sinks=sinks, k_scale=torch.tensor([0.5], device="cuda"),
+                      v_scale=torch.tensor([2.0], device="cuda"))
+    assert_close_t(out, exp[0], *tol(torch.float16), "fp8 sinks window")
+    # A split plan with a workspace that cannot hold its partials: the error says how much.
+    w_small = attnkit.BatchDecodeWithPagedKVCacheWrapper(torch.empty(16, dtype=torch.uint8, device="cuda"),
+                                                         use_tensor_cores=True)
+    long = TorchBatch([1], [30000], 8, 2, 128, 32, torch.float16, "cuda", seed=78)
+    flashinfer_decode(long, w_small, 8, 2, 128)
+    assert w_small.plan_info["split_kv"]
+    with pytest.raises(attnkit.AttnkitError, match="workspace_bytes.*needs"):
+        w_small.run(long.q, long.kv_cache)
+
+
+@needs_cuda
+def test_cuda_flashinfer_decode_graph_replays_after_replan():
+    # Capture one run, re-plan other lengths and pages within the capacity, replay: the replay
+    # reads the new plan (its device copy is refreshed in place by plan()).
+    H, Hkv, D, bs = 8, 2, 128, 16
+    a = TorchBatch([1] * 6, [100, 2000, 5, 900, 64, 3000], H, Hkv, D, bs, torch.bfloat16, "cuda", seed=90)
+    bb = TorchBatch([1] * 4, [1500, 17, 2500, 300], H, Hkv, D, bs, torch.bfloat16, "cuda", seed=91)
+    bb.kv_cache = a.kv_cache  # one cache: the new batch's pages are other blocks of it
+    nb = a.kv_cache.shape[0]
+    g = torch.Generator().manual_seed(3)
+    perm = torch.randperm(nb, generator=g).to(torch.int32)
+    at = 0
+    bb.block_table = torch.zeros_like(bb.block_table, device="cpu")
+    for r, n in enumerate(bb.seqused_k.tolist()):
+        pages = -(-n // bs)
+        bb.block_table[r, :pages] = perm[at:at + pages]
+        at += pages
+    bb.block_table = bb.block_table.cuda()
+    cap_reqs, cap_pages = 8, nb
+    w = attnkit.BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), use_cuda_graph=True, use_tensor_cores=True,
+        paged_kv_indptr_buffer=torch.empty(cap_reqs + 1, dtype=torch.int32, device="cuda"),
+        paged_kv_indices_buffer=torch.empty(cap_pages, dtype=torch.int32, device="cuda"),
+        paged_kv_last_page_len_buffer=torch.empty(cap_reqs, dtype=torch.int32, device="cuda"))
+    q = torch.zeros(cap_reqs, H, D, dtype=torch.bfloat16, device="cuda")
+    out = torch.zeros_like(q)
+    flashinfer_decode(a, w, H, Hkv, D)
+    q[:6] = a.q
+    w.run(q[:6], a.kv_cache, out=out[:6])  # eager: makes the plan's device copy
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(graph, stream=s):
+            w.run(q[:6], a.kv_cache, out=out[:6])
+    torch.cuda.synchronize()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close_t(out[:6], a.reference(causal=True)[0], *tol(torch.bfloat16), "graph replay, first plan")
+    flashinfer_decode(bb, w, H, Hkv, D)  # fewer requests, other lengths and pages
+    q[:4] = bb.q
+    out.zero_()
+    torch.cuda.synchronize()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close_t(out[:4], bb.reference(causal=True)[0], *tol(torch.bfloat16), "graph replay after re-plan")
+
+
+@needs_cuda
+def test_cuda_flashinfer_prefill_wrappers_raise_clear_error():
+    w = attnkit.BatchPrefillWithPagedKVCacheWrapper(torch.empty(1024, dtype=torch.uint8, device="cuda"))
+    w.plan(torch.tensor([0, 2], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
+           torch.tensor([0], dtype=torch.int32), torch.tensor([2], dtype=torch.int32), 4, 4, 64, 16,
+           q_data_type=torch.float16, causal=True)
+    with pytest.raises(attnkit.AttnkitError, match="FlashInfer-style prefill kernels"):
+        w.run(torch.zeros(2, 4, 64, dtype=torch.float16, device="cuda"),
               torch.zeros(1, 2, 16, 4, 64, dtype=torch.float16, device="cuda"))
 
 

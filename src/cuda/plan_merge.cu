@@ -33,6 +33,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) plan_merge_kernel(const P
   const int64_t job = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (job >= static_cast<int64_t>(a.num_rows) * a.num_kv_heads) return;
   const int row = static_cast<int>(job / a.num_kv_heads), kv_head = static_cast<int>(job % a.num_kv_heads);
+  if (a.num_rows_dev != nullptr && row >= __ldg(a.num_rows_dev)) return;
   const int32_t lo = __ldg(a.merge_indptr + row), hi = __ldg(a.merge_indptr + row + 1);
   if (hi <= lo) return;  // written directly by the launch
   const int64_t token = row / a.group;

@@ -16,7 +16,8 @@ struct PlanMergeArgs {
   const float* part_o = nullptr;    // [partial rows][num_kv_heads][head_size]
   const float* part_lse = nullptr;  // [partial rows][num_kv_heads]
   const int32_t* merge_indptr = nullptr;  // device, [num_rows + 1]
-  int num_rows = 0;                 // packed rows of the part (tokens x group)
+  int num_rows = 0;                 // packed rows of the part (tokens x group), or the capacity's ...
+  const int32_t* num_rows_dev = nullptr;  // ... with the current count here (device; CUDA graphs)
   int num_kv_heads = 0, group = 1, head_size = 0;
   void* out = nullptr;              // row (token, head) at token * out_stride_token + head * out_stride_head
   DType out_dtype = DType::bf16;

@@ -24,6 +24,14 @@ std::vector<int> block_sizes_for(const AttentionConfig& cfg) {
 
 bool decode_uses_tensor_cores(int group) { return group > 1; }
 
+bool flashinfer_kernels_built() {
+#ifdef ATTNKIT_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
 namespace {
 
 bool is_large_page(int block_size) {
@@ -69,14 +77,16 @@ class FlashInferBackend final : public AttentionBackend {
     return c;
   }
 
-  // What the selector sees: the configuration rules, and on a GPU the rule that the kernels
-  // must be in this build (like the FlashAttention-style hopper generation), so no engine is
-  // handed a backend whose forward cannot run.
+  // What the selector sees: the configuration rules, and on a GPU the rules of its kernels
+  // (in this build, reading this cache dtype), so no engine is handed a backend whose decode
+  // cannot run. (Its prefill kernels are not built: variant() and forward() say so.)
   std::vector<std::string> check(const AttentionConfig& cfg) const override {
     auto why = configuration_refusals(cfg);
-    if (!kFlashInferKernelsBuilt && !cfg.device.cpu)
-      why.push_back("its GPU kernels are not in this build yet (this release ships the "
-                    "FlashInfer-style host side: page tables and plans)");
+    if (cfg.device.cpu) return why;
+    if (!flashinfer_kernels_built())
+      why.push_back("its GPU kernels are not in this build (attnkit was built without CUDA)");
+    if (cfg.cache_dtype == DType::nvfp4)
+      why.push_back("an NVFP4 cache is not read by its GPU kernels yet (its CPU path reads it)");
     return why;
   }
 
@@ -89,6 +99,9 @@ class FlashInferBackend final : public AttentionBackend {
                         : "decode on CUDA cores (MHA: one query row per head)";
     v += "; prefill: ragged kernel over new tokens + paged kernel over the cached prefix";
     if (cfg.features.non_causal) v += "; non-causal batches run wholly on the prefill path";
+    if (!cfg.device.cpu)
+      v += "; on the GPU this build runs decode-only batches (the planned decode kernels; its prefill kernels "
+           "are not built yet)";
     return v;
   }
 

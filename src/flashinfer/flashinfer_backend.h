@@ -17,13 +17,15 @@ inline constexpr int kLargePageSizes[] = {128, 256, 512, 1024};
 // Large pages are read by the Hopper GQA kernels (the group is packed into the query tile, so
 // one page fetch serves group_size query heads); other configurations keep pages <= 64.
 inline constexpr int kLargePageMinCC = 90;
-// The FlashInfer-style GPU kernels are a later issue: until they ship, check() refuses GPU
-// configurations with that reason and forward() throws.
-inline constexpr bool kFlashInferKernelsBuilt = false;
+// Whether this build has the FlashInfer-style GPU kernels (the planned decode: a CUDA build).
+// Without them check() refuses GPU configurations with that reason. Their prefill kernels are
+// not built yet: forward() runs decode-only batches on the GPU and refuses others, saying so.
+bool flashinfer_kernels_built();
 
 // Every rule of the configuration itself that the backend breaks (capabilities, large pages
-// need GQA on sm90+), without the kernels-in-this-build rule: what builders and impls require,
-// so the host side works before the kernels ship. check() adds that rule on GPUs.
+// need GQA on sm90+), without the GPU kernels' rules: what builders and impls require, so the
+// host side works on any build. check() adds on GPUs: the kernels must be in this build, and
+// read the cache dtype (no NVFP4 on the GPU yet).
 std::vector<std::string> configuration_refusals(const AttentionConfig& cfg);
 
 // num_heads / num_kv_heads, or 0 when the head counts do not form whole groups.

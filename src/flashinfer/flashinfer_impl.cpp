@@ -1,10 +1,13 @@
 #include "flashinfer/flashinfer_impl.h"
 
+#include <memory>
 #include <string>
 
 #include "attnkit/error.h"
 #include "core/backend_checks.h"
+#include "attnkit/device.h"
 #include "flashinfer/flashinfer_backend.h"
+#include "flashinfer/gpu_decode.h"
 #include "flashinfer/metadata_builder.h"
 
 namespace attnkit::flashinfer {
@@ -35,7 +38,7 @@ class FlashInferImpl final : public AttentionImpl {
 
   void forward(const TensorView& q, const TensorView& k, const TensorView& v,
                const TensorView& kv_cache, const BackendMetadata& metadata,
-               const AttentionParams& params, const TensorView& out, void* /*stream*/) override {
+               const AttentionParams& params, const TensorView& out, void* stream) override {
     const auto* md = dynamic_cast<const FlashInferMetadata*>(&metadata);
     ATTNKIT_REQUIRE(md != nullptr, kWhere, "metadata", "another backend's metadata",
                     "must come from the flashinfer builder (make_builder(cfg).build)");
@@ -64,13 +67,47 @@ class FlashInferImpl final : public AttentionImpl {
     ATTNKIT_REQUIRE(window_within(params.window_right, md->window_right), kWhere,
                     "params.window_right", params.window_right,
                     "must lie within the planned window_right = " + std::to_string(md->window_right));
-    throw Error(std::string(kWhere), "backend = flashinfer",
-                "the FlashInfer-style GPU kernels are not in this build yet (the host side "
-                "validated this call and planned the batch; the kernels come in a later issue)");
+    ATTNKIT_REQUIRE(md->num_prefills == 0, kWhere, "batch", std::to_string(md->num_prefills) + " prefill requests",
+                    "must be decode-only: the FlashInfer-style prefill kernels are not built yet (the "
+                    "flash_attn backend serves mixed batches)");
+    run_decode(views, kv_cache, *md, p, stream);
   }
 
  private:
+  // The decode part on the planned decode kernels: the plan's device copy (made once for the
+  // builder's capacity, refreshed when the builder re-planned) and the split partials' workspace.
+  void run_decode(const ForwardViews& views, const TensorView& kv_cache, const FlashInferMetadata& md,
+                  const AttentionParams& p, void* stream) {
+    const PlanState& st = *md.state;
+    const PlanBuffers& plan = st.decode_plan;
+    if (!dev_ || dev_state_ != md.state.get()) {
+      dev_ = std::make_unique<DevicePlan>(plan.capacity, plan.config.group_size, st.decode_pages.max_pages());
+      dev_state_ = md.state.get();
+      uploaded_ = 0;
+    }
+    const PlanBatch batch = st.decode_batch();
+    if (uploaded_ != md.generation) {
+      dev_->upload(plan, st.decode_pages, batch, stream);
+      uploaded_ = md.generation;
+    }
+    if (plan.split_kv && workspace_.bytes() < plan.workspace_bytes()) workspace_ = CudaMemory(plan.workspace_bytes());
+    const KVCacheSpec spec = cache_spec_of(kv_cache, cfg_, kWhere);
+    PlannedDecodeArgs a;
+    a.q = views.q;
+    a.out = views.out;
+    a.cache = spec.view(kv_cache);
+    a.params = p;
+    a.workspace = workspace_.get();
+    a.workspace_bytes = workspace_.bytes();
+    a.stream = stream;
+    run_planned_decode(*dev_, plan, st.decode_pages, batch, a);
+  }
+
   AttentionConfig cfg_;
+  std::unique_ptr<DevicePlan> dev_;
+  const PlanState* dev_state_ = nullptr;
+  uint64_t uploaded_ = 0;
+  CudaMemory workspace_;
 };
 
 }  // namespace

@@ -37,7 +37,7 @@ DevicePlan::DevicePlan(const PlanCapacity& capacity, int group_size, int64_t max
     return off;
   };
   items_off_ = section(capacity.max_items * kItemInts);
-  count_off_ = section(1);
+  count_off_ = section(2);
   qo_off_ = section(int64_t{capacity.max_reqs} + 1);
   kv_off_ = section(capacity.max_reqs);
   indptr_off_ = section(int64_t{capacity.max_reqs} + 1);
@@ -74,6 +74,7 @@ void DevicePlan::upload(const PlanBuffers& plan, const PageTable& pages, const P
   ATTNKIT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(copied_)));
   std::memcpy(staging_ + items_off_, plan.items.data(), sizeof(WorkItem) * plan.num_items);
   staging_[count_off_] = plan.num_items;
+  staging_[count_off_ + 1] = plan.num_tokens * group_;
   std::copy(batch.qo_indptr.begin(), batch.qo_indptr.end(), staging_ + qo_off_);
   std::copy(batch.kv_lens.begin(), batch.kv_lens.end(), staging_ + kv_off_);
   std::copy(pages.indptr.begin(), pages.indptr.begin() + n + 1, staging_ + indptr_off_);
@@ -92,13 +93,14 @@ void run_planned_decode(const DevicePlan& dev, const PlanBuffers& plan, const Pa
   const PlanConfig& cfg = plan.config;
   ATTNKIT_REQUIRE(plan.num_items <= dev.max_items(), kWhere, "plan items", plan.num_items,
                   "must fit the device plan's capacity " + std::to_string(dev.max_items()));
-  if (plan.num_tokens == 0 || plan.num_items == 0) return;
-  if (plan.split_kv) {
-    const size_t need = plan.workspace_bytes();
-    ATTNKIT_REQUIRE(a.workspace != nullptr && a.workspace_bytes >= need &&
-                        (reinterpret_cast<uintptr_t>(a.workspace) & 15u) == 0,
-                    kWhere, "workspace_bytes", a.workspace_bytes,
-                    "a split plan needs a 16-byte aligned workspace of PlanBuffers::workspace_bytes() = " +
+  if (!a.graph_safe && (plan.num_tokens == 0 || plan.num_items == 0)) return;
+  const size_t need = plan.workspace_bytes();
+  const bool partials = a.workspace != nullptr && a.workspace_bytes >= need;
+  if (plan.split_kv || a.graph_safe) {
+    ATTNKIT_REQUIRE(partials && (reinterpret_cast<uintptr_t>(a.workspace) & 15u) == 0, kWhere, "workspace_bytes",
+                    a.workspace_bytes,
+                    std::string(a.graph_safe ? "a graph-safe run" : "a split plan") +
+                        " needs a 16-byte aligned workspace of PlanBuffers::workspace_bytes() = " +
                         std::to_string(need) + " bytes");
   }
   int max_q = 0, max_kv = 0;
@@ -130,17 +132,19 @@ void run_planned_decode(const DevicePlan& dev, const PlanBuffers& plan, const Pa
   pl.planned_items = plan.num_items;
   pl.tile_q = plan.tile_q;
   pl.page_indptr = dev.page_indptr();
-  if (plan.split_kv) {
+  if (partials) {
     pl.part_o = static_cast<float*>(a.workspace);
     pl.part_lse = pl.part_o + part_rows * cfg.head_size;
   }
+  if (a.graph_safe) pl.planned_items = std::max<int64_t>(pl.planned_items, 1);  // (the launch happens)
   flash_attn::run_planned_attention(v, pl, tuning);
-  if (!plan.split_kv) return;
+  if (!plan.split_kv && !a.graph_safe) return;
   cuda::PlanMergeArgs m;
   m.part_o = pl.part_o;
   m.part_lse = pl.part_lse;
   m.merge_indptr = dev.merge_indptr();
-  m.num_rows = plan.num_tokens * cfg.group_size;
+  m.num_rows = static_cast<int>(a.graph_safe ? dev.max_rows() : int64_t{plan.num_tokens} * cfg.group_size);
+  if (a.graph_safe) m.num_rows_dev = dev.num_rows();
   m.num_kv_heads = cfg.num_kv_heads;
   m.group = cfg.group_size;
   m.head_size = cfg.head_size;

@@ -35,12 +35,14 @@ class DevicePlan {
 
   const int32_t* items() const { return base() + items_off_; }
   const int32_t* num_items() const { return base() + count_off_; }
+  const int32_t* num_rows() const { return base() + count_off_ + 1; }  // packed rows: tokens x group
   const int32_t* qo_indptr() const { return base() + qo_off_; }
   const int32_t* kv_lens() const { return base() + kv_off_; }
   const int32_t* page_indptr() const { return base() + indptr_off_; }
   const int32_t* page_indices() const { return base() + indices_off_; }
   const int32_t* merge_indptr() const { return base() + merge_off_; }
   int64_t max_items() const { return capacity_.max_items; }
+  int64_t max_rows() const { return int64_t{capacity_.max_tokens} * group_; }
 
  private:
   const int32_t* base() const { return static_cast<const int32_t*>(device_); }
@@ -62,6 +64,10 @@ struct PlannedDecodeArgs {
   void* workspace = nullptr;  // >= plan.workspace_bytes() bytes when the plan splits, 16-byte aligned
   size_t workspace_bytes = 0;
   void* stream = nullptr;
+  // The launches serve every plan of the device plan's capacity (what a CUDA graph captured
+  // once replays after a re-plan): the merge always runs (bounded by the device-side row
+  // count), and the workspace must hold the capacity's partials.
+  bool graph_safe = false;
 };
 
 // Runs the uploaded plan (`dev` holds what upload() copied of plan / pages / batch). Checks the

@@ -64,6 +64,10 @@ FlashInferMetadataBuilder::FlashInferMetadataBuilder(const AttentionConfig& cfg,
   s.decode_plan = PlanBuffers(dc, PlanCapacity::for_limits(dc, limits.max_reqs, max_decode_tokens));
   s.prefill_plan = PlanBuffers(pc, PlanCapacity::for_limits(pc, limits.max_reqs, limits.max_tokens));
   s.prefill_qo_indptr.assign(static_cast<size_t>(limits.max_reqs) + 1, 0);
+  s.decode_qo_indptr.assign(static_cast<size_t>(limits.max_reqs) + 1, 0);
+  s.decode_kv_lens.assign(static_cast<size_t>(limits.max_reqs), 0);
+  s.decode_window_left = limits.window_left;
+  s.decode_window_right = limits.window_right;
 }
 
 std::unique_ptr<BackendMetadata> FlashInferMetadataBuilder::build(const CommonAttentionMetadata& common) {
@@ -94,9 +98,11 @@ std::unique_ptr<BackendMetadata> FlashInferMetadataBuilder::build(const CommonAt
   s.decode_pages.fill(batch, 0, nd, cfg_.block_size);
   s.prefill_pages.fill(batch, nd, n, cfg_.block_size);
 
+  std::copy(common.query_start_loc.begin(), common.query_start_loc.begin() + nd + 1, s.decode_qo_indptr.begin());
+  std::copy(common.seq_lens.begin(), common.seq_lens.begin() + nd, s.decode_kv_lens.begin());
   PlanBatch decode;
-  decode.qo_indptr = std::span<const int32_t>(common.query_start_loc.data(), nd + 1);
-  decode.kv_lens = std::span<const int32_t>(common.seq_lens.data(), nd);
+  decode.qo_indptr = std::span<const int32_t>(s.decode_qo_indptr.data(), nd + 1);
+  decode.kv_lens = std::span<const int32_t>(s.decode_kv_lens.data(), nd);
   decode.causal = true;
   decode.window_left = limits_.window_left;
   decode.window_right = limits_.window_right;

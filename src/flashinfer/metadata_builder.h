@@ -29,6 +29,14 @@ struct PlanState {
   PageTable decode_pages, prefill_pages;
   PlanBuffers decode_plan, prefill_plan;
   std::vector<int32_t> prefill_qo_indptr;  // the prefill part's query offsets, from 0
+  // The decode part as it was planned (copies: the GPU path uploads them with the plan).
+  std::vector<int32_t> decode_qo_indptr, decode_kv_lens;
+  int decode_window_left = -1, decode_window_right = -1;
+  PlanBatch decode_batch() const {
+    return {std::span<const int32_t>(decode_qo_indptr.data(), decode_plan.num_reqs + 1),
+            std::span<const int32_t>(decode_kv_lens.data(), decode_plan.num_reqs), true, decode_window_left,
+            decode_window_right};
+  }
   uint64_t generation = 0;                 // bumped by every build()
 };
 

@@ -1,0 +1,169 @@
+// FlashInfer-style decode (section decode-fi): the planned decode (src/flashinfer/gpu_decode.h)
+// on the decode bench's shapes (batch 1..256 x KV 1k..32k, 32 / 8 heads, head size 128, bf16 and
+// fp8 caches), pages of 16 and 128 tokens. Each KV instance of a shape is a page table planned
+// by plan_batch into its own device plan; the graph of back-to-back calls rotates over them as
+// the decode section does, in turns with the FlashAttention-style launch of the same instances
+// (its builder's split count): the ratio column of the section. Also: the host plan time of a
+// 256-request decode batch (plan_batch alone, median of 201).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attention_setup.h"
+#include "bench_util.h"
+#include "cuda/cuda_check.h"
+#include "cuda/device_buffer.h"
+#include "cuda/device_props.h"
+#include "flashinfer/gpu_decode.h"
+
+namespace attnkit::bench {
+
+namespace {
+
+constexpr int kHeads = 32, kKvHeads = 8, kHeadSize = 128;
+
+// One KV instance as a FlashInfer-style planned part.
+struct PlannedInstance {
+  std::vector<int32_t> qo, kv;
+  flashinfer::PageTable pages;
+  flashinfer::PlanBuffers plan;
+  flashinfer::PlanBatch batch;
+  std::unique_ptr<flashinfer::DevicePlan> dev;
+  flashinfer::PlannedDecodeArgs args;
+};
+
+flashinfer::PlanConfig plan_config(int page) {
+  flashinfer::PlanConfig cfg;
+  cfg.kernel = flashinfer::PlanKernel::TensorCore;
+  cfg.num_kv_heads = kKvHeads;
+  cfg.group_size = kHeads / kKvHeads;
+  cfg.head_size = kHeadSize;
+  cfg.page_size = page;
+  cfg.num_slots = flashinfer::num_slots_for(cuda::current_device_props().sm_count, kKvHeads);
+  return cfg;
+}
+
+// The instance's block table (device) as a page table, planned and uploaded.
+std::unique_ptr<PlannedInstance> plan_instance(const UniformBatch& b, const flash_attn::VarlenArgs& a, int page,
+                                               cudaStream_t stream) {
+  auto p = std::make_unique<PlannedInstance>();
+  std::vector<int32_t> table(static_cast<size_t>(b.num_reqs) * b.blocks_per_req);
+  ATTNKIT_CUDA_CHECK(cudaMemcpy(table.data(), b.block_table.get(), table.size() * 4, cudaMemcpyDeviceToHost));
+  std::vector<int32_t> indptr{0}, indices, last;
+  const int pages = (b.kv_len + page - 1) / page;
+  for (int r = 0; r < b.num_reqs; ++r) {
+    for (int j = 0; j < pages; ++j) indices.push_back(table[static_cast<size_t>(r) * b.blocks_per_req + j]);
+    indptr.push_back(static_cast<int32_t>(indices.size()));
+    last.push_back(b.kv_len - (pages - 1) * page);
+  }
+  p->pages = flashinfer::PageTable(b.num_reqs, static_cast<int64_t>(indices.size()));
+  p->pages.assign(indptr, indices, last, page);
+  const flashinfer::PlanConfig cfg = plan_config(page);
+  p->plan = flashinfer::PlanBuffers(cfg, flashinfer::PlanCapacity::for_limits(cfg, b.num_reqs, b.num_reqs));
+  p->qo.resize(b.num_reqs + 1);
+  for (int r = 0; r <= b.num_reqs; ++r) p->qo[r] = r;
+  p->kv.assign(b.num_reqs, b.kv_len);
+  p->batch.qo_indptr = p->qo;
+  p->batch.kv_lens = p->kv;
+  p->batch.causal = true;
+  flashinfer::plan_batch(p->batch, p->plan);
+  p->dev = std::make_unique<flashinfer::DevicePlan>(p->plan.capacity, cfg.group_size, p->pages.num_pages);
+  p->dev->upload(p->plan, p->pages, p->batch, stream);
+  p->args.q = a.q;
+  p->args.out = a.out;
+  p->args.cache = a.cache;
+  p->args.params = a.params;
+  p->args.stream = stream;
+  return p;
+}
+
+}  // namespace
+
+void run_decode_flashinfer(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick) {
+  const auto& props = cuda::current_device_props();
+  auto pct = [&](double g) { return read_gbps > 0 ? 100.0 * g / read_gbps : 0.0; };
+
+  // Host plan time: 256 decode requests of 4k keys, pages of 16.
+  {
+    const flashinfer::PlanConfig cfg = plan_config(16);
+    flashinfer::PlanBuffers plan(cfg, flashinfer::PlanCapacity::for_limits(cfg, 256, 256));
+    std::vector<int32_t> qo(257), kv(256, 4096);
+    for (int r = 0; r <= 256; ++r) qo[r] = r;
+    flashinfer::PlanBatch batch{qo, kv, true, -1, -1};
+    std::vector<double> us;
+    for (int i = 0; i < 201; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      flashinfer::plan_batch(batch, plan);
+      us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(us.begin(), us.end());
+    rec.add({"decode-fi", "decode-fi host plan b256 kv4096", "attnkit", "us", us[us.size() / 2], us[us.size() / 2] / 1e3,
+             "plan_batch of 256 one-token requests (host, median of 201); " + std::to_string(plan.num_items) + " items"});
+  }
+
+  DecodeBuffers buf16 = make_decode_buffers(int64_t{36} << 30, int64_t{26} << 30, 256, kHeads, kHeadSize, stream);
+  DecodeBuffers buf8 = make_decode_buffers(int64_t{18} << 30, int64_t{8} << 30, 256, kHeads, kHeadSize, stream);
+  if (buf16.pool_bytes <= 0 || buf8.pool_bytes <= 0) {
+    rec.fail("decode-fi", "decode pool", "not enough free device memory");
+    return;
+  }
+  const std::vector<int> batches = quick ? std::vector<int>{1, 16} : std::vector<int>{1, 4, 16, 64, 256};
+  const std::vector<int> kv_lens = quick ? std::vector<int>{4096} : std::vector<int>{1024, 4096, 8192, 32768};
+  cuda::DeviceBuffer workspace(size_t{1} << 30);  // the split tiles' partials (any plan here fits)
+  for (int page : {16, 128})
+    for (auto [cd, b] : {std::pair{DType::bf16, &buf16}, std::pair{DType::fp8_e4m3, &buf8}}) {
+      const KVCacheSpec spec = decode_pool_spec(cd, b->pool_bytes, page, kKvHeads, kHeadSize);
+      fill_random(b->pool.get(), spec.total_bytes() / static_cast<int64_t>(dtype_size(cd)), cd, 43, stream);
+      const PagedKV cache = pool_view(spec, b->pool.get());
+      for (int B : batches)
+        for (int L : kv_lens) {
+          const std::string key = "decode-fi " + std::string(cd == DType::bf16 ? "bf16" : "fp8") + " p" +
+                                  std::to_string(page) + " b" + std::to_string(B) + " kv" + std::to_string(L);
+          if (!key_selected(key)) continue;
+          try {
+            DecodeShape shape = make_decode_shape(B, L, spec, cache, b->q.get(), b->out.get(),
+                                                  cd == DType::bf16 ? nullptr : b->scale.as<float>(), kHeads,
+                                                  props.l2_bytes, stream);
+            std::vector<std::unique_ptr<PlannedInstance>> inst;
+            for (size_t i = 0; i < shape.instances.size(); ++i) {
+              inst.push_back(plan_instance(*shape.instances[i], shape.args[i], page, stream));
+              inst.back()->args.workspace = workspace.get();
+              inst.back()->args.workspace_bytes = workspace.bytes();
+            }
+            // The FlashAttention-style launch of the same instances, its builder's split count.
+            const int splits = builder_num_splits(B, 1, L, kHeads, kKvHeads, cd, props.sm_count);
+            cuda::DeviceBuffer fa_ws = split_workspace(flash_attn::varlen_workspace_bytes(B, kHeads, kHeadSize, splits), stream);
+            for (auto& a : shape.args) {
+              a.num_splits = splits;
+              a.workspace = fa_ws.get();
+              a.workspace_bytes = fa_ws.bytes();
+            }
+            TimedLaunch fi{shape.args, shape.calls};
+            fi.call = [&](int i) {
+              PlannedInstance& p = *inst[i % inst.size()];
+              flashinfer::run_planned_decode(*p.dev, p.plan, p.pages, p.batch, p.args);
+            };
+            const std::vector<double> ms = time_interleaved({fi, TimedLaunch{shape.args, shape.calls}}, stream);
+            const double g = shape.bytes / ms[0] / 1e6, g_fa = shape.bytes / ms[1] / 1e6;
+            const flashinfer::PlanBuffers& pl = inst.front()->plan;
+            char note[260];
+            std::snprintf(note, sizeof note,
+                          "%.1f us/call; %.0f%% of read BW; plan: %d items, chunk %lld, %s; FlashAttention-style in the "
+                          "same turns %.1f GB/s (%d splits): %.2fx",
+                          ms[0] * 1e3, pct(g), pl.num_items, static_cast<long long>(pl.kv_chunk_tokens),
+                          pl.split_kv ? "split" : "unsplit", g_fa, splits, g / g_fa);
+            rec.add({"decode-fi", key, "attnkit", "GB/s", g, ms[0], note});
+          } catch (const std::exception& e) {
+            rec.fail("decode-fi", key, e.what());
+            cudaGetLastError();
+          }
+        }
+    }
+}
+
+}  // namespace attnkit::bench
