@@ -123,7 +123,7 @@ std::vector<Row> table() {
        {}, "", {}, {{"flash_attn", {"nvfp4"}}, {"flashinfer", {"NVFP4"}}, {"reference", {oracle}}}, {"nvfp4"}},
       {"f16 cache for a bf16 model: nobody in this build", kSm90,
        [](AttentionConfig& c) { c.cache_dtype = DType::f16; }, {}, "", {},
-       {{"flash_attn", {"model dtype"}}, {"reference", {oracle}}}, {"model dtype"}},
+       {{"flash_attn", {"model dtype"}}, {"flashinfer", {"model dtype"}}, {"reference", {oracle}}}, {"model dtype"}},
       {"HND layout", kSm90, [](AttentionConfig& c) { c.layout = KVLayout::HND; }, {}, "flash_attn", {},
        {{"reference", {oracle}}}, {}},
       {"sm100", kSm100, none, {}, "flash_attn", {"mma_sync", "the device is sm100"}, {{"reference", {oracle}}}, {}},

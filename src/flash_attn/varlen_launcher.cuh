@@ -72,9 +72,9 @@ void launch_mma_sync(const VarlenKernelParams& p, const LaunchPlan& plan, cudaSt
 template <class Elem, int kHeadDim, bool kFp8Cache>
 void launch_planned(VarlenKernelParams p, const LaunchPlan& plan, int64_t grid_items, cudaStream_t stream) {
   const char* where = "flashinfer planned decode";
-  ATTNKIT_REQUIRE(grid_items > 0 && grid_items <= 0x7fffffff, where, "plan item capacity", grid_items,
-                  "must be in [1, 2^31) (grid x)");
-  ATTNKIT_REQUIRE(p.num_kv_heads <= 65535, where, "num_kv_heads", p.num_kv_heads, "must be <= 65535 (grid y)");
+  const int64_t ctas = grid_items * p.num_kv_heads;  // (PlanScheduler: item-major, KV heads inner)
+  ATTNKIT_REQUIRE(grid_items > 0 && ctas <= 0x7fffffff, where, "plan item capacity x num_kv_heads", ctas,
+                  "must be in [1, 2^31) (one grid dimension)");
   bool launched = false;
   auto try_tile = [&]<TileId kTile>() {
     constexpr TileConfig kCfg = tile_config(kTile, kHeadDim, kFp8Cache);
@@ -100,8 +100,8 @@ void launch_planned(VarlenKernelParams p, const LaunchPlan& plan, int64_t grid_i
       p.l2_prefetch = false;
       p.kv_evict_first = plan.kv_evict_first;
       p.cluster_merge = false;
-      cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(grid_items), static_cast<unsigned>(p.num_kv_heads), 1),
-                          dim3(Tr::kThreads), Tr::kSmemBytes, stream, plan.pdl, dim3(1, 1, 1), p);
+      cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(ctas)), dim3(Tr::kThreads), Tr::kSmemBytes, stream,
+                          plan.pdl, dim3(1, 1, 1), p);
       launched = true;
     }
   };

@@ -87,6 +87,10 @@ class FlashInferBackend final : public AttentionBackend {
       why.push_back("its GPU kernels are not in this build (attnkit was built without CUDA)");
     if (cfg.cache_dtype == DType::nvfp4)
       why.push_back("an NVFP4 cache is not read by its GPU kernels yet (its CPU path reads it)");
+    const bool cache16 = cfg.cache_dtype == DType::f16 || cfg.cache_dtype == DType::bf16;
+    if (cache16 && cfg.cache_dtype != cfg.dtype)
+      why.push_back("a 16-bit KV cache must have the model dtype on the GPU (cache " +
+                    std::string(dtype_name(cfg.cache_dtype)) + ", model " + std::string(dtype_name(cfg.dtype)) + ")");
     return why;
   }
 
