@@ -1,6 +1,7 @@
 // The FlashInfer-style impl: validates a forward call against the configuration it was made
-// for and the metadata its builder planned. The GPU kernels come in a later issue; until then
-// forward() throws after validation.
+// for and the metadata its builder planned, then runs a decode-only batch on the planned decode
+// (gpu_decode.h; the plan's device copy is refreshed when the builder re-planned). Batches with
+// prefills are refused (the FlashInfer-style prefill kernels are not built yet).
 #pragma once
 #include <memory>
 
