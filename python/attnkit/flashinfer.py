@@ -221,6 +221,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend,
                          _rows(paged_kv_indptr_buffer, 1), _rows(paged_kv_indices_buffer))
         self._use_tensor_cores = bool(use_tensor_cores)
+        self._q_len_per_req = 1
 
     @property
     def use_tensor_cores(self):
@@ -233,26 +234,33 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         where = f"{self._name}.plan"
         _refuse_extras(where, extras)
         _refuse(where, pos_encoding_mode=(pos_encoding_mode, "NONE"), rope_scale=(rope_scale, None),
-                rope_theta=(rope_theta, None), q_len_per_req=(q_len_per_req, 1))
+                rope_theta=(rope_theta, None))
         if o_data_type is not None and _dtype_str(o_data_type) != _dtype_str(data_type or q_data_type):
             A.fail(where, f"o_data_type = {o_data_type}", "must equal q_data_type (attnkit writes q's dtype)")
+        if int(q_len_per_req) != q_len_per_req or not 1 <= int(q_len_per_req) <= 8:
+            A.fail(where, f"q_len_per_req = {q_len_per_req}", "must be an integer in [1, 8]")
         self._plan = None  # kept only when the C++ page table and plan accept the batch
+        # q_len_per_req > 1 (speculative decoding): each request's tokens are the last of its
+        # keys, causal among themselves; always the tensor-core plan.
         self._cpp.plan_paged(where, None, *_table(where, indptr, indices, last_page_len), int(num_qo_heads),
                              int(num_kv_heads), int(head_dim), int(page_size), True, int(window_left),
-                             self._use_tensor_cores)
+                             self._use_tensor_cores, int(q_len_per_req))
+        self._q_len_per_req = int(q_len_per_req)
         self._plan = _Plan(head_dim, window_left, logits_soft_cap, sm_scale, data_type or q_data_type,
                            kv_data_type or data_type)
 
     def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None,
             lse=None, return_lse=False, enable_pdl=None, window_left=None, sinks=None):
-        """q [batch_size, num_qo_heads, head_dim] -> out [batch_size, num_qo_heads, head_dim]
-        (and lse [batch_size, num_qo_heads], base 2, with return_lse)."""
+        """q [batch_size * q_len_per_req, num_qo_heads, head_dim] -> out of q's shape (and lse
+        [tokens, num_qo_heads], base 2, with return_lse)."""
         where = f"{self._name}.run"
         _no_positional_extras(where, args)
         self._need_plan(where)
         A.check_array(q, where, "q")
-        if q.shape[0] != self._cpp.num_reqs:
-            A.fail(where, f"q.shape[0] = {q.shape[0]}", f"must be plan()'s batch size = {self._cpp.num_reqs}")
+        tokens = self._cpp.num_reqs * self._q_len_per_req
+        if q.shape[0] != tokens:
+            A.fail(where, f"q.shape[0] = {q.shape[0]}",
+                   f"must be plan()'s batch size x q_len_per_req = {self._cpp.num_reqs} x {self._q_len_per_req}")
         k, v, cache_dtype = self._cache_views(paged_kv_cache, where)
         return self._attend(where, q, k, v, cache_dtype, q_scale, k_scale, v_scale, out, lse, return_lse,
                             window_left, sinks)

@@ -70,18 +70,21 @@ class FlashInferPlan {
   void plan_paged(const std::string& where, const OptIn& qo_indptr, const InArray& indptr,
                   const InArray& indices, const InArray& last_page_len, int num_qo_heads,
                   int num_kv_heads, int head_dim, int page_size, bool causal, int window_left,
-                  bool tensor_cores) {
+                  bool tensor_cores, int q_len_per_req) {
     as_call(where, [&] {
       planned_ = ragged_ = false;
       std::vector<int32_t> ptr = host_vec(indptr, where, "indptr");
       std::vector<int32_t> qo(ptr.size());
+      ATTNKIT_REQUIRE(q_len_per_req >= 1 && (!qo_indptr || q_len_per_req == 1), where, "q_len_per_req", q_len_per_req,
+                      "must be >= 1 (and 1 with a qo_indptr)");
+      q_len_per_req_ = q_len_per_req;
       if (qo_indptr) {
         qo = host_vec(*qo_indptr, where, "qo_indptr");
         ATTNKIT_REQUIRE(qo.size() == ptr.size(), where, "qo_indptr.shape",
                         "[" + std::to_string(qo.size()) + "]",
                         "must be [batch_size + 1 = " + std::to_string(ptr.size()) + "]");
       } else {
-        std::iota(qo.begin(), qo.end(), 0);
+        for (size_t r = 0; r < qo.size(); ++r) qo[r] = static_cast<int32_t>(r) * q_len_per_req;
       }
       plan(qo, ptr, host_vec(indices, where, "indices"), host_vec(last_page_len, where, "last_page_len"),
            num_qo_heads, num_kv_heads, head_dim, page_size, causal, window_left,
@@ -96,6 +99,7 @@ class FlashInferPlan {
     as_call(where, [&] {
       planned_ = false;
       ragged_ = true;
+      q_len_per_req_ = 1;
       const std::vector<int32_t> qo = host_vec(qo_indptr, where, "qo_indptr");
       const std::vector<int32_t> kv = host_vec(kv_indptr, where, "kv_indptr");
       ATTNKIT_REQUIRE(kv.size() == qo.size(), where, "kv_indptr.shape",
@@ -234,12 +238,12 @@ class FlashInferPlan {
     cfg.head_size = head_dim;
     cfg.page_size = page_size;
     cfg.num_slots = flashinfer::num_slots_for(plan_sms(), num_kv_heads);
-    cfg.kernel = decode && !tensor_cores && !flashinfer::decode_uses_tensor_cores(cfg.group_size)
+    cfg.kernel = decode && q_len_per_req_ == 1 && !tensor_cores && !flashinfer::decode_uses_tensor_cores(cfg.group_size)
                      ? PlanKernel::CudaCoreDecode
                      : PlanKernel::TensorCore;
     // CUDA-graph mode fixes the tile as the builder does (metadata_builder.cpp).
     if (fixed_ && cfg.kernel == PlanKernel::TensorCore)
-      cfg.fixed_tile_q = decode ? flashinfer::cta_tile_q(cfg.group_size, head_dim) : cfg.max_tile_q();
+      cfg.fixed_tile_q = decode ? flashinfer::cta_tile_q(cfg.group_size * q_len_per_req_, head_dim) : cfg.max_tile_q();
     cfg.validate(kWhere);
 
     // Capacity: grown to fit (bounded by what the arrays can hold, so a bad indptr is reported
@@ -256,7 +260,7 @@ class FlashInferPlan {
     kv_lens_.resize(pages_.num_reqs);
     int64_t keys = 0;
     for (int r = 0; r < pages_.num_reqs; ++r) keys += kv_lens_[r] = static_cast<int32_t>(pages_.kv_len(r));
-    fit(max_tokens_, decode ? max_reqs_ : std::clamp<int64_t>(qo.back(), 0, keys));
+    fit(max_tokens_, decode ? int64_t{max_reqs_} * q_len_per_req_ : std::clamp<int64_t>(qo.back(), 0, keys));
     if (!same_config(plan_.config, cfg) || plan_.capacity.max_reqs != max_reqs_ ||
         plan_.capacity.max_tokens != max_tokens_) {
       plan_ = PlanBuffers(cfg, PlanCapacity::for_limits(cfg, max_reqs_, max_tokens_));
@@ -276,6 +280,7 @@ class FlashInferPlan {
   int max_reqs_ = 0, max_tokens_ = 0;
   int64_t max_pages_ = 0;
   bool fixed_ = false, planned_ = false, ragged_ = false, decode_ = false;
+  int q_len_per_req_ = 1;
   std::unique_ptr<flashinfer::DevicePlan> dev_;
   int64_t dev_max_pages_ = 0;
   int64_t kv_rows_ = 0;  // ragged: rows of k / v the plan reads
@@ -294,7 +299,7 @@ void register_flashinfer(nb::module_& m) {
       .def("plan_paged", &FlashInferPlan::plan_paged, nb::arg("where"), nb::arg("qo_indptr").none(),
            nb::arg("indptr"), nb::arg("indices"), nb::arg("last_page_len"), nb::arg("num_qo_heads"),
            nb::arg("num_kv_heads"), nb::arg("head_dim"), nb::arg("page_size"), nb::arg("causal"),
-           nb::arg("window_left"), nb::arg("tensor_cores"))
+           nb::arg("window_left"), nb::arg("tensor_cores"), nb::arg("q_len_per_req") = 1)
       .def("plan_ragged", &FlashInferPlan::plan_ragged, nb::arg("where"), nb::arg("qo_indptr"),
            nb::arg("kv_indptr"), nb::arg("num_qo_heads"), nb::arg("num_kv_heads"), nb::arg("head_dim"),
            nb::arg("causal"), nb::arg("window_left"))

@@ -44,6 +44,21 @@ def test_decode(layout, heads, page_size, as_tuple):
     check(out, lse, b.expected(causal=True), np.float32, f"decode {layout}")
 
 
+@pytest.mark.parametrize("q_len", [2, 4])
+def test_decode_q_len_per_req(q_len):
+    # Speculative decoding: q_len_per_req new tokens per request, causal among themselves.
+    rng = np.random.default_rng(q_len)
+    b = PagedBatch(rng, [q_len] * 4, [q_len, 20, 33, 70], 8, 2, 32, 16)
+    w = attnkit.BatchDecodeWithPagedKVCacheWrapper(None)
+    w.plan(*page_table(b), 8, 2, 32, 16, q_data_type="float32", q_len_per_req=q_len)
+    out, lse = w.run(b.q, b.kv_cache, return_lse=True)
+    check(out, lse, b.expected(causal=True), np.float32, f"q_len_per_req {q_len}")
+    with pytest.raises(attnkit.AttnkitError, match="batch size x q_len_per_req"):
+        w.run(b.q[:4], b.kv_cache)
+    with pytest.raises(attnkit.AttnkitError, match="q_len_per_req = 9"):
+        w.plan(*page_table(b), 8, 2, 32, 16, q_data_type="float32", q_len_per_req=9)
+
+
 DECODE_FEATURES = {
     "window": dict(plan=dict(window_left=9), oracle=dict(window=(9, 0))),
     "softcap_scale": dict(plan=dict(logits_soft_cap=2.0, sm_scale=0.4), oracle=dict(softcap=2.0, scale=0.4)),

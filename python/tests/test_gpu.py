@@ -482,6 +482,20 @@ def test_cuda_flashinfer_decode_wrapper(page, heads, layout):
 
 
 @needs_cuda
+@pytest.mark.parametrize("q_len", [2, 4])
+def test_cuda_flashinfer_decode_q_len_per_req(q_len):
+    kv = [q_len, 40, 700, 2100, 129]
+    b = TorchBatch([q_len] * len(kv), kv, 8, 2, 128, 16, torch.bfloat16, "cuda", seed=50 + q_len)
+    w = attnkit.BatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"),
+                                                   use_tensor_cores=True)
+    flashinfer_decode(b, w, 8, 2, 128, q_len_per_req=q_len)
+    out, lse = w.run(b.q, b.kv_cache, return_lse=True)
+    exp = b.reference(causal=True)
+    assert_close_t(out, exp[0], *tol(torch.bfloat16), f"q_len_per_req {q_len}")
+    assert_close_t(lse, exp[1].T.to(torch.float32) / math.log(2), 2e-3, 2e-3, f"q_len_per_req {q_len} lse")
+
+
+@needs_cuda
 def test_cuda_flashinfer_decode_fp8_sinks_window_and_small_workspace():
     b = TorchBatch([1] * 5, [700, 40, 1300, 5, 260], 8, 2, 128, 32, torch.float16, "cuda", fp8="e4m3", seed=77)
     sinks = torch.linspace(-1, 2, 8, device="cuda")

@@ -252,7 +252,7 @@ TEST_P(KvWriteGrid, GpuEqualsCpuByteForByte) {
   const Case c = GetParam();
   const bool quantized = is_fp8(c.cache_dtype) || c.cache_dtype == DType::nvfp4;
   uint64_t seed = 1;
-  for (int block_size : {16, 32})
+  for (int block_size : {16, 32, 1024})  // (1024: the FlashInfer-style backend's largest page)
     for (int head_size : {40, 64, 80, 128, 512})  // (the attention kernels' sizes, padded ones too)
       for (int heads : {1, 4})
         for (ScaleMode sm : {ScaleMode::None, ScaleMode::PerTensor, ScaleMode::PerHead}) {
