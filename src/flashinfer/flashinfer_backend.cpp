@@ -87,6 +87,8 @@ class FlashInferBackend final : public AttentionBackend {
       why.push_back("its GPU kernels are not in this build (attnkit was built without CUDA)");
     if (cfg.cache_dtype == DType::nvfp4)
       why.push_back("an NVFP4 cache is not read by its GPU kernels yet (its CPU path reads it)");
+    if (cfg.features.non_causal)
+      why.push_back("non-causal attention runs on its prefill path, whose GPU kernels are not built yet");
     const bool cache16 = cfg.cache_dtype == DType::f16 || cfg.cache_dtype == DType::bf16;
     if (cache16 && cfg.cache_dtype != cfg.dtype)
       why.push_back("a 16-bit KV cache must have the model dtype on the GPU (cache " +
