@@ -44,7 +44,8 @@ double attend_row(const RowProblem& p, const double* q, const KVRowReader& k,
     k.read(slot_of(p.block_row, p.block_size, j), p.kv_head, row);
     double s = p.scale * dot(q, row, d);
     if (p.softcap > 0) s = p.softcap * std::tanh(s / p.softcap);
-    s -= p.alibi_slope * static_cast<double>(std::llabs(p.pos - j));
+    const int64_t key_pos = p.shard != nullptr ? dcp_global_token(j, *p.shard) : j;
+    s -= p.alibi_slope * static_cast<double>(std::llabs(p.pos - key_pos));
     scratch.logits[i] = s;
     max_logit = std::max(max_logit, s);
   }

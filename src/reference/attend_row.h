@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "attnkit/dcp.h"
 #include "reference/kv_row_reader.h"
 
 namespace attnkit::reference {
@@ -32,6 +33,9 @@ struct RowProblem {
   double alibi_slope = 0.0;  // s += -slope * |pos - j|, after softcap
   bool has_sink = false;
   double sink = 0.0;  // logit joining the denominator with no value
+  // DCP (attnkit/dcp.h): the keys are this rank's local tokens; pos is global and the ALiBi
+  // distance is taken to key j's global position. nullptr: keys are the request's own.
+  const DcpShard* shard = nullptr;
 };
 
 // Per-thread scratch so a row allocates nothing once warm.

@@ -1,0 +1,222 @@
+// Decode context parallelism on the CPU (attnkit/dcp.h): the shard rule, and the sharded
+// attention of N simulated ranks combined by the merge rule against unsharded attention, over
+// grids of N (1..8), interleave (1, 16, 64), GQA, masks, score mods, sinks and lengths that
+// leave ranks empty.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attnkit/dcp.h"
+#include "attnkit/error.h"
+#include "attnkit/reference.h"
+#include "test_util.h"
+
+namespace attnkit {
+namespace {
+
+TEST(DcpShardRule, LocalLengthsMatchVllmAndPartitionTheTokens) {
+  // vLLM's get_dcp_local_seq_lens examples: L = 11, N = 2, I = 1 -> (6, 5); L = 10, N = 2, I = 4 -> (6, 4).
+  EXPECT_EQ(dcp_local_len(11, {2, 0, 1}), 6);
+  EXPECT_EQ(dcp_local_len(11, {2, 1, 1}), 5);
+  EXPECT_EQ(dcp_local_len(10, {2, 0, 4}), 6);
+  EXPECT_EQ(dcp_local_len(10, {2, 1, 4}), 4);
+  for (int N : {1, 2, 3, 4, 8})
+    for (int I : {1, 16, 64})
+      for (int64_t L : {0, 1, 5, 15, 16, 17, 63, 64, 65, 1000, 4097}) {
+        int64_t total = 0;
+        std::vector<int64_t> seen(N, 0);
+        for (int64_t t = 0; t < L; ++t) {
+          const int r = dcp_rank_of(t, N, I);
+          ASSERT_EQ(dcp_global_token(seen[r], {N, r, I}), t) << "N " << N << " I " << I << " t " << t;
+          ++seen[r];
+        }
+        for (int r = 0; r < N; ++r) {
+          EXPECT_EQ(dcp_local_len(L, {N, r, I}), seen[r]) << "N " << N << " I " << I << " L " << L << " rank " << r;
+          total += dcp_local_len(L, {N, r, I});
+        }
+        EXPECT_EQ(total, L);
+      }
+  const std::vector<int32_t> lens = {0, 7, 130};
+  EXPECT_EQ(dcp_local_seq_lens(lens, {4, 1, 16}), (std::vector<int32_t>{0, 0, 32}));
+}
+
+TEST(DcpShardRule, BadShardsAreErrorsNamingTheValue) {
+  const std::vector<int32_t> lens = {5};
+  EXPECT_TRUE(test::throws_error_with([&] { dcp_local_seq_lens(lens, {0, 0, 1}); }, {"world_size", "0"}));
+  EXPECT_TRUE(test::throws_error_with([&] { dcp_local_seq_lens(lens, {2, 2, 1}); }, {"rank", "2", "[0, world_size = 2)"}));
+  EXPECT_TRUE(test::throws_error_with([&] { dcp_local_seq_lens(lens, {2, -1, 1}); }, {"rank", "-1"}));
+  EXPECT_TRUE(test::throws_error_with([&] { dcp_local_seq_lens(lens, {2, 0, 0}); }, {"interleave", "0"}));
+  const std::vector<int32_t> bad = {-3};
+  EXPECT_TRUE(test::throws_error_with([&] { dcp_local_seq_lens(bad, {2, 0, 1}); }, {"seq_lens[0]", "-3"}));
+}
+
+// An f32 NHD paged cache owned by the test.
+struct Cache {
+  KVCacheSpec spec;
+  std::vector<float> data;
+  Cache(int64_t blocks, int block_size, int kv_heads, int head_size) {
+    spec.num_blocks = std::max<int64_t>(blocks, 1);
+    spec.block_size = block_size;
+    spec.num_kv_heads = kv_heads;
+    spec.head_size = head_size;
+    spec.cache_dtype = DType::f32;
+    spec.layout = KVLayout::NHD;
+    data.assign(spec.total_bytes() / 4, 0.f);
+  }
+  float* row(int64_t block, int side, int slot, int head) {
+    return data.data() + (((block * 2 + side) * spec.block_size + slot) * spec.num_kv_heads + head) * spec.head_size;
+  }
+  PagedKV view() { return spec.view(TensorView(data.data(), DType::f32, {static_cast<int64_t>(data.size())})); }
+};
+
+struct DcpCase {
+  int N, I, kv_heads, group, head_size = 32, block_size = 16;
+  std::vector<int> q_lens, seq_lens;
+  bool causal = true;
+  int window_left = -1;
+  float softcap = 0.f;
+  bool alibi = false, sinks = false;
+  uint64_t seed;
+};
+
+void check_dcp(const DcpCase& c) {
+  SCOPED_TRACE("N " + std::to_string(c.N) + " I " + std::to_string(c.I) + " seed " + std::to_string(c.seed));
+  std::mt19937_64 rng(c.seed);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  const int n = static_cast<int>(c.q_lens.size()), H = c.kv_heads * c.group, D = c.head_size, bs = c.block_size;
+  std::vector<int32_t> qsl{0}, seq(c.seq_lens.begin(), c.seq_lens.end());
+  for (int q : c.q_lens) qsl.push_back(qsl.back() + q);
+  const int64_t T = qsl.back();
+  // The global cache: request r's blocks in order.
+  int max_blocks = 1;
+  for (int s : c.seq_lens) max_blocks = std::max(max_blocks, (s + bs - 1) / bs);
+  Cache global(int64_t{n} * max_blocks, bs, c.kv_heads, D);
+  std::vector<int32_t> table(static_cast<size_t>(n) * max_blocks);
+  for (int r = 0; r < n; ++r)
+    for (int b = 0; b < max_blocks; ++b) table[static_cast<size_t>(r) * max_blocks + b] = r * max_blocks + b;
+  for (float& x : global.data) x = u(rng);
+  std::vector<float> q(T * H * D), slopes(H), sinks(H);
+  for (float& x : q) x = u(rng);
+  for (int h = 0; h < H; ++h) slopes[h] = 0.02f * (h + 1), sinks[h] = u(rng);
+  AttentionParams p;
+  p.causal = c.causal;
+  p.window_left = c.window_left;
+  p.softcap = c.softcap;
+  if (c.alibi) p.alibi_slopes = TensorView(slopes.data(), DType::f32, {H});
+  const TensorView qv(q.data(), DType::f32, {T, H, D});
+
+  // Unsharded (with the sink in the softmax).
+  std::vector<float> want(T * H * D), want_lse(H * T);
+  AttentionParams pg = p;
+  if (c.sinks) pg.sinks = TensorView(sinks.data(), DType::f32, {H});
+  pg.lse = TensorView(want_lse.data(), DType::f32, {H, T});
+  BatchView gb{qsl, seq, table, max_blocks};
+  reference_attention(qv, global.view(), gb, pg, TensorView(want.data(), DType::f32, {T, H, D}));
+
+  // N ranks, each over its shard (local blocks, local lengths), then the combine.
+  std::vector<std::vector<float>> outs(c.N, std::vector<float>(T * H * D)), lses(c.N, std::vector<float>(H * T));
+  std::vector<TensorView> out_views, lse_views;
+  for (int rank = 0; rank < c.N; ++rank) {
+    const DcpShard shard{c.N, rank, c.I};
+    const std::vector<int32_t> local = dcp_local_seq_lens(seq, shard);
+    int lmax = 1;
+    for (int l : local) lmax = std::max(lmax, (l + bs - 1) / bs);
+    Cache lc(int64_t{n} * lmax, bs, c.kv_heads, D);
+    std::vector<int32_t> ltable(static_cast<size_t>(n) * lmax);
+    for (int r = 0; r < n; ++r) {
+      for (int b = 0; b < lmax; ++b) ltable[static_cast<size_t>(r) * lmax + b] = r * lmax + b;
+      for (int j = 0; j < local[r]; ++j) {
+        const int64_t t = dcp_global_token(j, shard);
+        for (int side = 0; side < 2; ++side)
+          for (int h = 0; h < c.kv_heads; ++h)
+            std::copy_n(global.row(table[static_cast<size_t>(r) * max_blocks + t / bs], side, static_cast<int>(t % bs), h), D,
+                        lc.row(ltable[static_cast<size_t>(r) * lmax + j / bs], side, j % bs, h));
+      }
+    }
+    BatchView lb{qsl, local, ltable, lmax};
+    reference_attention_dcp_shard(qv, lc.view(), lb, seq, p, shard, TensorView(outs[rank].data(), DType::f32, {T, H, D}),
+                                  TensorView(lses[rank].data(), DType::f32, {H, T}));
+    out_views.push_back(TensorView(outs[rank].data(), DType::f32, {T, H, D}));
+    lse_views.push_back(TensorView(lses[rank].data(), DType::f32, {H, T}));
+  }
+  std::vector<float> got(T * H * D), got_lse(H * T);
+  dcp_combine_reference(out_views, lse_views, c.sinks ? TensorView(sinks.data(), DType::f32, {H}) : TensorView(),
+                        TensorView(got.data(), DType::f32, {T, H, D}), TensorView(got_lse.data(), DType::f32, {H, T}));
+  EXPECT_TRUE(test::all_close(got, want, {T, H, D}, 2e-5, 2e-5));
+  EXPECT_TRUE(test::all_close(got_lse, want_lse, {H, T}, 2e-5, 2e-5));
+}
+
+class DcpGrid : public ::testing::TestWithParam<int> {};
+
+TEST_P(DcpGrid, ShardedThenCombinedEqualsUnsharded) {
+  const int i = GetParam();
+  std::mt19937_64 rng(i * 131 + 7);
+  const int Ns[] = {1, 2, 3, 4, 8}, Is[] = {1, 16, 64};
+  DcpCase c{Ns[i % 5], Is[(i / 5) % 3], 1 + static_cast<int>(rng() % 2), (i / 15) % 2 ? 4 : 1};
+  c.seed = i;
+  c.causal = rng() % 5 != 0;
+  if (rng() % 4 == 0) c.window_left = static_cast<int>(rng() % 100);
+  if (rng() % 4 == 0) c.softcap = 5.f;
+  c.alibi = rng() % 4 == 0;
+  c.sinks = rng() % 3 == 0;
+  const int reqs = 1 + static_cast<int>(rng() % 5);
+  for (int r = 0; r < reqs; ++r) {
+    const int kind = static_cast<int>(rng() % 4);
+    const int seq = kind == 0 ? 1 + static_cast<int>(rng() % 12)            // ranks left empty
+                    : kind == 1 ? 1 + static_cast<int>(rng() % 200) : 200 + static_cast<int>(rng() % 900);
+    const int q = rng() % 3 == 0 ? 1 + static_cast<int>(rng() % std::min(seq, 20)) : 1;  // decodes, chunked prefills
+    c.q_lens.push_back(q);
+    c.seq_lens.push_back(seq);
+  }
+  check_dcp(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, DcpGrid, ::testing::Range(0, 60));
+
+TEST(DcpReference, BadInputIsAnErrorNamingTheValue) {
+  std::vector<float> q(1 * 2 * 16, 0.1f), out(32), lse(2);
+  Cache lc(1, 16, 1, 16);
+  const std::vector<int32_t> qsl = {0, 1}, global = {20}, table = {0};
+  const TensorView qv(q.data(), DType::f32, {1, 2, 16}), ov(out.data(), DType::f32, {1, 2, 16}),
+      lv(lse.data(), DType::f32, {2, 1});
+  const std::vector<int32_t> good = dcp_local_seq_lens(global, {2, 1, 1}), wrong = {good[0] + 1};
+  AttentionParams p;
+  EXPECT_NO_THROW(reference_attention_dcp_shard(qv, lc.view(), BatchView{qsl, good, table, 1}, global, p, {2, 1, 1}, ov, lv));
+  EXPECT_TRUE(test::throws_error_with(
+      [&] { reference_attention_dcp_shard(qv, lc.view(), BatchView{qsl, wrong, table, 1}, global, p, {2, 1, 1}, ov, lv); },
+      {"seq_lens[0]", std::to_string(wrong[0]), "dcp_local_len"}));
+  EXPECT_TRUE(test::throws_error_with(
+      [&] { reference_attention_dcp_shard(qv, lc.view(), BatchView{qsl, good, table, 1}, global, p, {2, 3, 1}, ov, lv); },
+      {"rank", "3"}));
+  std::vector<float> s(2, 0.f);
+  AttentionParams ps = p;
+  ps.sinks = TensorView(s.data(), DType::f32, {2});
+  EXPECT_TRUE(test::throws_error_with(
+      [&] { reference_attention_dcp_shard(qv, lc.view(), BatchView{qsl, good, table, 1}, global, ps, {2, 1, 1}, ov, lv); },
+      {"sinks", "combine"}));
+  EXPECT_TRUE(test::throws_error_with(
+      [&] { reference_attention_dcp_shard(qv, lc.view(), BatchView{qsl, good, table, 1}, global, p, {2, 1, 1}, ov, TensorView()); },
+      {"lse"}));
+  const std::vector<TensorView> outs = {ov}, lses = {lv, lv};
+  EXPECT_TRUE(test::throws_error_with([&] { dcp_combine_reference(outs, lses, TensorView(), ov, TensorView()); },
+                                      {"outs.size() / lses.size()", "1 / 2"}));
+}
+
+TEST(DcpReference, EmptyShardsContributeNothing) {
+  // Two ranks' partials of one row: rank 1 empty (+inf, NaN or -inf LSE, NaN values) leaves rank 0's.
+  for (float bad : {INFINITY, NAN, -INFINITY}) {
+    std::vector<float> o0 = {1.f, 2.f, 3.f, 4.f}, o1 = {NAN, NAN, NAN, NAN}, l0 = {0.5f}, l1 = {bad}, out(4), lse(1);
+    const std::vector<TensorView> outs = {TensorView(o0.data(), DType::f32, {1, 1, 4}), TensorView(o1.data(), DType::f32, {1, 1, 4})};
+    const std::vector<TensorView> lses = {TensorView(l0.data(), DType::f32, {1, 1}), TensorView(l1.data(), DType::f32, {1, 1})};
+    dcp_combine_reference(outs, lses, TensorView(), TensorView(out.data(), DType::f32, {1, 1, 4}),
+                          TensorView(lse.data(), DType::f32, {1, 1}));
+    EXPECT_EQ(out, o0) << bad;
+    EXPECT_FLOAT_EQ(lse[0], 0.5f) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace attnkit
