@@ -54,20 +54,13 @@ std::unique_ptr<PlannedInstance> plan_instance(const UniformBatch& b, const flas
   auto p = std::make_unique<PlannedInstance>();
   std::vector<int32_t> table(static_cast<size_t>(b.num_reqs) * b.blocks_per_req);
   ATTNKIT_CUDA_CHECK(cudaMemcpy(table.data(), b.block_table.get(), table.size() * 4, cudaMemcpyDeviceToHost));
-  std::vector<int32_t> indptr{0}, indices, last;
-  const int pages = (b.kv_len + page - 1) / page;
-  for (int r = 0; r < b.num_reqs; ++r) {
-    for (int j = 0; j < pages; ++j) indices.push_back(table[static_cast<size_t>(r) * b.blocks_per_req + j]);
-    indptr.push_back(static_cast<int32_t>(indices.size()));
-    last.push_back(b.kv_len - (pages - 1) * page);
-  }
-  p->pages = flashinfer::PageTable(b.num_reqs, static_cast<int64_t>(indices.size()));
-  p->pages.assign(indptr, indices, last, page);
-  const flashinfer::PlanConfig cfg = plan_config(page);
-  p->plan = flashinfer::PlanBuffers(cfg, flashinfer::PlanCapacity::for_limits(cfg, b.num_reqs, b.num_reqs));
   p->qo.resize(b.num_reqs + 1);
   for (int r = 0; r <= b.num_reqs; ++r) p->qo[r] = r;
   p->kv.assign(b.num_reqs, b.kv_len);
+  p->pages = flashinfer::PageTable(b.num_reqs, static_cast<int64_t>(table.size()));
+  p->pages.fill(BatchView{p->qo, p->kv, table, b.blocks_per_req}, 0, b.num_reqs, page);
+  const flashinfer::PlanConfig cfg = plan_config(page);
+  p->plan = flashinfer::PlanBuffers(cfg, flashinfer::PlanCapacity::for_limits(cfg, b.num_reqs, b.num_reqs));
   p->batch.qo_indptr = p->qo;
   p->batch.kv_lens = p->kv;
   p->batch.causal = true;

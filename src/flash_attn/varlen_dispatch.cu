@@ -281,6 +281,30 @@ LaunchFacts varlen_launch_facts(const VarlenArgs& args) {
 
 namespace {
 
+// The plan choose_launch makes for `facts`, with the TMA maps encoded into p where it takes a TMA
+// tile (a driver without the encoder: the plan again without TMA); p gets the tuning's trace.
+LaunchPlan plan_with_maps(VarlenKernelParams& p, LaunchFacts facts, const LaunchTuning& tuning) {
+  LaunchPlan plan = choose_launch(facts, tuning);
+  if (plan.config.fill == KvFill::tma && !encode_kv_maps(p, kv_row_bytes(facts.head_size, facts.fp8_cache))) {
+    facts.tma_geometry = false;
+    plan = choose_launch(facts, tuning);
+  }
+  p.cta_trace = tuning.cta_trace;
+  return plan;
+}
+
+// launch.template operator()<Elem, kFp8>() for the runtime q dtype (bf16 / f16) and cache kind.
+template <class F>
+void for_elem(DType q_dtype, bool fp8, F&& launch) {
+  if (q_dtype == DType::bf16) {
+    if (fp8) launch.template operator()<__nv_bfloat16, true>();
+    else launch.template operator()<__nv_bfloat16, false>();
+  } else {
+    if (fp8) launch.template operator()<__half, true>();
+    else launch.template operator()<__half, false>();
+  }
+}
+
 // The plan's head dim (kPlannedHeadDims) -> its planned instantiation.
 template <class Elem, bool kFp8>
 void launch_planned_head_dim(const VarlenKernelParams& p, const LaunchPlan& plan, int64_t grid_items,
@@ -315,42 +339,21 @@ void run_planned_attention(const VarlenArgs& args, const PlannedLaunch& planned,
   p.plan_part_lse = planned.part_lse;
   LaunchFacts facts = varlen_launch_facts(args, p);
   facts.planned_items = planned.planned_items;
-  LaunchPlan plan = choose_launch(facts, tuning);
-  if (plan.config.fill == KvFill::tma && !encode_kv_maps(p, kv_row_bytes(facts.head_size, facts.fp8_cache))) {
-    facts.tma_geometry = false;  // (a driver without the encoder: the cp.async tiles)
-    plan = choose_launch(facts, tuning);
-  }
-  p.cta_trace = tuning.cta_trace;
+  const LaunchPlan plan = plan_with_maps(p, facts, tuning);
   const cudaStream_t stream = cuda::as_stream(args.stream);
-  const bool fp8 = facts.fp8_cache;
-  if (args.q.dtype == DType::bf16) {
-    if (fp8) launch_planned_head_dim<__nv_bfloat16, true>(p, plan, planned.grid_items, stream);
-    else launch_planned_head_dim<__nv_bfloat16, false>(p, plan, planned.grid_items, stream);
-  } else {
-    if (fp8) launch_planned_head_dim<__half, true>(p, plan, planned.grid_items, stream);
-    else launch_planned_head_dim<__half, false>(p, plan, planned.grid_items, stream);
-  }
+  for_elem(args.q.dtype, facts.fp8_cache, [&]<class Elem, bool kFp8>() {
+    launch_planned_head_dim<Elem, kFp8>(p, plan, planned.grid_items, stream);
+  });
 }
 
 void run_varlen_attention(const VarlenArgs& args, const LaunchTuning& tuning) {
   VarlenKernelParams p = varlen_kernel_params(args);
   if (p.num_tokens == 0 || args.num_reqs == 0) return;
-  LaunchFacts facts = varlen_launch_facts(args, p);
-  LaunchPlan plan = choose_launch(facts, tuning);
-  if (plan.config.fill == KvFill::tma && !encode_kv_maps(p, kv_row_bytes(facts.head_size, facts.fp8_cache))) {
-    facts.tma_geometry = false;  // (a driver without the encoder: the cp.async tiles)
-    plan = choose_launch(facts, tuning);
-  }
-  p.cta_trace = tuning.cta_trace;
+  const LaunchFacts facts = varlen_launch_facts(args, p);
+  const LaunchPlan plan = plan_with_maps(p, facts, tuning);
   const cudaStream_t stream = cuda::as_stream(args.stream);
-  const bool fp8 = facts.fp8_cache;
-  if (args.q.dtype == DType::bf16) {
-    if (fp8) launch_head_dim<__nv_bfloat16, true>(p, plan, stream);
-    else launch_head_dim<__nv_bfloat16, false>(p, plan, stream);
-  } else {
-    if (fp8) launch_head_dim<__half, true>(p, plan, stream);
-    else launch_head_dim<__half, false>(p, plan, stream);
-  }
+  for_elem(args.q.dtype, facts.fp8_cache,
+           [&]<class Elem, bool kFp8>() { launch_head_dim<Elem, kFp8>(p, plan, stream); });
 }
 
 }  // namespace attnkit::flash_attn

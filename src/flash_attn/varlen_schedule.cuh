@@ -44,6 +44,17 @@ __device__ __forceinline__ int32_t load_meta(const int32_t* p) {
   }
 }
 
+// The visible keys of the tile's first and last query rows (w's request, rows [m0, m0 + rows)).
+// Visible keys are monotone in the query position, so these two bound the keys of all its rows:
+// every row sees keys within [first.lo, last.hi), and all rows see [last.lo, first.hi).
+__device__ __forceinline__ void tile_row_keys(const VarlenKernelParams& p, const WorkItem& w, cuda::KeyRange& first,
+                                              cuda::KeyRange& last) {
+  const cuda::KeyVisibility vis{w.seq_len, p.causal, p.window_left, p.window_right};
+  const int i_first = w.m0 / p.group, i_last = (w.m0 + w.rows - 1) / p.group;
+  first = vis.of(cuda::query_position(w.seq_len, w.q_len, i_first));
+  last = vis.of(cuda::query_position(w.seq_len, w.q_len, i_last));
+}
+
 // The work item at grid coordinates (x, y, z); false when x is past the request's row tiles.
 // kOSliceCols > 0: the tile's items have output-column slices of that width, the slice outermost
 // in y (y = (slice x kv heads + kv_head) x splits + split: a cluster of one item's splits stays
@@ -69,12 +80,8 @@ __device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, int x
   w.rows = min(kBlockM, rows_total - w.m0);
   w.seq_len = load_meta<kL2Only>(p.seqused_k + w.req);
 
-  // Visible keys are monotone in the query position, so the first and last token of the
-  // tile bound the keys of all its rows.
-  const cuda::KeyVisibility vis{w.seq_len, p.causal, p.window_left, p.window_right};
-  const int i_first = w.m0 / p.group, i_last = (w.m0 + w.rows - 1) / p.group;
-  const cuda::KeyRange first = vis.of(cuda::query_position(w.seq_len, w.q_len, i_first));
-  const cuda::KeyRange last = vis.of(cuda::query_position(w.seq_len, w.q_len, i_last));
+  cuda::KeyRange first, last;
+  tile_row_keys(p, w, first, last);
   w.full_lo = last.lo;
   w.full_hi = first.hi;
   const int key_lo = first.lo, key_hi = last.hi;
@@ -138,10 +145,8 @@ struct PlanScheduler {
     w.m0 = q_tile * p.plan_tile_q;
     w.rows = min(p.plan_tile_q, w.q_len * p.group - w.m0);
     w.seq_len = __ldg(p.seqused_k + w.req);
-    const cuda::KeyVisibility vis{w.seq_len, p.causal, p.window_left, p.window_right};
-    const int i_first = w.m0 / p.group, i_last = (w.m0 + w.rows - 1) / p.group;
-    const cuda::KeyRange first = vis.of(cuda::query_position(w.seq_len, w.q_len, i_first));
-    const cuda::KeyRange last = vis.of(cuda::query_position(w.seq_len, w.q_len, i_last));
+    cuda::KeyRange first, last;
+    tile_row_keys(p, w, first, last);
     w.key_lo = max(first.lo, kv_begin);
     w.key_hi = min(last.hi, kv_end);
     w.full_lo = max(last.lo, kv_begin);

@@ -27,9 +27,8 @@ void check_cache(const TensorView& cache, const AttentionConfig& cfg, const Plan
   const KVCacheSpec spec = cache_spec_of(cache, cfg, kWhere);
   (void)spec.view(cache);
   for (const PageTable* t : {&state.decode_pages, &state.prefill_pages})
-    for (int64_t i = 0; i < t->num_pages; ++i)
-      ATTNKIT_REQUIRE(t->indices[i] < spec.num_blocks, kWhere, "planned page id", t->indices[i],
-                      "must be < the cache's num_blocks = " + std::to_string(spec.num_blocks));
+    ATTNKIT_REQUIRE(t->max_page_id < spec.num_blocks, kWhere, "planned page id", t->max_page_id,
+                    "must be < the cache's num_blocks = " + std::to_string(spec.num_blocks));
 }
 
 class FlashInferImpl final : public AttentionImpl {

@@ -57,12 +57,13 @@ void PageTable::fill(const BatchView& batch, int begin, int end, int page) {
   num_pages = total;
   int64_t cursor = 0;
   indptr[0] = 0;
+  max_page_id = -1;
   for (int r = begin; r < end; ++r) {
     const int i = r - begin;
     const int64_t seq = batch.seq_lens[r];
     const int64_t pages = (seq + page - 1) / page;
     const int32_t* row = batch.block_row(r);
-    for (int64_t b = 0; b < pages; ++b) indices[cursor++] = row[b];
+    for (int64_t b = 0; b < pages; ++b) max_page_id = std::max(max_page_id, indices[cursor++] = row[b]);
     indptr[i + 1] = static_cast<int32_t>(cursor);
     // A full last page holds page_size tokens, not 0; a request with no pages has length 0.
     last_page_len[i] = seq == 0 ? 0 : static_cast<int32_t>(seq - (pages - 1) * page);
@@ -110,6 +111,7 @@ void PageTable::assign(std::span<const int32_t> ptr, std::span<const int32_t> id
   num_pages = total;
   std::copy(ptr.begin(), ptr.end(), indptr.begin());
   std::copy(ids.begin(), ids.begin() + total, indices.begin());
+  max_page_id = total ? *std::max_element(ids.begin(), ids.begin() + total) : -1;
   for (int64_t r = 0; r < n; ++r) last_page_len[r] = ptr[r + 1] > ptr[r] ? last[r] : 0;
 }
 

@@ -19,6 +19,7 @@ struct PageTable {
   int num_reqs = 0;
   int64_t num_pages = 0;
   int page_size = 0;
+  int32_t max_page_id = -1;  // the largest of the table's page ids (-1: none); a cache needs more blocks
 
   PageTable() = default;
   PageTable(int max_reqs, int64_t max_pages);

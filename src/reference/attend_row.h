@@ -2,9 +2,14 @@
 // in double, straight from docs/architecture.md section 4: mask -> logits -> score mods -> softmax.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "attnkit/dcp.h"
+#include "attnkit/kv_cache.h"
+#include "attnkit/metadata.h"
+#include "attnkit/params.h"
+#include "attnkit/tensor.h"
 #include "reference/kv_row_reader.h"
 
 namespace attnkit::reference {
@@ -48,5 +53,15 @@ struct RowScratch {
 // LSE = -inf, or the sink logit when there is a sink.
 double attend_row(const RowProblem& p, const double* q, const KVRowReader& k,
                   const KVRowReader& v, double* o, RowScratch& scratch);
+
+// Every (token, head) row of `batch` through attend_row, in parallel: q read, the row problem
+// set up from the batch (position, block row, visible keys, score mods, sink), then changed by
+// `adjust` (if set: request, token, problem), o stored in out and the LSE in lse (if defined,
+// f32 [num_heads, num_tokens]). Rows past the batch's tokens get 0 and -inf. The caller
+// validates the inputs first.
+using RowAdjust = std::function<void(int req, int64_t token, RowProblem&)>;
+void attend_batch_rows(const TensorView& q, const PagedKV& cache, const BatchView& batch,
+                       const AttentionParams& params, const TensorView& out, const TensorView& lse,
+                       const RowAdjust& adjust);
 
 }  // namespace attnkit::reference

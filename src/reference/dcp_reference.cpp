@@ -1,4 +1,5 @@
 // The CPU reference of DCP (attnkit/dcp.h): one rank's sharded attention, and the combine.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -8,7 +9,6 @@
 #include "attnkit/error.h"
 #include "core/parallel.h"
 #include "reference/attend_row.h"
-#include "reference/kv_row_reader.h"
 #include "reference/validate_inputs.h"
 
 namespace attnkit {
@@ -43,51 +43,16 @@ void reference_attention_dcp_shard(const TensorView& q, const PagedKV& cache, co
     ATTNKIT_REQUIRE(batch.query_len(r) <= global_seq_lens[r], kWhere, "query_len[" + std::to_string(r) + "]",
                     batch.query_len(r), "must be <= global_seq_lens = " + std::to_string(global_seq_lens[r]));
   }
-  const int64_t num_tokens = q.size(0);
-  const int num_heads = static_cast<int>(q.size(1)), head_size = static_cast<int>(q.size(2));
-  const int group = num_heads / cache.num_kv_heads;
-  const double scale = params.resolved_scale(head_size);
-  const reference::KVRowReader k_reader(cache, cache.k, params.k_scale);
-  const reference::KVRowReader v_reader(cache, cache.v, params.v_scale);
-  std::vector<int> req_of(num_tokens, -1);
-  for (int r = 0; r < batch.num_reqs(); ++r)
-    for (int32_t t = batch.query_start_loc[r]; t < batch.query_start_loc[r + 1]; ++t) req_of[t] = r;
-  const size_t q_elem = dtype_size(q.dtype), out_elem = dtype_size(out.dtype);
-
-  detail::parallel_for(num_tokens * num_heads, [&](int64_t item) {
-    thread_local reference::RowScratch scratch;
-    thread_local std::vector<double> qd, od;
-    const int64_t t = item / num_heads;
-    const int h = static_cast<int>(item % num_heads);
-    qd.resize(head_size);
-    od.assign(head_size, 0.0);
-    double row_lse = kNegInf;
-    const int r = req_of[t];
-    if (r >= 0) {
-      const char* q_row = static_cast<const char*>(q.data) + (t * q.stride(0) + h * q.stride(1)) * static_cast<int64_t>(q_elem);
-      for (int c = 0; c < head_size; ++c) qd[c] = load_as_float(q_row, q.dtype, c);
-      reference::RowProblem rp;
-      rp.seq_len = batch.seq_lens[r];
-      rp.pos = global_seq_lens[r] - batch.query_len(r) + (t - batch.query_start_loc[r]);
-      rp.block_row = batch.block_row(r);
-      rp.block_size = cache.block_size;
-      rp.kv_head = h / group;
-      rp.head_size = head_size;
-      // The global keys the row sees, as this rank's local range: local_len is monotone, and
-      // the rank's tokens below global key x are exactly dcp_local_len(x) of them.
-      const reference::KeyRange vis =
-          reference::visible_keys(rp.pos, global_seq_lens[r], params.causal, params.window_left, params.window_right);
-      rp.keys = {dcp_local_len(vis.begin, shard), dcp_local_len(std::max(vis.end, vis.begin), shard)};
-      rp.scale = scale;
-      rp.softcap = params.softcap;
-      rp.alibi_slope = params.alibi_slope(r, h);
-      rp.shard = &shard;
-      row_lse = reference::attend_row(rp, qd.data(), k_reader, v_reader, od.data(), scratch);
-    }
-    char* o_row = static_cast<char*>(out.data) + (t * out.stride(0) + h * out.stride(1)) * static_cast<int64_t>(out_elem);
-    for (int c = 0; c < head_size; ++c) store_from_float(o_row, out.dtype, c, static_cast<float>(od[c]));
-    lse.ptr<float>()[h * lse.stride(0) + t * lse.stride(1)] = static_cast<float>(row_lse);
-  }, /*grain=*/4);
+  // The batch's rows with the global position and the rank's share of the visible global keys:
+  // the rank's tokens below global key x are exactly dcp_local_len(x) of them (the rule is
+  // monotone), so the global range [lo, hi) is the local range [local_len(lo), local_len(hi)).
+  reference::attend_batch_rows(q, cache, batch, params, out, lse, [&](int r, int64_t t, reference::RowProblem& rp) {
+    rp.pos = global_seq_lens[r] - batch.query_len(r) + (t - batch.query_start_loc[r]);
+    const reference::KeyRange vis =
+        reference::visible_keys(rp.pos, global_seq_lens[r], params.causal, params.window_left, params.window_right);
+    rp.keys = {dcp_local_len(vis.begin, shard), dcp_local_len(std::max(vis.end, vis.begin), shard)};
+    rp.shard = &shard;
+  });
 }
 
 void dcp_combine_reference(std::span<const TensorView> outs, std::span<const TensorView> lses, const TensorView& sinks,

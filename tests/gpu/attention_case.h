@@ -139,7 +139,7 @@ std::vector<float> download_as_float(const void* src, DType dtype, int64_t n);
                                      const std::vector<float>& expected,
                                      const std::vector<int64_t>& shape);
 
-// Random case builders used by the grids (deterministic in the seed).
+// Random case builders used by the grids (deterministic in the seed; random_cases.cpp).
 Case random_small_case(uint64_t seed);
 // Batches of 1..32 requests, up to ~1k query tokens and 3.5k keys (still CPU-checkable).
 Case random_medium_case(uint64_t seed);

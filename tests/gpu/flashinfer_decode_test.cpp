@@ -31,20 +31,12 @@ using flashinfer::PlanCapacity;
 using flashinfer::PlanConfig;
 using flashinfer::PlanKernel;
 
-// The problem's batch as FlashInfer's page table: request r's first ceil(seq / page) block ids.
+// The problem's batch as FlashInfer's page table (PageTable::fill over its block table).
 PageTable page_table_of(const Problem& p) {
   const Case& c = p.spec();
   const int n = static_cast<int>(c.q_lens.size());
-  std::vector<int32_t> indptr{0}, indices, last;
-  for (int r = 0; r < n; ++r) {
-    const int seq = p.seq_lens()[r];
-    const int pages = (seq + c.block_size - 1) / c.block_size;
-    for (int b = 0; b < pages; ++b) indices.push_back(p.block_table()[static_cast<size_t>(r) * p.max_blocks() + b]);
-    indptr.push_back(static_cast<int32_t>(indices.size()));
-    last.push_back(pages ? seq - (pages - 1) * c.block_size : 0);
-  }
-  PageTable t(n, std::max<int64_t>(1, static_cast<int64_t>(indices.size())));
-  t.assign(indptr, indices, last, c.block_size);
+  PageTable t(n, std::max<int64_t>(1, static_cast<int64_t>(n) * p.max_blocks()));
+  t.fill(BatchView{p.cu_seqlens(), p.seq_lens(), p.block_table(), p.max_blocks()}, 0, n, c.block_size);
   return t;
 }
 
