@@ -6,6 +6,7 @@
 // exception fails. The counts are printed (and recorded as test properties).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -185,6 +186,9 @@ TEST(HostFuzz, FlashInferPageTableAndPlan) {
     }
     flashinfer::PageTable t(8, 32);
     if (!tally.run([&] { t.assign(indptr, indices, last, page); })) continue;
+    int32_t max_id = -1;
+    for (int64_t j = 0; j < t.num_pages; ++j) max_id = std::max(max_id, t.indices[j]);
+    ASSERT_EQ(t.max_page_id, max_id) << "case " << i;
     for (int r = 0; r < t.num_reqs; ++r) {
       kv.push_back(static_cast<int32_t>(t.kv_len(r)));
       qo.push_back(qo.back() + (kv.back() ? pick(rng, 0, std::min(kv.back(), 3)) : 0));
