@@ -200,8 +200,9 @@ KVCacheSpec decode_pool_spec(DType cache_dtype, int64_t pool_bytes, int block_si
   spec.num_kv_heads = num_kv_heads;
   spec.head_size = head_size;
   spec.cache_dtype = cache_dtype;
-  spec.num_blocks = pool_bytes / (2 * int64_t{block_size} * num_kv_heads * head_size *
-                                  static_cast<int64_t>(dtype_size(cache_dtype)));
+  spec.num_blocks = 1;
+  const int64_t row_bytes = spec.row_elems() * static_cast<int64_t>(dtype_size(spec.storage_dtype()));
+  spec.num_blocks = pool_bytes / (2 * int64_t{block_size} * num_kv_heads * row_bytes);
   return spec;
 }
 
@@ -211,7 +212,9 @@ DecodeShape make_decode_shape(int batch, int kv_len, const KVCacheSpec& spec, co
   DecodeShape d;
   const int block = spec.block_size;
   const int64_t blocks_per_inst = int64_t{batch} * ((kv_len + block - 1) / block);
-  d.kv_bytes = double(batch) * kv_len * spec.num_kv_heads * spec.head_size * 2 * dtype_size(spec.cache_dtype);
+  // (a row's bytes in the cache: nvfp4 rows are head_size / 2 packed bytes + head_size / 16 scales)
+  const double row_bytes = double(spec.row_elems()) * dtype_size(spec.storage_dtype());
+  d.kv_bytes = double(batch) * kv_len * spec.num_kv_heads * 2 * row_bytes;
   d.bytes = d.kv_bytes + 2.0 * batch * num_heads * spec.head_size * 2;
   const int64_t fit = spec.num_blocks / blocks_per_inst;
   if (fit < 1) throw std::runtime_error("pool too small for one instance");

@@ -1,9 +1,10 @@
 // FlashInfer-style decode (section decode-fi): the planned decode (src/flashinfer/gpu_decode.h)
-// on the decode bench's shapes (batch 1..256 x KV 1k..32k, 32 / 8 heads, head size 128, bf16 and
-// fp8 caches), pages of 16 and 128 tokens. Each KV instance of a shape is a page table planned
+// on the decode bench's shapes (batch 1..256 x KV 1k..32k, 32 / 8 heads, head size 128, bf16, fp8
+// and NVFP4 caches), pages of 16 and 128 tokens. Each KV instance of a shape is a page table planned
 // by plan_batch into its own device plan; the graph of back-to-back calls rotates over them as
 // the decode section does, in turns with the FlashAttention-style launch of the same instances
-// (its builder's split count): the ratio column of the section. Also: the host plan time of a
+// (its builder's split count): the ratio column of the section (NVFP4 rows have none: only the
+// FlashInfer-style backend reads that cache). Also: the host plan time of a
 // 256-request decode batch (plan_batch alone, median of 201).
 #include <cuda_runtime.h>
 
@@ -101,7 +102,8 @@ void run_decode_flashinfer(Recorder& rec, cudaStream_t stream, double read_gbps,
 
   DecodeBuffers buf16 = make_decode_buffers(int64_t{36} << 30, int64_t{26} << 30, 256, kHeads, kHeadSize, stream);
   DecodeBuffers buf8 = make_decode_buffers(int64_t{18} << 30, int64_t{8} << 30, 256, kHeads, kHeadSize, stream);
-  if (buf16.pool_bytes <= 0 || buf8.pool_bytes <= 0) {
+  DecodeBuffers buf4 = make_decode_buffers(int64_t{10} << 30, int64_t{8} << 30, 256, kHeads, kHeadSize, stream);
+  if (buf16.pool_bytes <= 0 || buf8.pool_bytes <= 0 || buf4.pool_bytes <= 0) {
     rec.fail("decode-fi", "decode pool", "not enough free device memory");
     return;
   }
@@ -109,14 +111,17 @@ void run_decode_flashinfer(Recorder& rec, cudaStream_t stream, double read_gbps,
   const std::vector<int> kv_lens = quick ? std::vector<int>{4096} : std::vector<int>{1024, 4096, 8192, 32768};
   cuda::DeviceBuffer workspace(size_t{1} << 30);  // the split tiles' partials (any plan here fits)
   for (int page : {16, 128})
-    for (auto [cd, b] : {std::pair{DType::bf16, &buf16}, std::pair{DType::fp8_e4m3, &buf8}}) {
+    for (auto [cd, b] : {std::pair{DType::bf16, &buf16}, std::pair{DType::fp8_e4m3, &buf8}, std::pair{DType::nvfp4, &buf4}}) {
       const KVCacheSpec spec = decode_pool_spec(cd, b->pool_bytes, page, kKvHeads, kHeadSize);
-      fill_random(b->pool.get(), spec.total_bytes() / static_cast<int64_t>(dtype_size(cd)), cd, 43, stream);
+      // (nvfp4: random fp8 codes are valid e2m1 pairs and finite block scales)
+      const DType fill = cd == DType::nvfp4 ? DType::fp8_e4m3 : cd;
+      fill_random(b->pool.get(), spec.total_bytes() / static_cast<int64_t>(dtype_size(fill)), fill, 43, stream);
       const PagedKV cache = pool_view(spec, b->pool.get());
+      const bool fp4 = cd == DType::nvfp4;  // (no FlashAttention-style kernel reads it: no ratio)
       for (int B : batches)
         for (int L : kv_lens) {
-          const std::string key = "decode-fi " + std::string(cd == DType::bf16 ? "bf16" : "fp8") + " p" +
-                                  std::to_string(page) + " b" + std::to_string(B) + " kv" + std::to_string(L);
+          const std::string key = "decode-fi " + std::string(cd == DType::bf16 ? "bf16" : fp4 ? "nvfp4" : "fp8") +
+                                  " p" + std::to_string(page) + " b" + std::to_string(B) + " kv" + std::to_string(L);
           if (!key_selected(key)) continue;
           try {
             DecodeShape shape = make_decode_shape(B, L, spec, cache, b->q.get(), b->out.get(),
@@ -129,7 +134,7 @@ void run_decode_flashinfer(Recorder& rec, cudaStream_t stream, double read_gbps,
               inst.back()->args.workspace_bytes = workspace.bytes();
             }
             // The FlashAttention-style launch of the same instances, its builder's split count.
-            const int splits = builder_num_splits(B, 1, L, kHeads, kKvHeads, cd, props.sm_count);
+            const int splits = fp4 ? 1 : builder_num_splits(B, 1, L, kHeads, kKvHeads, cd, props.sm_count);
             cuda::DeviceBuffer fa_ws = split_workspace(flash_attn::varlen_workspace_bytes(B, kHeads, kHeadSize, splits), stream);
             for (auto& a : shape.args) {
               a.num_splits = splits;
@@ -141,15 +146,17 @@ void run_decode_flashinfer(Recorder& rec, cudaStream_t stream, double read_gbps,
               PlannedInstance& p = *inst[i % inst.size()];
               flashinfer::run_planned_decode(*p.dev, p.plan, p.pages, p.batch, p.args);
             };
-            const std::vector<double> ms = time_interleaved({fi, TimedLaunch{shape.args, shape.calls}}, stream);
-            const double g = shape.bytes / ms[0] / 1e6, g_fa = shape.bytes / ms[1] / 1e6;
+            const std::vector<double> ms =
+                fp4 ? time_interleaved({fi}, stream) : time_interleaved({fi, TimedLaunch{shape.args, shape.calls}}, stream);
+            const double g = shape.bytes / ms[0] / 1e6, g_fa = fp4 ? 0.0 : shape.bytes / ms[1] / 1e6;
             const flashinfer::PlanBuffers& pl = inst.front()->plan;
             char note[260];
-            std::snprintf(note, sizeof note,
-                          "%.1f us/call; %.0f%% of read BW; plan: %d items, chunk %lld, %s; FlashAttention-style in the "
-                          "same turns %.1f GB/s (%d splits): %.2fx",
-                          ms[0] * 1e3, pct(g), pl.num_items, static_cast<long long>(pl.kv_chunk_tokens),
-                          pl.split_kv ? "split" : "unsplit", g_fa, splits, g / g_fa);
+            const int n = std::snprintf(note, sizeof note, "%.1f us/call; %.0f%% of read BW; plan: %d items, chunk %lld, %s",
+                                        ms[0] * 1e3, pct(g), pl.num_items, static_cast<long long>(pl.kv_chunk_tokens),
+                                        pl.split_kv ? "split" : "unsplit");
+            if (!fp4)
+              std::snprintf(note + n, sizeof note - n, "; FlashAttention-style in the same turns %.1f GB/s (%d splits): %.2fx",
+                            g_fa, splits, g / g_fa);
             rec.add({"decode-fi", key, "attnkit", "GB/s", g, ms[0], note});
           } catch (const std::exception& e) {
             rec.fail("decode-fi", key, e.what());

@@ -17,6 +17,8 @@ namespace attnkit::flash_attn {
 namespace {
 
 // An H200 (132 SMs, sm90, sm_90a kernels built) and a batch of uniform requests.
+CacheKind K(bool fp8) { return fp8 ? CacheKind::fp8 : CacheKind::b16; }
+
 LaunchFacts h200(int reqs, int q_len, int kv_len, int head_size = 128, bool fp8 = false, int group = 4,
                  int splits = 1) {
   LaunchFacts f;
@@ -24,7 +26,7 @@ LaunchFacts h200(int reqs, int q_len, int kv_len, int head_size = 128, bool fp8 
   f.sm_count = 132;
   f.hopper_kernels = true;
   f.head_size = head_size;
-  f.fp8_cache = fp8;
+  f.cache = K(fp8);
   f.num_reqs = reqs;
   f.num_kv_heads = 8;
   f.group = group;
@@ -36,10 +38,10 @@ LaunchFacts h200(int reqs, int q_len, int kv_len, int head_size = 128, bool fp8 
 
 TEST(TileSet, ConfigurationsAreConsistent) {
   for (int hd : kMmaSyncHeadDims)
-    for (bool fp8 : {false, true})
+    for (CacheKind kind : {CacheKind::b16, CacheKind::fp8, CacheKind::nvfp4})
       for (TileId id : kAllTiles) {
-        const TileConfig t = tile_config(id, hd, fp8);
-        const std::string ctx = std::string(t.name) + " hd " + std::to_string(hd) + (fp8 ? " fp8" : "");
+        const TileConfig t = tile_config(id, hd, kind);
+        const std::string ctx = std::string(t.name) + " hd " + std::to_string(hd) + " " + cache_kind_name(kind);
         EXPECT_GT(t.rows, 0) << ctx;
         EXPECT_EQ(t.keys % 16, 0) << ctx;
         EXPECT_GE(t.stages, 2) << ctx;
@@ -48,27 +50,27 @@ TEST(TileSet, ConfigurationsAreConsistent) {
           EXPECT_EQ(t.rows, 16 * t.m_frags * t.warps_m) << ctx;
           EXPECT_EQ(t.keys / t.warps_n % 16, 0) << ctx << ": each warp takes whole k16 steps of keys";
         }
-        if (t.fill == KvFill::tma && tile_instantiated(id, hd, fp8))
-          EXPECT_TRUE(tma_rows(hd, fp8)) << ctx << ": TMA tiles need rows of whole 128-byte segments";
+        if (t.fill == KvFill::tma && tile_instantiated(id, hd, kind))
+          EXPECT_TRUE(tma_rows(hd, kind)) << ctx << ": TMA tiles need rows of whole 128-byte segments";
         if (t.transposed) EXPECT_EQ(t.rows, kDecodeTileRows) << ctx;
       }
   // The values the kernels were tuned at (DECISIONS.md): one definition, read everywhere.
-  EXPECT_EQ(tile_config(TileId::prefill, 128, false).ctas_per_sm, 2);
-  EXPECT_EQ(tile_config(TileId::prefill, 256, false).ctas_per_sm, 1);
-  EXPECT_EQ(tile_config(TileId::decode, 128, false).ctas_per_sm, 2);
-  EXPECT_EQ(tile_config(TileId::decode, 128, true).ctas_per_sm, 3);
-  EXPECT_EQ(tile_config(TileId::decode, 256, true).ctas_per_sm, 2);
-  EXPECT_EQ(tile_config(TileId::decode_two_stage, 128, false).ctas_per_sm, 3);
-  EXPECT_EQ(tile_config(TileId::decode_transposed, 128, true).ctas_per_sm, 4);
-  EXPECT_EQ(tile_config(TileId::decode_transposed_two_stage, 128, true).stages, 2);
-  EXPECT_EQ(tile_config(TileId::hopper, 128, false).stages, 3);
-  EXPECT_EQ(tile_config(TileId::hopper, 64, false).stages, 4);
-  EXPECT_EQ(tile_config(TileId::hopper_short, 128, false).stages, 2);
-  EXPECT_EQ(tile_config(TileId::hopper_short, 128, false).q_buffers, 2);
-  EXPECT_FALSE(tile_instantiated(TileId::hopper, 96, false));
-  EXPECT_FALSE(tile_instantiated(TileId::hopper, 128, true));
-  EXPECT_FALSE(tile_instantiated(TileId::decode_transposed, 64, true));
-  EXPECT_FALSE(tile_instantiated(TileId::decode_tma, 96, false));  // 192-byte rows
+  EXPECT_EQ(tile_config(TileId::prefill, 128, CacheKind::b16).ctas_per_sm, 2);
+  EXPECT_EQ(tile_config(TileId::prefill, 256, CacheKind::b16).ctas_per_sm, 1);
+  EXPECT_EQ(tile_config(TileId::decode, 128, CacheKind::b16).ctas_per_sm, 2);
+  EXPECT_EQ(tile_config(TileId::decode, 128, CacheKind::fp8).ctas_per_sm, 3);
+  EXPECT_EQ(tile_config(TileId::decode, 256, CacheKind::fp8).ctas_per_sm, 2);
+  EXPECT_EQ(tile_config(TileId::decode_two_stage, 128, CacheKind::b16).ctas_per_sm, 3);
+  EXPECT_EQ(tile_config(TileId::decode_transposed, 128, CacheKind::fp8).ctas_per_sm, 4);
+  EXPECT_EQ(tile_config(TileId::decode_transposed_two_stage, 128, CacheKind::fp8).stages, 2);
+  EXPECT_EQ(tile_config(TileId::hopper, 128, CacheKind::b16).stages, 3);
+  EXPECT_EQ(tile_config(TileId::hopper, 64, CacheKind::b16).stages, 4);
+  EXPECT_EQ(tile_config(TileId::hopper_short, 128, CacheKind::b16).stages, 2);
+  EXPECT_EQ(tile_config(TileId::hopper_short, 128, CacheKind::b16).q_buffers, 2);
+  EXPECT_FALSE(tile_instantiated(TileId::hopper, 96, CacheKind::b16));
+  EXPECT_FALSE(tile_instantiated(TileId::hopper, 128, CacheKind::fp8));
+  EXPECT_FALSE(tile_instantiated(TileId::decode_transposed, 64, CacheKind::fp8));
+  EXPECT_FALSE(tile_instantiated(TileId::decode_tma, 96, CacheKind::b16));  // 192-byte rows
 }
 
 // Every choice, table-tested: (facts, tuning) -> tile, generation, switches.
@@ -164,8 +166,8 @@ TEST(ChooseLaunch, Table) {
     const std::string ctx = std::string(c.why) + ": " + plan.reason;
     EXPECT_EQ(plan.tile, c.tile) << ctx << " (got " << plan.config.name << ")";
     EXPECT_EQ(plan.generation, plan.config.generation) << ctx;
-    EXPECT_EQ(plan.config.rows, tile_config(c.tile, c.facts.head_size, c.facts.fp8_cache).rows) << ctx;
-    EXPECT_TRUE(tile_instantiated(plan.tile, c.facts.head_size, c.facts.fp8_cache)) << ctx;
+    EXPECT_EQ(plan.config.rows, tile_config(c.tile, c.facts.head_size, c.facts.cache).rows) << ctx;
+    EXPECT_TRUE(tile_instantiated(plan.tile, c.facts.head_size, c.facts.cache)) << ctx;
     EXPECT_EQ(plan.ctas, c.ctas < 0 ? plan.grid_ctas : c.ctas) << ctx;
     EXPECT_EQ(plan.pdl, c.pdl) << ctx;
     EXPECT_EQ(plan.l2_prefetch, c.l2_prefetch) << ctx;
@@ -184,7 +186,7 @@ TEST(TileSet, EveryHeadSizeRunsOnTheNextCompiledDim) {
   // that the cache kind has (fp8 tiles: dims of whole 32-dim groups).
   for (int hs = 1; hs <= 600; ++hs)
     for (bool fp8 : {false, true}) {
-      const int d = kernel_head_dim(hs, fp8);
+      const int d = kernel_head_dim(hs, K(fp8));
       const std::string ctx = "head size " + std::to_string(hs) + (fp8 ? " fp8" : "");
       if (hs % (fp8 ? 16 : 8) != 0 || hs > kMaxHeadSize) {
         EXPECT_EQ(d, 0) << ctx;
@@ -193,12 +195,18 @@ TEST(TileSet, EveryHeadSizeRunsOnTheNextCompiledDim) {
       ASSERT_GE(d, hs) << ctx;
       EXPECT_TRUE(std::count(std::begin(kMmaSyncHeadDims), std::end(kMmaSyncHeadDims), d)) << ctx;
       for (int smaller : kMmaSyncHeadDims)
-        if (smaller >= hs && smaller < d) EXPECT_TRUE(fp8 && !fp8_head_dim(smaller)) << ctx << ": skipped " << smaller;
+        if (smaller >= hs && smaller < d) EXPECT_TRUE(fp8 && !cache_head_dim(smaller, CacheKind::fp8)) << ctx << ": skipped " << smaller;
     }
-  EXPECT_EQ(kernel_head_dim(80, false), 80);
-  EXPECT_EQ(kernel_head_dim(80, true), 96);
-  EXPECT_EQ(kernel_head_dim(112, false), 128);
-  EXPECT_EQ(kernel_head_dim(264, false), 512);
+  EXPECT_EQ(kernel_head_dim(80, CacheKind::b16), 80);
+  EXPECT_EQ(kernel_head_dim(80, CacheKind::fp8), 96);
+  EXPECT_EQ(kernel_head_dim(112, CacheKind::b16), 128);
+  EXPECT_EQ(kernel_head_dim(264, CacheKind::b16), 512);
+  // NVFP4: planned launches only, head sizes multiples of 64 (16-byte packed rows, 4-byte scale rows).
+  EXPECT_EQ(kernel_head_dim(128, CacheKind::nvfp4), 0);
+  EXPECT_EQ(kernel_head_dim(128, CacheKind::nvfp4, true), 128);
+  EXPECT_EQ(kernel_head_dim(192, CacheKind::nvfp4, true), 256);
+  EXPECT_EQ(kernel_head_dim(96, CacheKind::nvfp4, true), 0);
+  EXPECT_EQ(kernel_head_dim(96, CacheKind::fp8, true), 128);
   // A padded size reads its rows by cp.async (a TMA box copies whole rows); hopper serves the
   // sizes whose dim is 64 / 128.
   LaunchFacts dec = h200(64, 1, 4096, 112);
@@ -295,7 +303,7 @@ TEST(ChooseLaunch, SplitRuleCountsTheGridsWork) {
     EXPECT_LE(d.work_items, plan.grid_ctas) << ctx;
     // The slots are those of the launch's tile family (the 2-stage variants keep the base
     // tile's count: DECISIONS.md: Split count counts the base tile).
-    const TileConfig base = tile_config(split_rule_tile(f), hd, fp8);
+    const TileConfig base = tile_config(split_rule_tile(f), hd, K(fp8));
     EXPECT_EQ(d.cta_slots, int64_t{base.ctas_per_sm} * 132) << ctx;
     EXPECT_EQ(base.rows, plan.config.rows) << ctx;
     // A split launch runs the mma_sync kernel, in a tile of the same rows.

@@ -25,7 +25,7 @@ TEST(SplitKV, DocumentedConstants) {
   EXPECT_EQ(kMaxWaveSplits, 4);
   EXPECT_DOUBLE_EQ(kMinWaveFillGain, 0.15);
   EXPECT_EQ(kMinKVPerWaveSplit, 2048);
-  EXPECT_EQ(kMinKVPerSplit % tile_config(TileId::prefill, 128, false).keys, 0);
+  EXPECT_EQ(kMinKVPerSplit % tile_config(TileId::prefill, 128, CacheKind::b16).keys, 0);
   EXPECT_EQ(kMaxSplits, 32);
   EXPECT_EQ(kMaxUsefulSplits, 32);
   EXPECT_LE(kMaxUsefulSplits, kMaxSplits);

@@ -13,6 +13,21 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst_smem, const void* src, 
                "r"(src_bytes));
 }
 
+// The same for 4 or 8 bytes (.ca: the sizes .cg lacks; small rows such as NVFP4 block scales).
+template <int kBytes>
+__device__ __forceinline__ void cp_async_small(uint32_t dst_smem, const void* src, bool valid) {
+  static_assert(kBytes == 4 || kBytes == 8, "cp.async.ca copies 4, 8 or 16 bytes");
+  const int src_bytes = valid ? kBytes : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst_smem), "l"(src), "n"(kBytes),
+               "r"(src_bytes));
+}
+// Copies kBytes (4, 8 or 16) bytes, or zeros when !valid.
+template <int kBytes>
+__device__ __forceinline__ void cp_async_n(uint32_t dst_smem, const void* src, bool valid) {
+  if constexpr (kBytes == 16) cp_async_16(dst_smem, src, valid);
+  else cp_async_small<kBytes>(dst_smem, src, valid);
+}
+
 // Asks L2 to fetch `bytes` bytes (a multiple of 16) at a 16-byte aligned global address; no
 // data reaches the SM and nothing waits for it (sm90+; a no-op below).
 __device__ __forceinline__ void prefetch_l2_bulk(const void* src, uint32_t bytes) {

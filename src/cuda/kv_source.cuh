@@ -12,9 +12,11 @@
 //   drain()             nothing in flight any more
 //
 // Today: pages by cp.async (every thread, any cache geometry, through a page map of
-// paged_kv_tile.h: the block table or contiguous rows) and the block table by TMA (warp 0, one
-// box per 16-key page group, sm90, rows of whole 128-byte segments). G is the tile geometry:
-// kBlockN, kKvRowBytes, kStages, kThreads, kStageTileBytes, kStageBytes, kStagePitchBytes.
+// paged_kv_tile.h: the block table or contiguous rows; NVFP4 caches also copy each side's block
+// scale rows, right after its tile of packed rows) and the block table by TMA (warp 0, one box
+// per 16-key page group, sm90, rows of whole 128-byte segments). G is the tile geometry:
+// kBlockN, kKvRowBytes, kScaleRowBytes, kStages, kThreads, kStageDataBytes, kStageTileBytes,
+// kStageBytes, kStagePitchBytes.
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -33,6 +35,7 @@ namespace attnkit::cuda {
 template <class PageMap = BlockTablePages>
 struct KvSourceArgs {
   PagedSideBytes k, v;         // bases offset to the KV head, byte strides
+  PagedSideBytes k_scales, v_scales;  // NVFP4 block scales of the two sides (else unused)
   PageMap pages;               // the request's pages
   FastDivmod block_size;
   int seq_len, kv_head;
@@ -45,25 +48,48 @@ struct KvSourceArgs {
   unsigned char* stages_ptr;   // ... and its generic pointer
 };
 
+// The rows of NVFP4 block scales (G::kScaleRowBytes > 0): 4-byte chunks into dense rows.
+template <class G, class PageMap, bool = (G::kScaleRowBytes > 0)>
+struct ScaleRows {
+  struct Loader {  // (none)
+    static constexpr bool kByGroups = true;
+    struct Pages {};
+  };
+  __device__ __forceinline__ ScaleRows(const KvSourceArgs<PageMap>&) {}
+};
+template <class G, class PageMap>
+struct ScaleRows<G, PageMap, true> {
+  using Layout = PitchedTile<G::kScaleRowBytes>;
+  using Loader = PagedKVTileLoader<G::kBlockN, G::kScaleRowBytes, Layout, G::kThreads, PageMap, 4>;
+  const Loader loader;
+  __device__ __forceinline__ ScaleRows(const KvSourceArgs<PageMap>& a)
+      : loader{a.k_scales, a.v_scales, a.pages, a.block_size, a.seq_len, G::kScaleRowBytes} {}
+};
+
 template <class G, class PageMapT = BlockTablePages>
 struct CpAsyncPagedSource {
   using PageMap = PageMapT;
   using Ring = StageRing<G::kStages>;
   using Layout = PitchedTile<G::kStagePitchBytes>;  // where a stage's bytes lie (fragment loaders)
   using Loader = PagedKVTileLoader<G::kBlockN, G::kKvRowBytes, Layout, G::kThreads, PageMap>;
+  using Scales = ScaleRows<G, PageMap>;
+  static constexpr bool kScales = G::kScaleRowBytes > 0;
   struct Barriers {};  // cp.async groups need none
   // Block-table entries of the next tile to load, read one iteration ahead (where the loader
   // copies by 16-key groups): their latency overlaps the MMAs instead of stalling the copies.
   static constexpr bool kPagesAhead = Loader::kByGroups;
+  static_assert(!kScales || (kPagesAhead && Scales::Loader::kByGroups), "scale rows are copied by 16-key groups");
 
   const Loader loader;
+  const Scales scales;
   const uint32_t stages;
   const int first_key, n_tiles, tid;
   typename Loader::Pages next_pages;  // (written before any read: start, issue_ahead)
+  typename Scales::Loader::Pages next_scale_pages;
 
   __device__ __forceinline__ CpAsyncPagedSource(const KvSourceArgs<PageMap>& a, Barriers&, int tid_)
-      : loader{a.k, a.v, a.pages, a.block_size, a.seq_len, a.row_bytes}, stages(a.stages), first_key(a.first_key),
-        n_tiles(a.n_tiles), tid(tid_) {}
+      : loader{a.k, a.v, a.pages, a.block_size, a.seq_len, a.row_bytes}, scales(a), stages(a.stages),
+        first_key(a.first_key), n_tiles(a.n_tiles), tid(tid_) {}
   __device__ __forceinline__ int tile_key(int i) const { return first_key + i * G::kBlockN; }
   __device__ __forceinline__ uint32_t k_stage(int i) const { return stages + Ring::stage_of(i) * G::kStageBytes; }
   __device__ __forceinline__ uint32_t v_stage(int i) const { return k_stage(i) + G::kStageTileBytes; }
@@ -74,11 +100,15 @@ struct CpAsyncPagedSource {
   __device__ __forceinline__ void start() {
 #pragma unroll
     for (int s = 0; s < G::kStages - 1; ++s) {  // one group each, maybe empty
-      if (s < n_tiles) loader.load(tile_key(s), k_stage(s), v_stage(s), tid);
+      if (s < n_tiles) {
+        loader.load(tile_key(s), k_stage(s), v_stage(s), tid);
+        if constexpr (kScales)
+          scales.loader.load(tile_key(s), k_stage(s) + G::kStageDataBytes, v_stage(s) + G::kStageDataBytes, tid);
+      }
       cp_async_commit();
     }
     if constexpr (kPagesAhead)
-      if (G::kStages - 1 < n_tiles) next_pages = loader.pages(tile_key(G::kStages - 1), tid);
+      if (G::kStages - 1 < n_tiles) read_pages_ahead(tile_key(G::kStages - 1));
   }
   // Q's group was committed before the kStages - 1 groups of start().
   __device__ __forceinline__ void wait_q() const { cp_async_wait<G::kStages - 1>(); }
@@ -89,15 +119,26 @@ struct CpAsyncPagedSource {
   __device__ __forceinline__ void issue_ahead(int i) {
     const int ahead = i + G::kStages - 1;
     if constexpr (kPagesAhead) {
-      if (ahead < n_tiles) loader.load(tile_key(ahead), next_pages, k_stage(ahead), v_stage(ahead), tid);
+      if (ahead < n_tiles) {
+        loader.load(tile_key(ahead), next_pages, k_stage(ahead), v_stage(ahead), tid);
+        if constexpr (kScales)
+          scales.loader.load(tile_key(ahead), next_scale_pages, k_stage(ahead) + G::kStageDataBytes,
+                             v_stage(ahead) + G::kStageDataBytes, tid);
+      }
       cp_async_commit();
-      if (ahead + 1 < n_tiles) next_pages = loader.pages(tile_key(ahead + 1), tid);
+      if (ahead + 1 < n_tiles) read_pages_ahead(tile_key(ahead + 1));
     } else {
       if (ahead < n_tiles) loader.load(tile_key(ahead), k_stage(ahead), v_stage(ahead), tid);
       cp_async_commit();
     }
   }
   __device__ __forceinline__ void drain() const { Ring::drain(); }
+
+ private:
+  __device__ __forceinline__ void read_pages_ahead(int key0) {
+    next_pages = loader.pages(key0, tid);
+    if constexpr (kScales) next_scale_pages = scales.loader.pages(key0, tid);
+  }
 };
 
 // TMA fills of the stages (sm90): warp 0's lanes 0..kGroups-1 each own one 16-key page group of

@@ -65,16 +65,18 @@ struct Swizzle128Tile {
   }
 };
 
-// kRows keys x kRowBytes bytes per key, copied by kThreads threads in 16-byte chunks into a
-// shared tile laid out by Layout. K and V of the same keys are loaded together: the page
+// kRows keys x kRowBytes bytes per key, copied by kThreads threads in kChunk-byte chunks (16;
+// 4 or 8 for small rows such as NVFP4 block scales, with a PitchedTile layout) into a shared
+// tile laid out by Layout. K and V of the same keys are loaded together: the page
 // lookup is shared. All page lookups of a tile are issued before the first copy so their
 // latencies overlap.
-template <int kRows, int kRowBytes, class Layout, int kThreads, class PageMap_ = BlockTablePages>
+template <int kRows, int kRowBytes, class Layout, int kThreads, class PageMap_ = BlockTablePages, int kChunk = 16>
 struct PagedKVTileLoader {
   using PageMap = PageMap_;
-  static_assert(kRowBytes % 16 == 0, "rows must be whole 16-byte chunks");
+  static_assert(kChunk == 16 || kChunk == 8 || kChunk == 4, "cp.async copies 4, 8 or 16 bytes");
+  static_assert(kRowBytes % kChunk == 0, "rows must be whole chunks");
   static_assert(kRows % 16 == 0, "tiles are whole 16-key groups");
-  static constexpr int kChunksPerRow = kRowBytes / 16;
+  static constexpr int kChunksPerRow = kRowBytes / kChunk;
   static constexpr int kChunks = kRows * kChunksPerRow;
   static constexpr int kIters = (kChunks + kThreads - 1) / kThreads;
 
@@ -82,7 +84,7 @@ struct PagedKVTileLoader {
   PageMap page_map;  // this request's pages
   FastDivmod block_size;
   int seq_len;
-  // Bytes of a row in the cache (a multiple of 16, <= kRowBytes): chunks past it are
+  // Bytes of a row in the cache (a multiple of kChunk, <= kRowBytes): chunks past it are
   // zero-filled and read nothing (a head size padded up to the tile's head dim).
   int row_bytes = kRowBytes;
 
@@ -142,7 +144,7 @@ struct PagedKVTileLoader {
   __device__ __forceinline__ Offsets offsets(const PagedSideBytes& side, int first_key, const Pages& pg,
                                              int tid) const {
     const int r0 = tid / kChunksPerRow, chunk = tid % kChunksPerRow;
-    const int32_t thread_off = (r0 & 15) * side.stride_slot + (in_row(chunk) ? chunk * 16 : 0);
+    const int32_t thread_off = (r0 & 15) * side.stride_slot + (in_row(chunk) ? chunk * kChunk : 0);
     Offsets o;
     o.stride_slot = side.stride_slot;
 #pragma unroll
@@ -157,7 +159,7 @@ struct PagedKVTileLoader {
   __device__ __forceinline__ void copy_side(const char* head_base, const Offsets& o, int first_key, uint32_t tile,
                                             int tid) const {
     const int r0 = tid / kChunksPerRow, chunk = tid % kChunksPerRow;
-    const uint32_t dst0 = tile + Layout::offset(r0, chunk);
+    const uint32_t dst0 = tile + chunk_at(r0, chunk);
     const int rows_left = in_row(chunk) ? seq_len - first_key : 0;  // (a padding chunk: zeros)
     const int32_t slot_step = kRowsPerIter * o.stride_slot;
 #pragma unroll
@@ -168,9 +170,9 @@ struct PagedKVTileLoader {
       if constexpr (kRowsPerIter % 8 == 0) {
         dst = dst0 + i * kRowsPerIter * Layout::kRowStride;  // same swizzle phase: a constant step
       } else {
-        dst = tile + Layout::offset(row, chunk);
+        dst = tile + chunk_at(row, chunk);
       }
-      cp_async_16(dst, src, row < rows_left);
+      cp_async_n<kChunk>(dst, src, row < rows_left);
     }
   }
 
@@ -195,8 +197,13 @@ struct PagedKVTileLoader {
   }
 
  private:
-  // Whether 16-byte chunk `chunk` of a row holds cache bytes (else it is padding).
-  __device__ __forceinline__ bool in_row(int chunk) const { return chunk * 16 < row_bytes; }
+  // Whether chunk `chunk` of a row holds cache bytes (else it is padding).
+  __device__ __forceinline__ bool in_row(int chunk) const { return chunk * kChunk < row_bytes; }
+  // Where chunk `chunk` of tile row `row` lands (bytes from the tile).
+  __device__ __forceinline__ static uint32_t chunk_at(int row, int chunk) {
+    if constexpr (kChunk == 16) return Layout::offset(row, chunk);
+    else return Layout::at(row, chunk * kChunk);
+  }
   // The first key of this thread's group gi, or key 0 (always backed by a block) past seq_len.
   __device__ __forceinline__ int group_key(int first_key, int r0, int gi) const {
     const int key = first_key + ((r0 + gi * kItersPerGroup * kRowsPerIter) & ~15);
@@ -207,8 +214,8 @@ struct PagedKVTileLoader {
                                              int32_t slot, bool valid, uint32_t tile) const {
     const bool col = in_row(chunk);
     const char* src =
-        side.head_base + static_cast<int64_t>(blk) * side.stride_block + (slot * side.stride_slot + (col ? chunk * 16 : 0));
-    cp_async_16(tile + Layout::offset(row, chunk), src, valid && col);
+        side.head_base + static_cast<int64_t>(blk) * side.stride_block + (slot * side.stride_slot + (col ? chunk * kChunk : 0));
+    cp_async_n<kChunk>(tile + chunk_at(row, chunk), src, valid && col);
   }
 
   __device__ __forceinline__ void load_by_rows(int first_key, uint32_t k_tile, uint32_t v_tile, int tid) const {

@@ -18,6 +18,10 @@ std::string list(const int (&set)[N]) {
   return s;
 }
 
+// The cache kind the FlashAttention-style kernels read a cache dtype as (nvfp4 and f32 caches are
+// refused by the dtype rule below; their head sizes are then judged as 16-bit ones).
+CacheKind fa_cache_kind(DType c) { return is_fp8(c) ? CacheKind::fp8 : CacheKind::b16; }
+
 void common_rules(const AttentionConfig& cfg, std::vector<std::string>& why) {
   if (cfg.dtype != DType::f16 && cfg.dtype != DType::bf16)
     why.push_back("computes in f16 or bf16 only (dtype is " + std::string(dtype_name(cfg.dtype)) + ")");
@@ -31,7 +35,7 @@ std::vector<std::string> mma_sync_rules(const AttentionConfig& cfg) {
     why.push_back("needs sm80 or newer for mma.sync bf16 tensor cores (the device is " +
                   cfg.device.describe() + ")");
   const DType c = cfg.cache_dtype;
-  if (kernel_head_dim(cfg.head_size, is_fp8(c)) == 0)
+  if (kernel_head_dim(cfg.head_size, fa_cache_kind(c)) == 0)
     why.push_back("serves head sizes that are multiples of 8 (16 with an fp8 cache) up to " +
                   std::to_string(kMaxHeadSize) + ", each on the next larger of its kernels' head dims " +
                   list(kMmaSyncHeadDims) + " (head size is " + std::to_string(cfg.head_size) + ")");
@@ -46,8 +50,8 @@ std::vector<std::string> hopper_rules(const AttentionConfig& cfg, bool built) {
   if (!cfg.device.cpu && cfg.device.cc() != kHopperCC)
     why.push_back("needs sm90 (wgmma and TMA are Hopper instructions; the device is " +
                   cfg.device.describe() + ")");
-  const int dim = kernel_head_dim(cfg.head_size, is_fp8(cfg.cache_dtype));
-  if (!tile_instantiated(TileId::hopper, dim, false))
+  const int dim = kernel_head_dim(cfg.head_size, fa_cache_kind(cfg.cache_dtype));
+  if (!tile_instantiated(TileId::hopper, dim, CacheKind::b16))
     why.push_back("has kernels for the hot head dims 64 / 128, serving the head sizes whose mma_sync "
                   "kernel dim is the same (head size " + std::to_string(cfg.head_size) +
                   (dim > 0 ? " runs on dim " + std::to_string(dim) + ")" : " has no kernel dim)"));
@@ -91,7 +95,7 @@ GenerationChoice choose_generation(const AttentionConfig& cfg, bool hopper_kerne
     choice.why = "no kernel generation serves this configuration";
     return choice;
   }
-  const int dim = kernel_head_dim(cfg.head_size, is_fp8(cfg.cache_dtype));
+  const int dim = kernel_head_dim(cfg.head_size, fa_cache_kind(cfg.cache_dtype));
   const std::string kernels =
       dim == cfg.head_size ? "the head-dim-" + std::to_string(dim) + " kernels"
                            : "the head-dim-" + std::to_string(dim) + " kernels (head size " +

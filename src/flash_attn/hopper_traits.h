@@ -22,13 +22,13 @@ namespace attnkit::flash_attn {
 // Q while it still computes on the current one).
 template <class Elem_, int kHeadDim_, TileId kTile_>
 struct HopperTraits {
-  static constexpr TileConfig kConfig = tile_config(kTile_, kHeadDim_, false);
-  static_assert(kConfig.generation == Generation::hopper && tile_instantiated(kTile_, kHeadDim_, false),
+  static constexpr TileConfig kConfig = tile_config(kTile_, kHeadDim_, CacheKind::b16);
+  static_assert(kConfig.generation == Generation::hopper && tile_instantiated(kTile_, kHeadDim_, CacheKind::b16),
                 "a hopper tile");
   using Elem = Elem_;
   using MmaElem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr bool kFp8Cache = false;
+  static constexpr bool kFp8Cache = false, kFp4Cache = false, kQuantCache = false;
   static constexpr int kWarpGroups = kConfig.warps_m;  // consumers: 64 rows each
   static constexpr int kConsumerThreads = 128 * kWarpGroups;
   static constexpr int kProducerThreads = 128;  // the third warpgroup loads Q and K / V

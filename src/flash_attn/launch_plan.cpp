@@ -25,8 +25,8 @@ void validate(const LaunchFacts& f, const LaunchTuning& t) {
   ATTNKIT_REQUIRE(t.max_ctas >= 0, kWhere, "tuning.max_ctas", t.max_ctas, "must be >= 0 (0: the rule's choice)");
   ATTNKIT_REQUIRE(t.q_buffers >= 0 && t.q_buffers <= 2, kWhere, "tuning.q_buffers", t.q_buffers,
                   "must be 0 (the rule's choice), 1 or 2");
-  ATTNKIT_REQUIRE(f.head_size == 0 || kernel_head_dim(f.head_size, f.fp8_cache, f.planned_items > 0) > 0, kWhere, "head_size", f.head_size,
-                  head_size_rule(f.fp8_cache, f.planned_items > 0));
+  ATTNKIT_REQUIRE(f.head_size == 0 || kernel_head_dim(f.head_size, f.cache, f.planned_items > 0) > 0, kWhere, "head_size", f.head_size,
+                  head_size_rule(f.cache, f.planned_items > 0));
   ATTNKIT_REQUIRE(f.planned_items == 0 || packed_rows(f) <= kDecodeTileRows, kWhere,
                   "planned max_query_len * group", packed_rows(f),
                   "must be <= " + std::to_string(kDecodeTileRows) +
@@ -40,16 +40,16 @@ void validate(const LaunchFacts& f, const LaunchTuning& t) {
 // The tile family of the launch, before the grid-size refinements; `why` gets the reason.
 TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) {
   const int64_t rows = packed_rows(f);
-  const int hd = kernel_head_dim(f.head_size, f.fp8_cache, f.planned_items > 0);
-  if (rows <= kDecodeTileRows && tile_instantiated(TileId::decode, hd, f.fp8_cache)) {
+  const int hd = kernel_head_dim(f.head_size, f.cache, f.planned_items > 0);
+  if (rows <= kDecodeTileRows && tile_instantiated(TileId::decode, hd, f.cache)) {
     // Decode-shaped (one token x its GQA group, or a few speculative tokens): 16-row tiles with
     // the warps along the keys. On sm90 their stages fill by TMA wherever the cache's rows and
     // strides allow it (DECISIONS.md: TMA fills for every sm90 decode tile); a box copies whole
     // rows, so a head size padded up to its kernel's takes the cp.async fills.
     const bool tma = !t.cp_async_fill && f.cc_major >= 9 && f.tma_geometry && hd == f.head_size &&
-                     tma_rows(hd, f.fp8_cache);
+                     tma_rows(hd, f.cache);
     why = "at most " + std::to_string(kDecodeTileRows) + " packed rows (" + std::to_string(rows) + "): decode tile";
-    if (tma && rows <= kTransposedMaxRows && tile_instantiated(TileId::decode_transposed, hd, f.fp8_cache)) {
+    if (tma && rows <= kTransposedMaxRows && tile_instantiated(TileId::decode_transposed, hd, f.cache)) {
       why += ", fp8 with <= " + std::to_string(kTransposedMaxRows) +
              " packed rows: transposed (keys on the MMA's M; DECISIONS.md: Transposed fp8 decode tile)";
       return TileId::decode_transposed;
@@ -65,7 +65,7 @@ TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) 
   }
   why = std::to_string(rows) + " packed rows: prefill tile";
   if (rows <= kDecodeTileRows) why += " (no decode tile above head dim " + std::to_string(kMaxDecodeTileDim) + ")";
-  if (f.preferred == Generation::hopper && f.hopper_kernels && tile_instantiated(TileId::hopper, hd, f.fp8_cache) &&
+  if (f.preferred == Generation::hopper && f.hopper_kernels && tile_instantiated(TileId::hopper, hd, f.cache) &&
       f.num_splits == 1 && f.same_kv_strides && !f.alibi_per_request) {
     why += " of the hopper generation (wgmma, warp-specialised)";
     return TileId::hopper;
@@ -73,7 +73,7 @@ TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) 
   // Why not hopper, when it was asked for.
   if (f.preferred == Generation::hopper) {
     if (!f.hopper_kernels) why += " (mma_sync: no sm_90a kernels for this device)";
-    else if (!tile_instantiated(TileId::hopper, hd, f.fp8_cache))
+    else if (!tile_instantiated(TileId::hopper, hd, f.cache))
       why += " (mma_sync: the hopper kernel serves 16-bit caches at head dims 64 / 128; head size " +
              std::to_string(f.head_size) + " runs on dim " + std::to_string(hd) + ")";
     else if (f.num_splits > 1) why += " (mma_sync: split launches merge in the mma_sync epilogue)";
@@ -85,10 +85,26 @@ TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) 
 
 }  // namespace
 
-std::string head_size_rule(bool fp8_cache, bool planned) {
+CacheKind cache_kind_of(DType t) {
+  if (is_fp8(t)) return CacheKind::fp8;
+  if (t == DType::nvfp4) return CacheKind::nvfp4;
+  ATTNKIT_REQUIRE(t == DType::bf16 || t == DType::f16, kWhere, "cache dtype", dtype_name(t),
+                  "must be bf16, f16, fp8_e4m3, fp8_e5m2 or nvfp4 for the CUDA kernels");
+  return CacheKind::b16;
+}
+
+const char* cache_kind_name(CacheKind c) {
+  return c == CacheKind::b16 ? "16-bit" : c == CacheKind::fp8 ? "fp8" : "nvfp4";
+}
+
+std::string head_size_rule(CacheKind cache, bool planned) {
+  if (cache == CacheKind::nvfp4 && !planned)
+    return "is not served: an nvfp4 cache is read by the FlashInfer-style planned decode only";
   const int max = planned ? kPlannedHeadDims[std::size(kPlannedHeadDims) - 1] : kMaxHeadSize;
-  return std::string("must be a multiple of ") + (fp8_cache ? "16 (fp8 cache)" : "8") + " in [" +
-         (fp8_cache ? "16" : "8") + ", " + std::to_string(max) + "]";
+  const int mult = head_size_multiple(cache);
+  return "must be a multiple of " + std::to_string(mult) +
+         (cache == CacheKind::b16 ? std::string() : std::string(" (") + cache_kind_name(cache) + " cache)") + " in [" +
+         std::to_string(mult) + ", " + std::to_string(max) + "]";
 }
 
 bool pdl_for_grid(int64_t ctas, int64_t slots, bool transposed) {
@@ -106,11 +122,11 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
   validate(f, t);
   LaunchPlan plan;
   plan.tile = base_tile(f, t, plan.reason);
-  plan.head_dim = kernel_head_dim(f.head_size, f.fp8_cache, f.planned_items > 0);
+  plan.head_dim = kernel_head_dim(f.head_size, f.cache, f.planned_items > 0);
   if (plan.head_dim != f.head_size)
     plan.reason += "; head size " + std::to_string(f.head_size) + " padded to " + std::to_string(plan.head_dim);
   auto grid_of = [&](TileId id) {
-    plan.config = tile_config(id, plan.head_dim, f.fp8_cache);
+    plan.config = tile_config(id, plan.head_dim, f.cache);
     plan.row_tiles = ceil_div(packed_rows(f), plan.config.rows);
     plan.grid_ctas = f.planned_items > 0 ? f.planned_items * f.num_kv_heads
                                          : plan.row_tiles * f.num_kv_heads * f.num_splits * f.num_reqs * plan.config.o_slices;
@@ -120,7 +136,7 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
   const int64_t sms = f.sm_count;
 
   // Refinements by the grid's size.
-  if (plan.tile == TileId::decode_tma && tile_instantiated(TileId::decode_two_stage, plan.head_dim, f.fp8_cache) &&
+  if (plan.tile == TileId::decode_tma && tile_instantiated(TileId::decode_two_stage, plan.head_dim, f.cache) &&
       plan.grid_ctas > sms && plan.grid_ctas <= 2 * sms) {
     plan.tile = TileId::decode_two_stage;
     plan.reason += "; a grid of 1-2 CTAs per SM: 2 stages, 3 CTAs per SM (DECISIONS.md: 2-stage 16-bit decode tile)";

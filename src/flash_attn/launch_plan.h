@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "attnkit/dtype.h"
 #include "flash_attn/generation.h"
 #include "flash_attn/tile_set.h"
 
@@ -33,7 +34,7 @@ struct LaunchFacts {
   bool hopper_kernels = false;     // sm_90a code in this build and an sm90 device
   Generation preferred = Generation::hopper;
   int head_size = 0;               // the runtime head size (the plan's head_dim serves it)
-  bool fp8_cache = false;
+  CacheKind cache = CacheKind::b16;
   bool same_kv_strides = true;     // K and V sides of the cache share block / slot strides
   bool tma_geometry = true;        // the cache's sides encode as TMA maps (cuda/tensor_map.h)
   bool alibi_per_request = false;  // ALiBi slopes [num_reqs, num_heads]
@@ -48,7 +49,7 @@ struct LaunchFacts {
 struct LaunchPlan {
   TileId tile = TileId::prefill;
   int head_dim = 0;            // the compiled head dim serving head_size (kernel_head_dim)
-  TileConfig config;           // tile_config(tile, head_dim, fp8_cache)
+  TileConfig config;           // tile_config(tile, head_dim, cache)
   Generation generation = Generation::mma_sync;
   int64_t row_tiles = 0;       // grid x: tiles of config.rows packed rows of the longest query
   int64_t grid_ctas = 0;       // one CTA per work item and output slice: row_tiles x kv heads x splits x requests x o_slices
@@ -66,6 +67,8 @@ struct LaunchPlan {
 // (DECISIONS.md: PDL off for part of a wave).
 bool pdl_for_grid(int64_t ctas, int64_t slots, bool transposed = false);
 
+// The cache kind of a cache dtype (16-bit floats, fp8, nvfp4; Error for others).
+CacheKind cache_kind_of(DType cache_dtype);
 // Every launch choice. Checks the tuning switches (Error naming a bad value).
 LaunchPlan choose_launch(const LaunchFacts& facts, const LaunchTuning& tuning = {});
 

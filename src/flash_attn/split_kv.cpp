@@ -32,7 +32,7 @@ LaunchFacts split_kv_facts(const SplitKVInput& in) {
   f.sm_count = in.num_sms;
   f.hopper_kernels = in.hopper_kernels;
   f.head_size = in.head_size;
-  f.fp8_cache = is_fp8(in.cache_dtype);
+  f.cache = is_fp8(in.cache_dtype) ? CacheKind::fp8 : CacheKind::b16;  // (the split rule: FlashAttention-style caches)
   f.num_reqs = static_cast<int>(in.seq_lens.size());
   f.num_kv_heads = in.num_kv_heads;
   f.group = in.num_heads / in.num_kv_heads;
@@ -47,7 +47,7 @@ LaunchFacts split_kv_facts(const SplitKVInput& in) {
 
 TileConfig split_kv_tile(const SplitKVInput& in) {
   const LaunchFacts f = split_kv_facts(in);
-  return tile_config(split_rule_tile(f), kernel_head_dim(f.head_size, f.fp8_cache), f.fp8_cache);
+  return tile_config(split_rule_tile(f), kernel_head_dim(f.head_size, f.cache), f.cache);
 }
 
 int64_t split_kv_work_items(const SplitKVInput& in) {
@@ -64,10 +64,10 @@ int64_t split_kv_work_items(const SplitKVInput& in) {
 SplitKVDecision decide_num_splits(const SplitKVInput& in) {
   SplitKVDecision d;
   const LaunchFacts facts = split_kv_facts(in);
-  const int head_dim = kernel_head_dim(facts.head_size, facts.fp8_cache);
-  const TileConfig tile = tile_config(split_rule_tile(facts), head_dim, facts.fp8_cache);
+  const int head_dim = kernel_head_dim(facts.head_size, facts.cache);
+  const TileConfig tile = tile_config(split_rule_tile(facts), head_dim, facts.cache);
   // KV tiles of the split launch (the mma_sync kernel's, whatever the unsplit tile).
-  const int split_tile_keys = tile_config(TileId::prefill, head_dim, facts.fp8_cache).keys;
+  const int split_tile_keys = tile_config(TileId::prefill, head_dim, facts.cache).keys;
   d.work_items = split_kv_work_items(in);
   d.cta_slots = static_cast<int64_t>(in.num_sms) * tile.ctas_per_sm;
   if (d.work_items == 0) {

@@ -30,6 +30,15 @@ enum class KvFill : uint8_t {
   tma,       // one TMA box per 16-key page group (sm90)
 };
 
+// What a cache row holds, as the kernels see it: 16-bit values (the model's dtype), fp8 codes
+// (e4m3 / e5m2, one byte each), or NVFP4 (e2m1 codes packed two per byte, one e4m3 scale per 16
+// values in a separate region of the block: docs/architecture.md section 2).
+enum class CacheKind : uint8_t { b16, fp8, nvfp4 };
+// The 8- and 4-bit caches: the MMAs run in f16 and the global scales fold into the softmax
+// scale (K) and the epilogue (V).
+constexpr bool quantized(CacheKind c) { return c != CacheKind::b16; }
+const char* cache_kind_name(CacheKind c);
+
 struct TileConfig {
   const char* name = "";
   Generation generation = Generation::mma_sync;
@@ -57,12 +66,19 @@ inline constexpr int kMmaSyncHeadDims[] = {64, 80, 96, 128, 192, 256, 512};
 inline constexpr int kMaxHeadSize = 512;
 inline constexpr int kMaxDecodeTileDim = 256;  // the 16-row decode tiles' largest head dim
 
-// Whether an fp8 tile exists at head dim d: its fragments come in 32-dim groups and pairs of k16
-// steps (varlen_traits.h).
-constexpr bool fp8_head_dim(int d) { return d % 32 == 0; }
+// Whether a tile of the cache kind exists at head dim d: fp8 fragments come in 32-dim groups and
+// pairs of k16 steps; NVFP4 fragments in 64-dim groups (varlen_traits.h, cuda/fp4_dequant.h).
+constexpr bool cache_head_dim(int d, CacheKind c) {
+  return c == CacheKind::b16 ? true : c == CacheKind::fp8 ? d % 32 == 0 : d % 64 == 0;
+}
 
 // The head dims of the planned (FlashInfer-style) decode kernels (src/flashinfer/decode_hd*.cu).
 inline constexpr int kPlannedHeadDims[] = {64, 128, 256};
+
+// The runtime head sizes a cache kind allows: 16-bit rows are copied in 16-byte chunks (multiples
+// of 8), fp8 rows too (multiples of 16); NVFP4 rows (head_size / 2 bytes) and their scale rows
+// (head_size / 16 bytes, copied in 4-byte chunks) need multiples of 64.
+constexpr int head_size_multiple(CacheKind c) { return c == CacheKind::b16 ? 8 : c == CacheKind::fp8 ? 16 : 64; }
 
 // The compiled head dim that serves a runtime head size (0: none does). The runtime size is
 // rounded up to the smallest compiled dim the cache kind has: Q / K / V loads zero-fill the
@@ -71,29 +87,37 @@ inline constexpr int kPlannedHeadDims[] = {64, 128, 256};
 // 16-bit cache); an fp8 cache needs multiples of 16 (its rows are copied in 16-byte chunks).
 // Every generation asks this: the hopper kernel serves a size only where its dim is this one.
 // Planned launches (planned = true) take the next of kPlannedHeadDims.
-constexpr int kernel_head_dim(int head_size, bool fp8_cache, bool planned = false) {
-  if (head_size <= 0 || head_size % (fp8_cache ? 16 : 8) != 0) return 0;
+constexpr int kernel_head_dim(int head_size, CacheKind cache, bool planned = false) {
+  if (head_size <= 0 || head_size % head_size_multiple(cache) != 0) return 0;
   if (planned) {
     for (int d : kPlannedHeadDims)
-      if (d >= head_size) return d;
+      if (d >= head_size && cache_head_dim(d, cache)) return d;
     return 0;
   }
+  if (cache == CacheKind::nvfp4) return 0;
   for (int d : kMmaSyncHeadDims)
-    if (d >= head_size && (!fp8_cache || fp8_head_dim(d))) return d;
+    if (d >= head_size && cache_head_dim(d, cache)) return d;
   return 0;
 }
 
 // The rule kernel_head_dim applies, in words, for errors and the selector (launch_plan.cpp).
-std::string head_size_rule(bool fp8_cache, bool planned = false);
+std::string head_size_rule(CacheKind cache, bool planned = false);
 
-// Bytes of one K or V row in the cache.
-constexpr int kv_row_bytes(int head_dim, bool fp8_cache) { return fp8_cache ? head_dim : 2 * head_dim; }
-// TMA boxes copy rows of whole 128-byte segments, up to 512 bytes (cuda/tensor_map.h).
-constexpr bool tma_rows(int head_dim, bool fp8_cache) {
-  return head_dim > 0 && kv_row_bytes(head_dim, fp8_cache) % 128 == 0 && kv_row_bytes(head_dim, fp8_cache) <= 512;
+// Bytes of one K or V row in the cache (NVFP4: the packed codes; its scales are in their own rows).
+constexpr int kv_row_bytes(int head_dim, CacheKind cache) {
+  return cache == CacheKind::b16 ? 2 * head_dim : cache == CacheKind::fp8 ? head_dim : head_dim / 2;
+}
+// Bytes of one row of NVFP4 block scales (one e4m3 byte per 16 values; 0 for other caches).
+constexpr int kv_scale_row_bytes(int head_dim, CacheKind cache) { return cache == CacheKind::nvfp4 ? head_dim / 16 : 0; }
+// TMA boxes copy rows of whole 128-byte segments, up to 512 bytes (cuda/tensor_map.h); NVFP4
+// tiles fill by cp.async (their scale rows are a second region).
+constexpr bool tma_rows(int head_dim, CacheKind cache) {
+  return head_dim > 0 && cache != CacheKind::nvfp4 && kv_row_bytes(head_dim, cache) % 128 == 0 &&
+         kv_row_bytes(head_dim, cache) <= 512;
 }
 
-constexpr TileConfig tile_config(TileId id, int head_dim, bool fp8_cache) {
+constexpr TileConfig tile_config(TileId id, int head_dim, CacheKind cache) {
+  const bool fp8_cache = quantized(cache);  // (8- and 4-bit stages are the smaller ones)
   TileConfig t;
   switch (id) {
     case TileId::prefill:
@@ -140,22 +164,25 @@ constexpr TileConfig tile_config(TileId id, int head_dim, bool fp8_cache) {
 
 // Whether the build instantiates tile `id` for (head_dim, cache kind): the launch decision only
 // picks instantiated tiles, and the instantiation files compile exactly these.
-constexpr bool tile_instantiated(TileId id, int head_dim, bool fp8_cache) {
+// NVFP4 caches have the cp.async decode tile only (planned launches).
+constexpr bool tile_instantiated(TileId id, int head_dim, CacheKind cache) {
+  if (!cache_head_dim(head_dim, cache)) return false;
+  if (cache == CacheKind::nvfp4) return id == TileId::decode && head_dim <= kMaxDecodeTileDim;
   switch (id) {
     case TileId::prefill:
       return true;
     case TileId::decode:
       return head_dim <= kMaxDecodeTileDim;
     case TileId::decode_tma:
-      return head_dim <= kMaxDecodeTileDim && tma_rows(head_dim, fp8_cache);
+      return head_dim <= kMaxDecodeTileDim && tma_rows(head_dim, cache);
     case TileId::decode_two_stage:
-      return !fp8_cache && head_dim <= 128 && tma_rows(head_dim, fp8_cache);
+      return cache == CacheKind::b16 && head_dim <= 128 && tma_rows(head_dim, cache);
     case TileId::decode_transposed:
     case TileId::decode_transposed_two_stage:
-      return fp8_cache && head_dim == 128;
+      return cache == CacheKind::fp8 && head_dim == 128;
     case TileId::hopper:
     case TileId::hopper_short:
-      return !fp8_cache && (head_dim == 64 || head_dim == 128);
+      return cache == CacheKind::b16 && (head_dim == 64 || head_dim == 128);
   }
   return false;
 }

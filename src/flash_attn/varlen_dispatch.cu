@@ -26,13 +26,15 @@ constexpr const char* kWhere = "flash_attn varlen attention";
 constexpr int kMaxSplits = 256;
 
 // The plan's head dim (kernel_head_dim: the runtime head size rounded up) -> its instantiation.
-template <class Elem, bool kFp8>
+template <class Elem, CacheKind kCache>
 void launch_head_dim(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+  static_assert(kCache != CacheKind::nvfp4, "nvfp4 caches are read by the planned launches only");
+  constexpr bool kFp8 = kCache == CacheKind::fp8;
   auto run = [&]<int kHeadDim>() {
-    if constexpr (!kFp8 && tile_instantiated(TileId::hopper, kHeadDim, false)) {
+    if constexpr (tile_instantiated(TileId::hopper, kHeadDim, kCache)) {
       if (plan.generation == Generation::hopper) return launch_hopper<Elem, kHeadDim>(p, plan, stream);
     }
-    launch_mma_sync<Elem, kHeadDim, kFp8>(p, plan, stream);
+    launch_mma_sync<Elem, kHeadDim, kCache>(p, plan, stream);
   };
   static_assert(std::size(kMmaSyncHeadDims) == 7, "one case per compiled head dim");
   switch (plan.head_dim) {
@@ -106,13 +108,16 @@ VarlenKernelParams varlen_kernel_params(const VarlenArgs& a) {
   a.out.require_shape(kWhere, "out", {q.size(0), q.size(1), q.size(2)});
   a.out.require_last_dim_contiguous(kWhere, "out");
   ATTNKIT_REQUIRE(c.device == Device::CUDA, kWhere, "cache.device", device_name(c.device), "must be cuda");
-  ATTNKIT_REQUIRE(c.dtype == q.dtype || is_fp8(c.dtype), kWhere, "cache.dtype", dtype_name(c.dtype),
+  ATTNKIT_REQUIRE(c.dtype == q.dtype || is_fp8(c.dtype) || c.dtype == DType::nvfp4, kWhere, "cache.dtype",
+                  dtype_name(c.dtype),
                   std::string("must equal q.dtype (") + std::string(dtype_name(q.dtype)) +
-                      ") or be fp8_e4m3 / fp8_e5m2 for this kernel");
+                      ") or be fp8_e4m3 / fp8_e5m2 / nvfp4 for this kernel");
+  const CacheKind kind = cache_kind_of(c.dtype);
+  const bool fp4 = kind == CacheKind::nvfp4;
   ATTNKIT_REQUIRE(c.head_size == head_size, kWhere, "cache.head_size", c.head_size,
                   "must equal q's head size " + std::to_string(head_size));
-  ATTNKIT_REQUIRE(kernel_head_dim(head_size, is_fp8(c.dtype)) > 0, kWhere, "head_size", head_size,
-                  head_size_rule(is_fp8(c.dtype)));
+  ATTNKIT_REQUIRE(kernel_head_dim(head_size, kind, /*planned=*/fp4) > 0, kWhere, "head_size", head_size,
+                  head_size_rule(kind, fp4));
   ATTNKIT_REQUIRE(c.num_kv_heads > 0 && a.num_heads % c.num_kv_heads == 0, kWhere, "cache.num_kv_heads",
                   c.num_kv_heads, "must divide num_heads = " + std::to_string(a.num_heads));
   ATTNKIT_REQUIRE(c.block_size > 0 && c.block_size % 16 == 0, kWhere, "cache.block_size", c.block_size,
@@ -125,7 +130,7 @@ VarlenKernelParams varlen_kernel_params(const VarlenArgs& a) {
                   "each side must be >= -1 (-1 = unbounded)");
 
   // 16-byte vector access: bases and row strides.
-  const int vec = is_fp8(c.dtype) ? 16 : 8;  // elements per 16 bytes
+  const int vec = kind == CacheKind::b16 ? 8 : 16;  // elements (bytes for fp8 / nvfp4) per 16 bytes
   const bool io_aligned = aligned16(q.data) && aligned16(a.out.data) && q.stride(0) % 8 == 0 &&
                           q.stride(1) % 8 == 0 && a.out.stride(0) % 8 == 0 && a.out.stride(1) % 8 == 0;
   ATTNKIT_REQUIRE(io_aligned, kWhere, "q / out strides", q.shape_str(),
@@ -136,10 +141,20 @@ VarlenKernelParams varlen_kernel_params(const VarlenArgs& a) {
       c.v.stride_head % vec == 0;
   ATTNKIT_REQUIRE(cache_aligned, kWhere, "cache strides", c.k.stride_slot,
                   "cache rows must be 16-byte aligned (base and strides)");
+  if (fp4) {  // (block-scale rows are copied in 4-byte chunks)
+    auto aligned4 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 3u) == 0; };
+    const bool scales_aligned = aligned4(c.k.scale_base) && aligned4(c.v.scale_base) &&
+                                c.k.scale_stride_block % 4 == 0 && c.k.scale_stride_slot % 4 == 0 &&
+                                c.k.scale_stride_head % 4 == 0 && c.v.scale_stride_block % 4 == 0 &&
+                                c.v.scale_stride_slot % 4 == 0 && c.v.scale_stride_head % 4 == 0;
+    ATTNKIT_REQUIRE(c.k.scale_base != nullptr && c.v.scale_base != nullptr && scales_aligned, kWhere,
+                    "cache block scales", c.k.scale_stride_slot,
+                    "an nvfp4 cache needs its block-scale rows (KVCacheSpec::view), 4-byte aligned");
+  }
 
   VarlenKernelParams p;
   p.head_size = head_size;
-  p.kv_row_bytes = kv_row_bytes(head_size, is_fp8(c.dtype));
+  p.kv_row_bytes = kv_row_bytes(head_size, kind);
   p.q = q.data;
   p.q_stride_token = q.stride(0);
   p.q_stride_head = q.stride(1);
@@ -149,7 +164,7 @@ VarlenKernelParams varlen_kernel_params(const VarlenArgs& a) {
   p.num_tokens = q.size(0);
   p.k_cache = c.k.base;
   p.v_cache = c.v.base;
-  const int64_t elem = static_cast<int64_t>(dtype_size(c.dtype));
+  const int64_t elem = fp4 ? 1 : static_cast<int64_t>(dtype_size(c.dtype));  // (nvfp4 strides are bytes)
   const auto byte_stride = [&](int64_t stride, int64_t max_index, const char* name) {
     const int64_t bytes = stride * elem;
     ATTNKIT_REQUIRE(bytes >= 0 && bytes * std::max<int64_t>(max_index, 1) < (int64_t(1) << 31), kWhere, name,
@@ -162,6 +177,16 @@ VarlenKernelParams varlen_kernel_params(const VarlenArgs& a) {
   p.v_stride_block = byte_stride(c.v.stride_block, 1, "cache.v.stride_block");
   p.v_stride_slot = byte_stride(c.v.stride_slot, c.block_size, "cache.v.stride_slot");
   p.v_stride_head = byte_stride(c.v.stride_head, c.num_kv_heads, "cache.v.stride_head");
+  if (fp4) {
+    p.k_block_scales = c.k.scale_base;
+    p.v_block_scales = c.v.scale_base;
+    p.k_bscale_stride_block = byte_stride(c.k.scale_stride_block, 1, "cache.k.scale_stride_block");
+    p.k_bscale_stride_slot = byte_stride(c.k.scale_stride_slot, c.block_size, "cache.k.scale_stride_slot");
+    p.k_bscale_stride_head = byte_stride(c.k.scale_stride_head, c.num_kv_heads, "cache.k.scale_stride_head");
+    p.v_bscale_stride_block = byte_stride(c.v.scale_stride_block, 1, "cache.v.scale_stride_block");
+    p.v_bscale_stride_slot = byte_stride(c.v.scale_stride_slot, c.block_size, "cache.v.scale_stride_slot");
+    p.v_bscale_stride_head = byte_stride(c.v.scale_stride_head, c.num_kv_heads, "cache.v.scale_stride_head");
+  }
   p.block_size = cuda::FastDivmod(c.block_size);
   p.num_blocks = c.num_blocks;
   p.fp8_format = static_cast<int>(c.dtype == DType::fp8_e5m2 ? cuda::Fp8Format::e5m2 : cuda::Fp8Format::e4m3);
@@ -204,7 +229,7 @@ VarlenKernelParams varlen_kernel_params(const VarlenArgs& a) {
     p.sinks = ap.sinks.ptr<const float>();
     p.sinks_stride = ap.sinks.stride(0);
   }
-  if (is_fp8(c.dtype)) {
+  if (kind != CacheKind::b16) {  // (fp8 dequant scales, nvfp4 global scales)
     p.k_scale_stride = scale_stride(ap.k_scale, "params.k_scale", c.num_kv_heads);
     p.v_scale_stride = scale_stride(ap.v_scale, "params.v_scale", c.num_kv_heads);
     p.k_scale = ap.k_scale.defined() ? ap.k_scale.ptr<const float>() : nullptr;
@@ -249,13 +274,13 @@ static LaunchFacts varlen_launch_facts(const VarlenArgs& a, const VarlenKernelPa
   f.hopper_kernels = hopper_kernels_available();
   f.preferred = a.generation;
   f.head_size = static_cast<int>(a.q.size(2));
-  f.fp8_cache = is_fp8(a.cache.dtype);
+  f.cache = cache_kind_of(a.cache.dtype);
   f.same_kv_strides = p.k_stride_block == p.v_stride_block && p.k_stride_slot == p.v_stride_slot;
   // The cache's sides must encode as TMA maps (strides, alignment) for TMA tiles: checked here
   // without the driver; the launch encodes them when its plan takes such a tile. (TMA tiles read
   // block tables only: contiguous K/V take the cp.async tiles.)
-  const int row_bytes = kv_row_bytes(f.head_size, f.fp8_cache);
-  f.tma_geometry = a.cu_seqlens_k == nullptr && tma_rows(f.head_size, f.fp8_cache) &&
+  const int row_bytes = kv_row_bytes(f.head_size, f.cache);
+  f.tma_geometry = a.cu_seqlens_k == nullptr && tma_rows(f.head_size, f.cache) &&
                    cuda::paged_side_map_refusal(side_geometry(p, false, row_bytes)).empty() &&
                    cuda::paged_side_map_refusal(side_geometry(p, true, row_bytes)).empty();
   f.alibi_per_request = p.alibi_req_stride != 0 || (a.params.alibi_slopes.defined() && a.params.alibi_slopes.ndim == 2);
@@ -285,7 +310,7 @@ namespace {
 // tile (a driver without the encoder: the plan again without TMA); p gets the tuning's trace.
 LaunchPlan plan_with_maps(VarlenKernelParams& p, LaunchFacts facts, const LaunchTuning& tuning) {
   LaunchPlan plan = choose_launch(facts, tuning);
-  if (plan.config.fill == KvFill::tma && !encode_kv_maps(p, kv_row_bytes(facts.head_size, facts.fp8_cache))) {
+  if (plan.config.fill == KvFill::tma && !encode_kv_maps(p, kv_row_bytes(facts.head_size, facts.cache))) {
     facts.tma_geometry = false;
     plan = choose_launch(facts, tuning);
   }
@@ -293,27 +318,33 @@ LaunchPlan plan_with_maps(VarlenKernelParams& p, LaunchFacts facts, const Launch
   return plan;
 }
 
-// launch.template operator()<Elem, kFp8>() for the runtime q dtype (bf16 / f16) and cache kind.
-template <class F>
-void for_elem(DType q_dtype, bool fp8, F&& launch) {
-  if (q_dtype == DType::bf16) {
-    if (fp8) launch.template operator()<__nv_bfloat16, true>();
-    else launch.template operator()<__nv_bfloat16, false>();
-  } else {
-    if (fp8) launch.template operator()<__half, true>();
-    else launch.template operator()<__half, false>();
-  }
+// launch.template operator()<Elem, kCache>() for the runtime q dtype (bf16 / f16) and cache kind
+// (kNvfp4: whether the caller has nvfp4 instantiations).
+template <bool kNvfp4, class F>
+void for_elem(DType q_dtype, CacheKind cache, F&& launch) {
+  auto with_elem = [&]<class Elem>() {
+    switch (cache) {
+      case CacheKind::b16: return launch.template operator()<Elem, CacheKind::b16>();
+      case CacheKind::fp8: return launch.template operator()<Elem, CacheKind::fp8>();
+      case CacheKind::nvfp4:
+        if constexpr (kNvfp4) return launch.template operator()<Elem, CacheKind::nvfp4>();
+        break;
+    }
+    fail(kWhere, "cache kind", cache_kind_name(cache), "has no kernels for this launch");
+  };
+  if (q_dtype == DType::bf16) with_elem.template operator()<__nv_bfloat16>();
+  else with_elem.template operator()<__half>();
 }
 
 // The plan's head dim (kPlannedHeadDims) -> its planned instantiation.
-template <class Elem, bool kFp8>
+template <class Elem, CacheKind kCache>
 void launch_planned_head_dim(const VarlenKernelParams& p, const LaunchPlan& plan, int64_t grid_items,
                              cudaStream_t stream) {
   static_assert(std::size(kPlannedHeadDims) == 3, "one case per planned head dim");
   switch (plan.head_dim) {
-    case 64: return launch_planned<Elem, 64, kFp8>(p, plan, grid_items, stream);
-    case 128: return launch_planned<Elem, 128, kFp8>(p, plan, grid_items, stream);
-    case 256: return launch_planned<Elem, 256, kFp8>(p, plan, grid_items, stream);
+    case 64: return launch_planned<Elem, 64, kCache>(p, plan, grid_items, stream);
+    case 128: return launch_planned<Elem, 128, kCache>(p, plan, grid_items, stream);
+    case 256: return launch_planned<Elem, 256, kCache>(p, plan, grid_items, stream);
   }
   fail("flashinfer planned decode", "head dim", plan.head_dim, "has no planned kernels");
 }
@@ -341,19 +372,21 @@ void run_planned_attention(const VarlenArgs& args, const PlannedLaunch& planned,
   facts.planned_items = planned.planned_items;
   const LaunchPlan plan = plan_with_maps(p, facts, tuning);
   const cudaStream_t stream = cuda::as_stream(args.stream);
-  for_elem(args.q.dtype, facts.fp8_cache, [&]<class Elem, bool kFp8>() {
-    launch_planned_head_dim<Elem, kFp8>(p, plan, planned.grid_items, stream);
+  for_elem<true>(args.q.dtype, facts.cache, [&]<class Elem, CacheKind kCache>() {
+    launch_planned_head_dim<Elem, kCache>(p, plan, planned.grid_items, stream);
   });
 }
 
 void run_varlen_attention(const VarlenArgs& args, const LaunchTuning& tuning) {
+  ATTNKIT_REQUIRE(args.cache.dtype != DType::nvfp4, kWhere, "cache.dtype", "nvfp4",
+                  "is read by the FlashInfer-style planned decode only (run_planned_attention)");
   VarlenKernelParams p = varlen_kernel_params(args);
   if (p.num_tokens == 0 || args.num_reqs == 0) return;
   const LaunchFacts facts = varlen_launch_facts(args, p);
   const LaunchPlan plan = plan_with_maps(p, facts, tuning);
   const cudaStream_t stream = cuda::as_stream(args.stream);
-  for_elem(args.q.dtype, facts.fp8_cache,
-           [&]<class Elem, bool kFp8>() { launch_head_dim<Elem, kFp8>(p, plan, stream); });
+  for_elem<false>(args.q.dtype, facts.cache,
+                  [&]<class Elem, CacheKind kCache>() { launch_head_dim<Elem, kCache>(p, plan, stream); });
 }
 
 }  // namespace attnkit::flash_attn

@@ -12,6 +12,7 @@
 #include "cuda/atomic_order.h"
 #include "cuda/cluster_sm90.h"
 #include "cuda/cta_trace.h"
+#include "cuda/fp4_dequant.h"
 #include "cuda/online_softmax.h"
 #include "cuda/output_store.h"
 #include "cuda/split_merge_row.cuh"
@@ -23,6 +24,14 @@ using namespace attnkit::cuda;
 
 __device__ __forceinline__ float scale_of(const float* scale, int64_t stride, int kv_head) {
   return scale != nullptr ? scale[kv_head * stride] : 1.f;
+}
+// The fp32 factor of a cache side's values: 1 for 16-bit caches, the fp8 dequant scale, the
+// NVFP4 global scale over the fragments' bias (cuda/fp4_dequant.h kFp4ScaleBias).
+template <class Tr>
+__device__ __forceinline__ float cache_scale(const float* scale, int64_t stride, int kv_head) {
+  if constexpr (Tr::kFp4Cache) return scale_of(scale, stride, kv_head) / kFp4ScaleBias;
+  else if constexpr (Tr::kFp8Cache) return scale_of(scale, stride, kv_head);
+  else return 1.f;
 }
 
 // Where the merge of row m of work item w goes: its output row, LSE (or nullptr) and sink logit
@@ -170,7 +179,7 @@ struct SplitKvEpilogue {
     // Per row: merge the warps' parts, fold in v_scale and the sink, write the LSE.
     const bool split = Partials::split(p, w);
     const int col0 = Tr::kOSlices > 1 ? w.o_col0 : 0;  // this CTA's first output column
-    const float v_scale = Tr::kFp8Cache ? scale_of(p.v_scale, p.v_scale_stride, w.kv_head) : 1.f;
+    const float v_scale = cache_scale<Tr>(p.v_scale, p.v_scale_stride, w.kv_head);
     for (int m = tid; m < w.rows; m += Tr::kThreads) {
       float mx[kN], sm[kN], wt[kN];
 #pragma unroll

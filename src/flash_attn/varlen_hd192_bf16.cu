@@ -2,6 +2,6 @@
 #include "flash_attn/varlen_launcher.cuh"
 
 namespace attnkit::flash_attn {
-ATTNKIT_VARLEN_INSTANTIATE(__nv_bfloat16, 192, false)
-ATTNKIT_VARLEN_INSTANTIATE(__nv_bfloat16, 192, true)
+ATTNKIT_VARLEN_INSTANTIATE(__nv_bfloat16, 192, b16)
+ATTNKIT_VARLEN_INSTANTIATE(__nv_bfloat16, 192, fp8)
 }  // namespace attnkit::flash_attn

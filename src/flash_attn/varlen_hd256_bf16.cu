@@ -2,6 +2,6 @@
 #include "flash_attn/varlen_launcher.cuh"
 
 namespace attnkit::flash_attn {
-ATTNKIT_VARLEN_INSTANTIATE(__nv_bfloat16, 256, false)
-ATTNKIT_VARLEN_INSTANTIATE(__nv_bfloat16, 256, true)
+ATTNKIT_VARLEN_INSTANTIATE(__nv_bfloat16, 256, b16)
+ATTNKIT_VARLEN_INSTANTIATE(__nv_bfloat16, 256, fp8)
 }  // namespace attnkit::flash_attn

@@ -3,6 +3,6 @@
 #include "flash_attn/varlen_launcher.cuh"
 
 namespace attnkit::flash_attn {
-ATTNKIT_VARLEN_INSTANTIATE(__nv_bfloat16, 512, false)
-ATTNKIT_VARLEN_INSTANTIATE(__nv_bfloat16, 512, true)
+ATTNKIT_VARLEN_INSTANTIATE(__nv_bfloat16, 512, b16)
+ATTNKIT_VARLEN_INSTANTIATE(__nv_bfloat16, 512, fp8)
 }  // namespace attnkit::flash_attn

@@ -3,5 +3,5 @@
 #include "flash_attn/varlen_launcher.cuh"
 
 namespace attnkit::flash_attn {
-ATTNKIT_VARLEN_INSTANTIATE(__nv_bfloat16, 80, false)
+ATTNKIT_VARLEN_INSTANTIATE(__nv_bfloat16, 80, b16)
 }  // namespace attnkit::flash_attn

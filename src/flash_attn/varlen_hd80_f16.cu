@@ -3,5 +3,5 @@
 #include "flash_attn/varlen_launcher.cuh"
 
 namespace attnkit::flash_attn {
-ATTNKIT_VARLEN_INSTANTIATE(__half, 80, false)
+ATTNKIT_VARLEN_INSTANTIATE(__half, 80, b16)
 }  // namespace attnkit::flash_attn

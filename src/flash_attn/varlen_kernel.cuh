@@ -13,7 +13,8 @@
 // The policies: Tile = the VarlenTraits of a tile of tile_set.h (its fragment layout picks the
 // TileMath of varlen_tile_math.cuh); Scheduler = GridScheduler (varlen_schedule.cuh); KvSource
 // = cuda/kv_source.cuh (the block table by cp.async or by TMA); Epilogue = SplitKvEpilogue
-// (varlen_epilogue.cuh). kFmt: the fp8 cache format, a template parameter so the loop converts
+// (varlen_epilogue.cuh). Tr's cache kind picks the fragment conversions of TileMath (16-bit,
+// fp8: cuda/fp8_dequant.h, NVFP4: cuda/fp4_dequant.h). kFmt: the fp8 cache format, a template parameter so the loop converts
 // with one instruction sequence (fp8_dequant.h); ignored for 16-bit caches.
 //
 // Programmatic dependent launch (cuda/pdl.h): the kernel waits for the kernels before it only
@@ -85,7 +86,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
 
   // Q: waited for before the loop when it is read into registers or converted (fp8 caches with
   // a bf16 Q run the GEMMs in f16; the factor keeps the tile in f16 range).
-  constexpr bool kConvertQ = Tr::kFp8Cache && std::is_same_v<T, __nv_bfloat16>;
+  constexpr bool kConvertQ = Tr::kQuantCache && std::is_same_v<T, __nv_bfloat16>;
   constexpr bool kQWaited = Tr::kQInRegs || kConvertQ;
   float q_factor = 1.f;
   if constexpr (kQWaited) {
@@ -95,7 +96,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
   }
   Math math(warp_row0, warp_key0, lane, Tr::kOSlices > 1 ? w.o_col0 : 0);
   if constexpr (Tr::kQInRegs) math.load_q(smem, s_q);
-  const float k_scale = Tr::kFp8Cache ? detail::scale_of(p.k_scale, p.k_scale_stride, w.kv_head) : 1.f;
+  const float k_scale = detail::cache_scale<Tr>(p.k_scale, p.k_scale_stride, w.kv_head);
   const ScoreMod mod{p.scale * k_scale / q_factor, p.softcap, p.alibi_slopes != nullptr};
   const float unit = mod.unit();
 

@@ -36,20 +36,20 @@ void launch_varlen(VarlenKernelParams p, const LaunchPlan& plan, cudaStream_t st
 
 // The plan's tile over the launch's pages: the block table, or (p.cu_seqlens_k set) contiguous
 // rows, which only the cp.async tiles read (the plan never picks a TMA tile for them).
-template <class Elem, int kHeadDim, bool kFp8Cache>
+template <class Elem, int kHeadDim, CacheKind kCache>
 void launch_mma_sync(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   bool launched = false;
   const bool contiguous = p.cu_seqlens_k != nullptr;
   auto try_tile = [&]<TileId kTile>() {
-    constexpr TileConfig kCfg = tile_config(kTile, kHeadDim, kFp8Cache);
-    if constexpr (tile_instantiated(kTile, kHeadDim, kFp8Cache) && kCfg.generation == Generation::mma_sync) {
+    constexpr TileConfig kCfg = tile_config(kTile, kHeadDim, kCache);
+    if constexpr (tile_instantiated(kTile, kHeadDim, kCache) && kCfg.generation == Generation::mma_sync) {
       if (plan.tile == kTile && !contiguous) {
-        launch_varlen<VarlenTraits<Elem, kHeadDim, kFp8Cache, kTile>, cuda::BlockTablePages>(p, plan, stream);
+        launch_varlen<VarlenTraits<Elem, kHeadDim, kCache, kTile>, cuda::BlockTablePages>(p, plan, stream);
         launched = true;
       }
       if constexpr (kCfg.fill == KvFill::cp_async) {
         if (plan.tile == kTile && contiguous) {
-          launch_varlen<VarlenTraits<Elem, kHeadDim, kFp8Cache, kTile>, cuda::ContiguousPages>(p, plan, stream);
+          launch_varlen<VarlenTraits<Elem, kHeadDim, kCache, kTile>, cuda::ContiguousPages>(p, plan, stream);
           launched = true;
         }
       }
@@ -63,13 +63,13 @@ void launch_mma_sync(const VarlenKernelParams& p, const LaunchPlan& plan, cudaSt
   try_tile.template operator()<TileId::decode_transposed_two_stage>();
   ATTNKIT_REQUIRE(launched, "flash_attn varlen attention", "tile", plan.config.name,
                   "is not an mma_sync tile built for head size " + std::to_string(kHeadDim) +
-                      (kFp8Cache ? " with an fp8 cache" : "") + (contiguous ? " over contiguous K/V" : ""));
+                      " with a " + cache_kind_name(kCache) + " cache" + (contiguous ? " over contiguous K/V" : ""));
 }
 
 // A planned launch (FlashInfer-style decode): the plan's decode tile over the page table, one CTA
 // per planned item slot (grid_items, the plan's capacity: slots past the plan's count exit) and KV
 // head; split tiles write the plan's partial rows (merged by the caller after the launch).
-template <class Elem, int kHeadDim, bool kFp8Cache>
+template <class Elem, int kHeadDim, CacheKind kCache>
 void launch_planned(VarlenKernelParams p, const LaunchPlan& plan, int64_t grid_items, cudaStream_t stream) {
   const char* where = "flashinfer planned decode";
   const int64_t ctas = grid_items * p.num_kv_heads;  // (PlanScheduler: item-major, KV heads inner)
@@ -77,11 +77,11 @@ void launch_planned(VarlenKernelParams p, const LaunchPlan& plan, int64_t grid_i
                   "must be in [1, 2^31) (one grid dimension)");
   bool launched = false;
   auto try_tile = [&]<TileId kTile>() {
-    constexpr TileConfig kCfg = tile_config(kTile, kHeadDim, kFp8Cache);
-    if constexpr (tile_instantiated(kTile, kHeadDim, kFp8Cache) && kCfg.generation == Generation::mma_sync &&
+    constexpr TileConfig kCfg = tile_config(kTile, kHeadDim, kCache);
+    if constexpr (tile_instantiated(kTile, kHeadDim, kCache) && kCfg.generation == Generation::mma_sync &&
                   kCfg.rows == kDecodeTileRows) {
       if (plan.tile != kTile) return;
-      using Tr = VarlenTraits<Elem, kHeadDim, kFp8Cache, kTile>;
+      using Tr = VarlenTraits<Elem, kHeadDim, kCache, kTile>;
       using Sched = PlanScheduler<Tr::kBlockM, Tr::kBlockN>;
       using Epi = detail::SplitKvEpilogue<Tr, detail::PlanPartials>;
       using Src = KvSourceOf<Tr, cuda::PageTablePages>;
@@ -111,14 +111,17 @@ void launch_planned(VarlenKernelParams p, const LaunchPlan& plan, int64_t grid_i
   try_tile.template operator()<TileId::decode_transposed>();
   try_tile.template operator()<TileId::decode_transposed_two_stage>();
   ATTNKIT_REQUIRE(launched, where, "tile", plan.config.name,
-                  "is not a planned decode tile built for head dim " + std::to_string(kHeadDim));
+                  "is not a planned decode tile built for head dim " + std::to_string(kHeadDim) + " with a " +
+                      cache_kind_name(kCache) + " cache");
 }
 
 }  // namespace attnkit::flash_attn
 
-#define ATTNKIT_PLANNED_INSTANTIATE(ELEM, HEAD_DIM, FP8)                                                    \
-  template void launch_planned<ELEM, HEAD_DIM, FP8>(VarlenKernelParams, const LaunchPlan&, int64_t, cudaStream_t);
+#define ATTNKIT_PLANNED_INSTANTIATE(ELEM, HEAD_DIM, CACHE)                                                  \
+  template void launch_planned<ELEM, HEAD_DIM, CacheKind::CACHE>(VarlenKernelParams, const LaunchPlan&, int64_t, \
+                                                                 cudaStream_t);
 
 // Explicit instantiation of every mma_sync tile of one (dtype, head size, cache kind).
-#define ATTNKIT_VARLEN_INSTANTIATE(ELEM, HEAD_DIM, FP8)                                                    \
-  template void launch_mma_sync<ELEM, HEAD_DIM, FP8>(const VarlenKernelParams&, const LaunchPlan&, cudaStream_t);
+#define ATTNKIT_VARLEN_INSTANTIATE(ELEM, HEAD_DIM, CACHE)                                                  \
+  template void launch_mma_sync<ELEM, HEAD_DIM, CacheKind::CACHE>(const VarlenKernelParams&, const LaunchPlan&, \
+                                                                  cudaStream_t);

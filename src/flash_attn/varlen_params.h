@@ -28,6 +28,13 @@ struct VarlenKernelParams {
   cuda::FastDivmod block_size;
   int64_t num_blocks = 0;  // blocks in the cache (bounds the early L2 prefetch's page ids)
   int fp8_format = 0;  // cuda::Fp8Format for fp8 caches
+  // NVFP4 caches (planned launches): each side's block scales, one e4m3 byte per 16 values in rows
+  // of head_size / 16 bytes (KVCacheSpec::view); byte strides. The global scales are k_scale /
+  // v_scale below ([1]).
+  const void* k_block_scales = nullptr;
+  const void* v_block_scales = nullptr;
+  int32_t k_bscale_stride_block = 0, k_bscale_stride_slot = 0, k_bscale_stride_head = 0;
+  int32_t v_bscale_stride_block = 0, v_bscale_stride_slot = 0, v_bscale_stride_head = 0;
 
   // Batch: cu_seqlens_q [num_reqs + 1], seqused_k [num_reqs], block_table [num_reqs, max_blocks].
   // Contiguous K/V (cu_seqlens_k [num_reqs + 1] set, no block table): request r's keys are rows
@@ -50,7 +57,7 @@ struct VarlenKernelParams {
   int64_t alibi_req_stride = 0;         // between requests (0: one row for every request)
   const float* sinks = nullptr;  // [num_heads]
   int64_t sinks_stride = 1;
-  // fp8 dequant scales: [1] (stride 0 used) or [num_kv_heads]; nullptr = 1.
+  // fp8 dequant scales / NVFP4 global scales: [1] (stride 0 used) or [num_kv_heads]; nullptr = 1.
   const float* k_scale = nullptr;
   const float* v_scale = nullptr;
   int64_t k_scale_stride = 0, v_scale_stride = 0;

@@ -242,6 +242,12 @@ __device__ __forceinline__ cuda::KvSourceArgs<PageMap> kv_source_args(const Varl
   cuda::KvSourceArgs<PageMap> a;
   a.k = {static_cast<const char*>(p.k_cache) + w.kv_head * p.k_stride_head, p.k_stride_block, p.k_stride_slot};
   a.v = {static_cast<const char*>(p.v_cache) + w.kv_head * p.v_stride_head, p.v_stride_block, p.v_stride_slot};
+  if (p.k_block_scales != nullptr) {  // (NVFP4)
+    a.k_scales = {static_cast<const char*>(p.k_block_scales) + w.kv_head * p.k_bscale_stride_head,
+                  p.k_bscale_stride_block, p.k_bscale_stride_slot};
+    a.v_scales = {static_cast<const char*>(p.v_block_scales) + w.kv_head * p.v_bscale_stride_head,
+                  p.v_bscale_stride_block, p.v_bscale_stride_slot};
+  }
   a.pages = page_map_for<PageMap>(p, w);
   a.block_size = p.block_size;
   a.seq_len = w.seq_len;

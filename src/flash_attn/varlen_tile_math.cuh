@@ -13,6 +13,7 @@
 
 #include "cuda/attention_mask.h"
 #include "cuda/cp_async.h"
+#include "cuda/fp4_dequant.h"
 #include "cuda/fp8_dequant.h"
 #include "cuda/frag_rows.h"
 #include "cuda/kv_smem_layout.h"
@@ -72,7 +73,47 @@ __device__ __forceinline__ void qk_tile(FragC (&s)[Tr::kMFrags][Tr::kSFrags],
   for (int mf = 0; mf < Tr::kMFrags; ++mf)
 #pragma unroll
     for (int i = 0; i < Tr::kSFrags; ++i) s[mf][i] = FragC{};
-  if constexpr (Tr::kFp8Cache) {
+  if constexpr (Tr::kFp4Cache) {
+    // Codes of 32-dim groups in the order of fp4_dequant.h; groups j, j + 1 per ldmatrix.
+    const unsigned char* k_scales = smem + (sk - sq) + Tr::kStageDataBytes;
+    const int g = lane >> 2;
+#pragma unroll
+    for (int j = 0; j < Tr::kHeadDim / 32; j += 2) {
+      FragA a[Tr::kMFrags][4];  // k-steps 2j .. 2j + 3
+#pragma unroll
+      for (int mf = 0; mf < Tr::kMFrags; ++mf) {
+        if constexpr (Tr::kQInRegs) {
+#pragma unroll
+          for (int h = 0; h < 4; ++h) a[mf][h] = q_regs[2 * j + h];
+        } else {
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            a_frags_fp4_order(reinterpret_cast<const uint16_t*>(smem), Tr::kPitch, warp_row0 + 16 * mf, j + h, lane,
+                              a[mf][2 * h], a[mf][2 * h + 1]);
+        }
+      }
+#pragma unroll
+      for (int nf = 0; nf < Tr::kSFrags; nf += 2) {
+        uint32_t r[4];  // (keys g, g + 8) x (groups j, j + 1)
+        ldmatrix_x4(r, sk + k_frags_fp8_offset<KvL>(key0 + nf * 8, j, lane));
+        const uint32_t s_g = k_scales_fp4(k_scales + (key0 + nf * 8 + g) * Tr::kScaleRowBytes, j, lane);
+        const uint32_t s_g8 = k_scales_fp4(k_scales + (key0 + nf * 8 + 8 + g) * Tr::kScaleRowBytes, j, lane);
+        FragB b[2][4];  // [key half][k-step 2j .. 2j + 3]
+        k_frags_fp4_from_word(r[0], low_twice(s_g), b[0][0], b[0][1]);
+        k_frags_fp4_from_word(r[2], high_twice(s_g), b[0][2], b[0][3]);
+        k_frags_fp4_from_word(r[1], low_twice(s_g8), b[1][0], b[1][1]);
+        k_frags_fp4_from_word(r[3], high_twice(s_g8), b[1][2], b[1][3]);
+#pragma unroll
+        for (int mf = 0; mf < Tr::kMFrags; ++mf)
+#pragma unroll
+          for (int h = 0; h < 4; ++h) {
+            mma_16816<M>(s[mf][nf], a[mf][h], b[0][h]);
+            mma_16816<M>(s[mf][nf + 1], a[mf][h], b[1][h]);
+          }
+      }
+    }
+    return;
+  } else if constexpr (Tr::kFp8Cache) {
     // Head dimension permuted within each k16 step (fp8_dequant.h): 4 codes per lane.
 #pragma unroll
     for (int ks = 0; ks < Tr::kKSteps; ks += 2) {
@@ -139,7 +180,19 @@ __device__ __forceinline__ void pv_tile(FragC (&o)[Tr::kMFrags][Tr::kOFrags],
     FragA pa[Tr::kMFrags];
 #pragma unroll
     for (int mf = 0; mf < Tr::kMFrags; ++mf) pa[mf] = c_pair_to_a<M>(s[mf][2 * kk], s[mf][2 * kk + 1]);
-    if constexpr (Tr::kFp8Cache) {
+    if constexpr (Tr::kFp4Cache) {
+      // O's columns permuted within 64-dim groups (fp4_dequant.h); undone in the epilogue.
+      const unsigned char* v_tile = smem + (sv - s_base);
+#pragma unroll
+      for (int group = 0; group < Tr::kODim / 64; ++group) {
+        FragB b[8];
+        v_frags_fp4<KvL, Tr::kScaleRowBytes>(v_tile, v_tile + Tr::kStageDataBytes, key0 + kk * 16, group, lane, b);
+#pragma unroll
+        for (int mf = 0; mf < Tr::kMFrags; ++mf)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) mma_16816<M>(o[mf][8 * group + e], pa[mf], b[e]);
+      }
+    } else if constexpr (Tr::kFp8Cache) {
       // O's columns permuted within 32-dim groups (fp8_dequant.h); undone in the epilogue.
       const unsigned char* v_tile = smem + (sv - s_base);
 #pragma unroll
@@ -187,12 +240,19 @@ struct TileMath<Tr, kFmt, KvL, false> {
   }
   // Q has landed in shared memory (at smem / s_q): its fragments into registers.
   __device__ __forceinline__ void load_q(const unsigned char* smem, uint32_t s_q) {
+    if constexpr (Tr::kFp4Cache) {
 #pragma unroll
-    for (int ks = 0; ks < Tr::kKSteps; ++ks) {
-      if constexpr (Tr::kFp8Cache)
-        q_regs[ks] = a_frag_dim_permuted(reinterpret_cast<const uint16_t*>(smem), Tr::kPitch, warp_row0, ks, lane);
-      else
-        ldmatrix_x4(q_regs[ks].r, a_frag_addr(s_q, Tr::kPitch, warp_row0, ks * 16, lane));
+      for (int j = 0; j < Tr::kHeadDim / 32; ++j)
+        a_frags_fp4_order(reinterpret_cast<const uint16_t*>(smem), Tr::kPitch, warp_row0, j, lane, q_regs[2 * j],
+                          q_regs[2 * j + 1]);
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < Tr::kKSteps; ++ks) {
+        if constexpr (Tr::kFp8Cache)
+          q_regs[ks] = a_frag_dim_permuted(reinterpret_cast<const uint16_t*>(smem), Tr::kPitch, warp_row0, ks, lane);
+        else
+          ldmatrix_x4(q_regs[ks].r, a_frag_addr(s_q, Tr::kPitch, warp_row0, ks * 16, lane));
+      }
     }
   }
   // One K/V tile (K at s_k, V at s_v) whose first key is tile_key0.
@@ -215,7 +275,25 @@ struct TileMath<Tr, kFmt, KvL, false> {
       softmax[mf].finish(unit, max_log2, sum);
       const int row = warp_m * Tr::kWarpRows + 16 * mf + (lane >> 2);
       float* base = s_o + row * Tr::kOPitch + 2 * (lane & 3);
-      if constexpr (Tr::kFp8Cache) {
+      if constexpr (Tr::kFp4Cache) {
+        // Undo the column permutation of the NVFP4 P V (v_frags_fp4): in each 64-dim group the
+        // lane's columns are dims 64 G + 16 t + e (c[0] of fragment e) and + 8 + e (c[1]).
+        float* row_lo = base - 2 * (lane & 3) + 16 * (lane & 3);
+#pragma unroll
+        for (int g = 0; g < Tr::kOFrags / 8; ++g) {
+          const FragC* f = &o[mf][8 * g];
+          float* d = row_lo + 64 * g;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {  // rows lane / 4 and + 8
+            float* dr = d + h * 8 * Tr::kOPitch;
+            const int c0 = 2 * h, c1 = 2 * h + 1;
+            *reinterpret_cast<float4*>(dr) = make_float4(f[0].c[c0], f[1].c[c0], f[2].c[c0], f[3].c[c0]);
+            *reinterpret_cast<float4*>(dr + 4) = make_float4(f[4].c[c0], f[5].c[c0], f[6].c[c0], f[7].c[c0]);
+            *reinterpret_cast<float4*>(dr + 8) = make_float4(f[0].c[c1], f[1].c[c1], f[2].c[c1], f[3].c[c1]);
+            *reinterpret_cast<float4*>(dr + 12) = make_float4(f[4].c[c1], f[5].c[c1], f[6].c[c1], f[7].c[c1]);
+          }
+        }
+      } else if constexpr (Tr::kFp8Cache) {
         // Undo the column permutation of the fp8 P V (v_frags_fp8): in each 32-dim group the
         // lane's columns are the 8 consecutive dims 32 g + 8 t .. + 7, c[0] / c[2] of the group's
         // four fragments the first four, c[1] / c[3] the next: two float4 stores per row.

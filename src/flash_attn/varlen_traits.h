@@ -23,18 +23,22 @@ namespace attnkit::flash_attn {
 
 constexpr int max_c(int a, int b) { return a > b ? a : b; }
 
-template <class Elem_, int kHeadDim_, bool kFp8Cache_, TileId kTile_>
+template <class Elem_, int kHeadDim_, CacheKind kCache_, TileId kTile_>
 struct VarlenTraits {
   static constexpr TileId kTile = kTile_;
-  static constexpr TileConfig kConfig = tile_config(kTile_, kHeadDim_, kFp8Cache_);
+  static constexpr TileConfig kConfig = tile_config(kTile_, kHeadDim_, kCache_);
   static_assert(kConfig.generation == Generation::mma_sync, "an mma_sync tile");
-  static_assert(tile_instantiated(kTile_, kHeadDim_, kFp8Cache_), "a tile the launch decision may pick");
+  static_assert(tile_instantiated(kTile_, kHeadDim_, kCache_), "a tile the launch decision may pick");
   using Elem = Elem_;  // __nv_bfloat16 or __half: q and out
-  // The MMA operand type: fp8 caches run both GEMMs in f16 (every fp8 value is exact in f16,
-  // P gains precision; a bf16 Q is rescaled by a power of two into f16 range first).
-  using MmaElem = std::conditional_t<kFp8Cache_, __half, Elem_>;
+  static constexpr CacheKind kCache = kCache_;
+  static constexpr bool kFp8Cache = kCache_ == CacheKind::fp8;    // fp8 fragments (cuda/fp8_dequant.h)
+  static constexpr bool kFp4Cache = kCache_ == CacheKind::nvfp4;  // NVFP4 fragments (cuda/fp4_dequant.h)
+  static constexpr bool kQuantCache = quantized(kCache_);
+  // The MMA operand type: fp8 and NVFP4 caches run both GEMMs in f16 (every fp8 value, and every
+  // e2m1 code times its e4m3 block scale, is exact in f16; P gains precision; a bf16 Q is
+  // rescaled by a power of two into f16 range first).
+  using MmaElem = std::conditional_t<kQuantCache, __half, Elem_>;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr bool kFp8Cache = kFp8Cache_;
   static constexpr int kMFrags = kConfig.m_frags;  // m16 row fragments per warp
   static constexpr int kWarpsM = kConfig.warps_m, kWarpsN = kConfig.warps_n;
   static constexpr int kWarpRows = 16 * kMFrags;
@@ -70,20 +74,26 @@ struct VarlenTraits {
   static_assert(kWarpKeys % 16 == 0, "each warp needs whole k16 steps of keys");
   static_assert(!kFp8Cache || (kHeadDim % 32 == 0 && kKSteps % 2 == 0),
                 "fp8 fragments come in 32-dim groups and pairs of k16 steps");
+  static_assert(!kFp4Cache || (kHeadDim % 64 == 0 && !kTransposed && kOSlices == 1 && kConfig.fill == KvFill::cp_async),
+                "NVFP4 fragments come in 64-dim groups, on the cp.async decode tile");
   static_assert(!kTransposed || (kFp8Cache && kMFrags == 1 && kWarpsM == 1 && kQInRegs),
                 "the transposed tile is the fp8 decode tile with Q in registers");
 
   // Shared memory. 16-bit tiles have a pitch of kHeadDim + 8 elements (16 bytes of padding:
   // the 8 rows of an ldmatrix phase hit distinct banks); fp8 tiles are padded by 16 bytes.
   static constexpr int kPitch = kHeadDim + 8;
-  static constexpr int kKvRowBytes = kFp8Cache ? kHeadDim : 2 * kHeadDim;  // in the cache
+  static constexpr int kKvRowBytes = kv_row_bytes(kHeadDim, kCache);  // in the cache
+  static constexpr int kScaleRowBytes = kv_scale_row_bytes(kHeadDim, kCache);  // NVFP4 block scales
   // Stages filled by TMA (decode, sm90; varlen_kernel.cuh) are dense: rows of kKvRowBytes in
   // the 128-byte-swizzled layout of cuda/kv_smem_layout.h, whose tiles start 1024-byte aligned
   // (the kernel rounds the stage base up: 1 KB of slack).
   static constexpr bool kTmaStages = kConfig.fill == KvFill::tma;
-  static constexpr int kStagePitchBytes = kTmaStages ? kKvRowBytes : kFp8Cache ? kHeadDim + 16 : 2 * kPitch;
+  // NVFP4 stages: each side's tile of packed rows is followed by its tile of scale rows (dense).
+  static constexpr int kStagePitchBytes = kTmaStages ? kKvRowBytes : kQuantCache ? kKvRowBytes + 16 : 2 * kPitch;
   static constexpr int kQBytes = kBlockM * kPitch * 2;
-  static constexpr int kStageTileBytes = kBlockN * kStagePitchBytes;  // K or V of one stage
+  static constexpr int kStageDataBytes = kBlockN * kStagePitchBytes;  // the rows of one side
+  static constexpr int kStageScaleBytes = kBlockN * kScaleRowBytes;   // ... its block scales
+  static constexpr int kStageTileBytes = kStageDataBytes + kStageScaleBytes;  // K or V of one stage
   static constexpr int kStageBytes = 2 * kStageTileBytes;
   static constexpr int kStagesOffset = kQBytes;
   static constexpr int kTmaSlack = kTmaStages ? 1024 : 0;
@@ -107,15 +117,15 @@ struct VarlenTraits {
       kOSlices == 1 && kBlockM <= 16 && kClusterPartOffset + kClusterPartBytes <= kSmemBytes;
 };
 
-// Launches tile plan.tile of the kernel for (Elem, kHeadDim, kFp8Cache) (varlen_launcher.cuh,
+// Launches tile plan.tile of the kernel for (Elem, kHeadDim, kCache: 16-bit or fp8) (varlen_launcher.cuh,
 // instantiated in varlen_hd*.cu). Throws Error on launch failure, when the device lacks the
 // shared memory, or for a tile this configuration does not instantiate.
-template <class Elem, int kHeadDim, bool kFp8Cache>
+template <class Elem, int kHeadDim, CacheKind kCache>
 void launch_mma_sync(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStream_t stream);
 
-// The planned (FlashInfer-style) decode of (Elem, kHeadDim, kFp8Cache) for plan.tile
+// The planned (FlashInfer-style) decode of (Elem, kHeadDim, kCache) for plan.tile
 // (varlen_launcher.cuh, instantiated in src/flashinfer/decode_hd*.cu for kPlannedHeadDims).
-template <class Elem, int kHeadDim, bool kFp8Cache>
+template <class Elem, int kHeadDim, CacheKind kCache>
 void launch_planned(VarlenKernelParams p, const LaunchPlan& plan, int64_t grid_items, cudaStream_t stream);
 
 }  // namespace attnkit::flash_attn

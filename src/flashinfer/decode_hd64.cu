@@ -1,12 +1,14 @@
 // The FlashInfer-style planned decode kernels for head dim 64 (head sizes rounded up to it:
-// flash_attn/tile_set.h kPlannedHeadDims): bf16 / f16 queries, 16-bit and fp8 caches. The
+// flash_attn/tile_set.h kPlannedHeadDims): bf16 / f16 queries, 16-bit, fp8 and NVFP4 caches. The
 // kernel is the FlashAttention-style skeleton with the plan's policies (varlen_launcher.cuh
 // launch_planned: PlanScheduler, the page table, the plan's partial rows).
 #include "flash_attn/varlen_launcher.cuh"
 
 namespace attnkit::flash_attn {
-ATTNKIT_PLANNED_INSTANTIATE(__nv_bfloat16, 64, false)
-ATTNKIT_PLANNED_INSTANTIATE(__nv_bfloat16, 64, true)
-ATTNKIT_PLANNED_INSTANTIATE(__half, 64, false)
-ATTNKIT_PLANNED_INSTANTIATE(__half, 64, true)
+ATTNKIT_PLANNED_INSTANTIATE(__nv_bfloat16, 64, b16)
+ATTNKIT_PLANNED_INSTANTIATE(__nv_bfloat16, 64, fp8)
+ATTNKIT_PLANNED_INSTANTIATE(__half, 64, b16)
+ATTNKIT_PLANNED_INSTANTIATE(__half, 64, fp8)
+ATTNKIT_PLANNED_INSTANTIATE(__nv_bfloat16, 64, nvfp4)
+ATTNKIT_PLANNED_INSTANTIATE(__half, 64, nvfp4)
 }  // namespace attnkit::flash_attn

@@ -85,8 +85,6 @@ class FlashInferBackend final : public AttentionBackend {
     if (cfg.device.cpu) return why;
     if (!flashinfer_kernels_built())
       why.push_back("its GPU kernels are not in this build (attnkit was built without CUDA)");
-    if (cfg.cache_dtype == DType::nvfp4)
-      why.push_back("an NVFP4 cache is not read by its GPU kernels yet (its CPU path reads it)");
     if (cfg.features.non_causal)
       why.push_back("non-causal attention runs on its prefill path, whose GPU kernels are not built yet");
     const bool cache16 = cfg.cache_dtype == DType::f16 || cfg.cache_dtype == DType::bf16;

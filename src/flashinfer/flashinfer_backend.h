@@ -24,8 +24,9 @@ bool flashinfer_kernels_built();
 
 // Every rule of the configuration itself that the backend breaks (capabilities, large pages
 // need GQA on sm90+), without the GPU kernels' rules: what builders and impls require, so the
-// host side works on any build. check() adds on GPUs: the kernels must be in this build, and
-// read the cache dtype (no NVFP4 on the GPU yet).
+// host side works on any build. check() adds on GPUs: the kernels must be in this build, the
+// batch causal (the decode kernels), a 16-bit cache of the model dtype (fp8 and NVFP4 caches are
+// dequantized in the kernel).
 std::vector<std::string> configuration_refusals(const AttentionConfig& cfg);
 
 // num_heads / num_kv_heads, or 0 when the head counts do not form whole groups.

@@ -124,6 +124,7 @@ Problem::Problem(const Case& c) : c_(c) {
   d_cache_.resize(spec_.total_bytes());
   fill_random_device(d_cache_.get(), storage, cache_elems, c.seed ^ 0xcac4e, is_fp8(storage) ? kFp8CodeAmp : 1.f);
   d_kv_ = cache_view(d_cache_.get(), Device::CUDA);
+  if (c.cache_dtype == DType::nvfp4) fill_nvfp4_scales(need, rng);
   // The slots past each request's seq_len in its last block hold NaN (0xff bytes in every
   // cache dtype): a kernel that reads whole pages must mask them and keep them out of P V.
   if (storage != DType::u8) {
@@ -152,13 +153,15 @@ Problem::Problem(const Case& c) : c_(c) {
   fill_random_device(d_q_.get(), c.dtype, q_elems, c.seed ^ 0x9, c.q_amp);
 
   const int H = c.num_heads();
-  scale_count_ = c.per_head_kv_scale ? c.num_kv_heads : 1;
+  scale_count_ = c.per_head_kv_scale && c.cache_dtype != DType::nvfp4 ? c.num_kv_heads : 1;  // (nvfp4: one global scale)
   const int reqs = static_cast<int>(c.q_lens.size());
   h_params_.resize(2 * H + 2 * scale_count_ + static_cast<size_t>(reqs) * H);
   std::uniform_real_distribution<float> slope(0.005f, 0.25f), sink(-1.f, 3.f), kv_scale(1.f / 48, 1.f / 32);
   for (int h = 0; h < H; ++h) h_params_[h] = slope(rng);
   for (int h = 0; h < H; ++h) h_params_[H + h] = (rng() % 8 == 0) ? -INFINITY : sink(rng);
-  for (int i = 0; i < 2 * scale_count_; ++i) h_params_[2 * H + i] = kv_scale(rng);
+  std::uniform_real_distribution<float> global_scale(0.25f, 0.5f);  // (nvfp4: codes x block scales are <= 11)
+  for (int i = 0; i < 2 * scale_count_; ++i)
+    h_params_[2 * H + i] = c.cache_dtype == DType::nvfp4 ? global_scale(rng) : kv_scale(rng);
   for (int i = 0; i < reqs * H; ++i) h_params_[2 * H + 2 * scale_count_ + i] = slope(rng);  // per request
   upload(d_params_, h_params_.data(), h_params_.size() * 4);
   upload(d_cu_, cu_.data(), cu_.size() * 4);
@@ -195,6 +198,37 @@ Problem::Problem(const Case& c) : c_(c) {
   }
 }
 
+// NVFP4 caches: random codes (the fill above) with block scales in [0.125, 1.875] (e4m3 codes
+// 0x20..0x3f), and NaN scales (0xff) on the slots past each request's seq_len in its last block:
+// a kernel that reads whole pages must mask them and keep them out of P V.
+void Problem::fill_nvfp4_scales(const std::vector<int>& need, std::mt19937_64& rng) {
+  std::vector<uint8_t> host(spec_.total_bytes());
+  ATTNKIT_CUDA_CHECK(cudaMemcpy(host.data(), d_cache_.get(), host.size(), cudaMemcpyDeviceToHost));
+  const PagedKV hv = cache_view(host.data(), Device::CPU);
+  const int rows = c_.head_size / 16;
+  for (const PagedKVSide* side : {&hv.k, &hv.v})
+    for (int64_t b = 0; b < spec_.num_blocks; ++b)
+      for (int slot = 0; slot < c_.block_size; ++slot)
+        for (int h = 0; h < c_.num_kv_heads; ++h) {
+          uint8_t* row = static_cast<uint8_t*>(side->scale_base) + b * side->scale_stride_block +
+                         slot * side->scale_stride_slot + h * side->scale_stride_head;
+          for (int i = 0; i < rows; ++i) row[i] = static_cast<uint8_t>(0x20 + rng() % 32);
+        }
+  const int n = static_cast<int>(seq_.size());
+  for (int r = 0; r < n; ++r) {
+    const int used = seq_[r] % c_.block_size;
+    if (used == 0) continue;
+    const int32_t blk = table_[static_cast<size_t>(r) * max_blocks_ + need[r] - 1];
+    for (const PagedKVSide* side : {&hv.k, &hv.v})
+      for (int slot = used; slot < c_.block_size; ++slot)
+        for (int h = 0; h < c_.num_kv_heads; ++h)
+          std::memset(static_cast<uint8_t*>(side->scale_base) + blk * side->scale_stride_block +
+                          slot * side->scale_stride_slot + h * side->scale_stride_head,
+                      0xff, rows);
+  }
+  upload(d_cache_, host.data(), host.size());
+}
+
 PagedKV Problem::cache_view(void* data, Device device) const {
   const DType storage = spec_.storage_dtype();
   const int64_t cache_elems = spec_.total_bytes() / static_cast<int64_t>(dtype_size(storage));
@@ -225,7 +259,7 @@ AttentionParams Problem::params_on(bool device) const {
   else if (c_.alibi)
     p.alibi_slopes = TensorView(base, DType::f32, {H}, dev);
   if (c_.sinks) p.sinks = TensorView(base + H, DType::f32, {H}, dev);
-  if (is_fp8(c_.cache_dtype)) {
+  if (is_fp8(c_.cache_dtype) || c_.cache_dtype == DType::nvfp4) {
     p.k_scale = TensorView(base + 2 * H, DType::f32, {scale_count_}, dev);
     p.v_scale = TensorView(base + 2 * H + scale_count_, DType::f32, {scale_count_}, dev);
   }

@@ -116,6 +116,7 @@ class Problem {
   std::vector<int32_t> cu_, seq_, table_;
   int max_blocks_ = 0;
   KVCacheSpec spec_;
+  void fill_nvfp4_scales(const std::vector<int>& need, std::mt19937_64& rng);
   cuda::DeviceBuffer d_q_, d_cache_, d_cu_, d_seq_, d_table_, d_params_;
   cuda::DeviceBuffer d_k_rows_, d_v_rows_, d_cu_k_;  // contiguous_kv
   int64_t total_k_ = 0;

@@ -1,8 +1,8 @@
 // GPU tests of the FlashInfer-style planned decode (src/flashinfer/gpu_decode.h) against the CPU
 // reference: the Problem's batch (tests/gpu/attention_case.h) as a page table (its block-table
 // rows), planned by plan_batch, uploaded, run by the planned kernels and merged; every row of
-// the output and LSE (poisoned first) compared. Page sizes 16..1024, NHD / HND, 16-bit and fp8
-// caches, head sizes padded up to 64 / 128 / 256, GQA 1..8, 1..4 query tokens per request,
+// the output and LSE (poisoned first) compared. Page sizes 16..1024, NHD / HND, 16-bit, fp8 and
+// NVFP4 caches, head sizes padded up to 64 / 128 / 256, GQA 1..8, 1..4 query tokens per request,
 // split and unsplit plans, every mask and score mod.
 #include <gtest/gtest.h>
 
@@ -104,17 +104,19 @@ PlannedRun run_planned(const Problem& p, PlanKernel kernel, int slots, const fla
 }
 
 // A decode batch: 1..max_q query tokens per request (uniform), group * q <= 16 packed rows.
-Case random_planned_decode_case(uint64_t seed) {
+// nvfp4: an NVFP4 cache, head sizes 64 / 128 / 256 (multiples of 64: tile_set.h head_size_multiple).
+Case random_planned_decode_case(uint64_t seed, bool nvfp4 = false) {
   std::mt19937_64 rng(seed * 9176 + 29);
   Case c;
   c.seed = seed;
   constexpr int kPages[] = {16, 32, 64, 128, 256, 512, 1024};
   constexpr int kHeads[] = {64, 128, 256, 40, 112, 200};
   c.block_size = kPages[seed % 7];
-  c.head_size = kHeads[(seed / 7) % 6];
+  c.head_size = kHeads[(seed / 7) % (nvfp4 ? 3 : 6)];
   c.dtype = (seed / 42) % 2 ? DType::f16 : DType::bf16;
-  const int cache_kind = static_cast<int>(rng() % 3);
-  c.cache_dtype = cache_kind == 0 || c.head_size % 16 ? c.dtype : cache_kind == 1 ? DType::fp8_e4m3 : DType::fp8_e5m2;
+  const int cache_kind = nvfp4 ? 3 : static_cast<int>(rng() % 4);
+  constexpr DType kCaches[] = {DType::bf16, DType::fp8_e4m3, DType::fp8_e5m2, DType::nvfp4};
+  c.cache_dtype = cache_kind == 0 || c.head_size % (cache_kind == 3 ? 64 : 16) ? c.dtype : kCaches[cache_kind];
   c.layout = rng() % 2 ? KVLayout::NHD : KVLayout::HND;
   const int groups[] = {1, 2, 4, 8};
   c.group = groups[rng() % 4];
@@ -167,9 +169,17 @@ TEST_P(PlannedDecodeGrid, MatchesCpuReference) {
 
 INSTANTIATE_TEST_SUITE_P(Seeds, PlannedDecodeGrid, ::testing::Range(0, 126));
 
+// NVFP4 caches: page sizes 16..1024, NHD / HND, head sizes 64 / 128 / 256, bf16 / f16 queries.
+class PlannedDecodeNvfp4Grid : public ::testing::TestWithParam<int> {};
+TEST_P(PlannedDecodeNvfp4Grid, MatchesCpuReference) {
+  const int i = GetParam();
+  check_planned(random_planned_decode_case(i, /*nvfp4=*/true), i % 3 == 0 ? 0 : i % 3 == 1 ? 2 : 64);
+}
+INSTANTIATE_TEST_SUITE_P(Seeds, PlannedDecodeNvfp4Grid, ::testing::Range(0, 84));
+
 TEST(PlannedDecodeSanitizer, SmallGrid) {
   for (int i = 0; i < 14; ++i) {
-    Case c = random_planned_decode_case(500 + i);
+    Case c = random_planned_decode_case(500 + i, /*nvfp4=*/i % 4 == 3);
     c.seq_lens.resize(std::min<size_t>(c.seq_lens.size(), 4));
     c.q_lens.resize(c.seq_lens.size());
     check_planned(c, i % 2 ? 64 : 0);
