@@ -48,22 +48,40 @@ struct KvSourceArgs {
   unsigned char* stages_ptr;   // ... and its generic pointer
 };
 
-// The rows of NVFP4 block scales (G::kScaleRowBytes > 0): 4-byte chunks into dense rows.
+// The rows of NVFP4 block scales (G::kScaleRowBytes > 0): 4-byte chunks into dense rows right
+// after each side's tile of packed rows, by the first kThreads threads (a tile of short rows
+// has fewer chunks than the CTA has threads), in 16-key groups whose pages are read one tile
+// ahead, as the packed rows' are. Without scales, every call is a no-op.
 template <class G, class PageMap, bool = (G::kScaleRowBytes > 0)>
 struct ScaleRows {
-  struct Loader {  // (none)
-    static constexpr bool kByGroups = true;
-    struct Pages {};
-  };
-  __device__ __forceinline__ ScaleRows(const KvSourceArgs<PageMap>&) {}
+  struct Pages {};
+  __device__ __forceinline__ ScaleRows(const KvSourceArgs<PageMap>&, int) {}
+  __device__ __forceinline__ Pages pages(int, int) const { return {}; }
+  __device__ __forceinline__ void load(int, uint32_t, uint32_t, int) const {}
+  __device__ __forceinline__ void load(int, const Pages&, uint32_t, uint32_t, int) const {}
 };
 template <class G, class PageMap>
 struct ScaleRows<G, PageMap, true> {
-  using Layout = PitchedTile<G::kScaleRowBytes>;
-  using Loader = PagedKVTileLoader<G::kBlockN, G::kScaleRowBytes, Layout, G::kThreads, PageMap, 4>;
+  static constexpr int kChunksPerTile = G::kBlockN * G::kScaleRowBytes / 4;
+  static constexpr int kThreads = kChunksPerTile < G::kThreads ? kChunksPerTile : G::kThreads;
+  using Loader = PagedKVTileLoader<G::kBlockN, G::kScaleRowBytes, PitchedTile<G::kScaleRowBytes>, kThreads, PageMap, 4>;
+  static_assert(Loader::kByGroups, "scale rows are copied by 16-key groups");
+  using Pages = typename Loader::Pages;
   const Loader loader;
-  __device__ __forceinline__ ScaleRows(const KvSourceArgs<PageMap>& a)
-      : loader{a.k_scales, a.v_scales, a.pages, a.block_size, a.seq_len, G::kScaleRowBytes} {}
+  const bool active;  // this thread copies scale chunks
+  __device__ __forceinline__ ScaleRows(const KvSourceArgs<PageMap>& a, int tid)
+      : loader{a.k_scales, a.v_scales, a.pages, a.block_size, a.seq_len, G::kScaleRowBytes}, active(tid < kThreads) {}
+  __device__ __forceinline__ Pages pages(int first_key, int tid) const {
+    return active ? loader.pages(first_key, tid) : Pages{};
+  }
+  // The scale rows of keys [first_key, + kBlockN) after the packed rows of the K / V stages.
+  __device__ __forceinline__ void load(int first_key, uint32_t k_stage, uint32_t v_stage, int tid) const {
+    if (active) loader.load(first_key, k_stage + G::kStageDataBytes, v_stage + G::kStageDataBytes, tid);
+  }
+  __device__ __forceinline__ void load(int first_key, const Pages& pg, uint32_t k_stage, uint32_t v_stage,
+                                       int tid) const {
+    if (active) loader.load(first_key, pg, k_stage + G::kStageDataBytes, v_stage + G::kStageDataBytes, tid);
+  }
 };
 
 template <class G, class PageMapT = BlockTablePages>
@@ -73,22 +91,21 @@ struct CpAsyncPagedSource {
   using Layout = PitchedTile<G::kStagePitchBytes>;  // where a stage's bytes lie (fragment loaders)
   using Loader = PagedKVTileLoader<G::kBlockN, G::kKvRowBytes, Layout, G::kThreads, PageMap>;
   using Scales = ScaleRows<G, PageMap>;
-  static constexpr bool kScales = G::kScaleRowBytes > 0;
   struct Barriers {};  // cp.async groups need none
   // Block-table entries of the next tile to load, read one iteration ahead (where the loader
   // copies by 16-key groups): their latency overlaps the MMAs instead of stalling the copies.
   static constexpr bool kPagesAhead = Loader::kByGroups;
-  static_assert(!kScales || (kPagesAhead && Scales::Loader::kByGroups), "scale rows are copied by 16-key groups");
+  static_assert(G::kScaleRowBytes == 0 || kPagesAhead, "tiles with scale rows read their pages ahead");
 
   const Loader loader;
   const Scales scales;
   const uint32_t stages;
   const int first_key, n_tiles, tid;
   typename Loader::Pages next_pages;  // (written before any read: start, issue_ahead)
-  typename Scales::Loader::Pages next_scale_pages;
+  typename Scales::Pages next_scale_pages;
 
   __device__ __forceinline__ CpAsyncPagedSource(const KvSourceArgs<PageMap>& a, Barriers&, int tid_)
-      : loader{a.k, a.v, a.pages, a.block_size, a.seq_len, a.row_bytes}, scales(a), stages(a.stages),
+      : loader{a.k, a.v, a.pages, a.block_size, a.seq_len, a.row_bytes}, scales(a, tid_), stages(a.stages),
         first_key(a.first_key), n_tiles(a.n_tiles), tid(tid_) {}
   __device__ __forceinline__ int tile_key(int i) const { return first_key + i * G::kBlockN; }
   __device__ __forceinline__ uint32_t k_stage(int i) const { return stages + Ring::stage_of(i) * G::kStageBytes; }
@@ -102,8 +119,7 @@ struct CpAsyncPagedSource {
     for (int s = 0; s < G::kStages - 1; ++s) {  // one group each, maybe empty
       if (s < n_tiles) {
         loader.load(tile_key(s), k_stage(s), v_stage(s), tid);
-        if constexpr (kScales)
-          scales.loader.load(tile_key(s), k_stage(s) + G::kStageDataBytes, v_stage(s) + G::kStageDataBytes, tid);
+        scales.load(tile_key(s), k_stage(s), v_stage(s), tid);
       }
       cp_async_commit();
     }
@@ -121,9 +137,7 @@ struct CpAsyncPagedSource {
     if constexpr (kPagesAhead) {
       if (ahead < n_tiles) {
         loader.load(tile_key(ahead), next_pages, k_stage(ahead), v_stage(ahead), tid);
-        if constexpr (kScales)
-          scales.loader.load(tile_key(ahead), next_scale_pages, k_stage(ahead) + G::kStageDataBytes,
-                             v_stage(ahead) + G::kStageDataBytes, tid);
+        scales.load(tile_key(ahead), next_scale_pages, k_stage(ahead), v_stage(ahead), tid);
       }
       cp_async_commit();
       if (ahead + 1 < n_tiles) read_pages_ahead(tile_key(ahead + 1));
@@ -137,7 +151,7 @@ struct CpAsyncPagedSource {
  private:
   __device__ __forceinline__ void read_pages_ahead(int key0) {
     next_pages = loader.pages(key0, tid);
-    if constexpr (kScales) next_scale_pages = scales.loader.pages(key0, tid);
+    next_scale_pages = scales.pages(key0, tid);
   }
 };
 

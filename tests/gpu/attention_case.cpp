@@ -122,7 +122,9 @@ Problem::Problem(const Case& c) : c_(c) {
   const DType storage = spec_.storage_dtype();
   const int64_t cache_elems = spec_.total_bytes() / static_cast<int64_t>(dtype_size(storage));
   d_cache_.resize(spec_.total_bytes());
-  fill_random_device(d_cache_.get(), storage, cache_elems, c.seed ^ 0xcac4e, is_fp8(storage) ? kFp8CodeAmp : 1.f);
+  // (nvfp4, u8 storage: random fp8 codes are random e2m1 pairs; fill_nvfp4_scales sets the scales)
+  const DType fill = storage == DType::u8 ? DType::fp8_e4m3 : storage;
+  fill_random_device(d_cache_.get(), fill, cache_elems, c.seed ^ 0xcac4e, is_fp8(fill) ? kFp8CodeAmp : 1.f);
   d_kv_ = cache_view(d_cache_.get(), Device::CUDA);
   if (c.cache_dtype == DType::nvfp4) fill_nvfp4_scales(need, rng);
   // The slots past each request's seq_len in its last block hold NaN (0xff bytes in every
@@ -199,7 +201,7 @@ Problem::Problem(const Case& c) : c_(c) {
 }
 
 // NVFP4 caches: random codes (the fill above) with block scales in [0.125, 1.875] (e4m3 codes
-// 0x20..0x3f), and NaN scales (0xff) on the slots past each request's seq_len in its last block:
+// 0x20..0x3f; now and then a subnormal one), and NaN scales (0xff) on the slots past each request's seq_len in its last block:
 // a kernel that reads whole pages must mask them and keep them out of P V.
 void Problem::fill_nvfp4_scales(const std::vector<int>& need, std::mt19937_64& rng) {
   std::vector<uint8_t> host(spec_.total_bytes());
@@ -212,7 +214,8 @@ void Problem::fill_nvfp4_scales(const std::vector<int>& need, std::mt19937_64& r
         for (int h = 0; h < c_.num_kv_heads; ++h) {
           uint8_t* row = static_cast<uint8_t*>(side->scale_base) + b * side->scale_stride_block +
                          slot * side->scale_stride_slot + h * side->scale_stride_head;
-          for (int i = 0; i < rows; ++i) row[i] = static_cast<uint8_t>(0x20 + rng() % 32);
+          for (int i = 0; i < rows; ++i)  // (1 in 64: a subnormal e4m3 scale, 2^-9 .. 7 x 2^-9)
+            row[i] = static_cast<uint8_t>(rng() % 64 == 0 ? 1 + rng() % 7 : 0x20 + rng() % 32);
         }
   const int n = static_cast<int>(seq_.size());
   for (int r = 0; r < n; ++r) {
