@@ -4,12 +4,15 @@
 // by plan_batch into its own device plan; the graph of back-to-back calls rotates over them as
 // the decode section does, in turns with the FlashAttention-style launch of the same instances
 // (its builder's split count): the ratio column of the section (NVFP4 rows have none: only the
-// FlashInfer-style backend reads that cache). Also: the host plan time of a
+// FlashInfer-style backend reads that cache). Also: the skewed batch (1 x 32k + 63 x 1k), eager
+// calls against graph replay at batch 1 x 1k and 16 x 4k. Also: the host plan time of a
 // 256-request decode batch (plan_batch alone, median of 201).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
+#include <stdexcept>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -20,6 +23,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_buffer.h"
 #include "cuda/device_props.h"
+#include "flash_attn/split_kv.h"
 #include "flashinfer/gpu_decode.h"
 
 namespace attnkit::bench {
@@ -50,14 +54,15 @@ flashinfer::PlanConfig plan_config(int page) {
 }
 
 // The instance's block table (device) as a page table, planned and uploaded.
+// kv_lens: the requests' key counts (empty: the batch's uniform kv_len).
 std::unique_ptr<PlannedInstance> plan_instance(const UniformBatch& b, const flash_attn::VarlenArgs& a, int page,
-                                               cudaStream_t stream) {
+                                               cudaStream_t stream, const std::vector<int32_t>& kv_lens = {}) {
   auto p = std::make_unique<PlannedInstance>();
   std::vector<int32_t> table(static_cast<size_t>(b.num_reqs) * b.blocks_per_req);
   ATTNKIT_CUDA_CHECK(cudaMemcpy(table.data(), b.block_table.get(), table.size() * 4, cudaMemcpyDeviceToHost));
   p->qo.resize(b.num_reqs + 1);
   for (int r = 0; r <= b.num_reqs; ++r) p->qo[r] = r;
-  p->kv.assign(b.num_reqs, b.kv_len);
+  p->kv = kv_lens.empty() ? std::vector<int32_t>(b.num_reqs, b.kv_len) : kv_lens;
   p->pages = flashinfer::PageTable(b.num_reqs, static_cast<int64_t>(table.size()));
   p->pages.fill(BatchView{p->qo, p->kv, table, b.blocks_per_req}, 0, b.num_reqs, page);
   const flashinfer::PlanConfig cfg = plan_config(page);
@@ -74,6 +79,28 @@ std::unique_ptr<PlannedInstance> plan_instance(const UniformBatch& b, const flas
   p->args.params = a.params;
   p->args.stream = stream;
   return p;
+}
+
+// Per-call time of `calls` eager calls (no graph: each call's host work and launch latency
+// included), median of 5 rounds after a warm-up round.
+double eager_ms_per_call(const std::function<void(int)>& call, int calls, cudaStream_t stream) {
+  cudaEvent_t a, b;
+  ATTNKIT_CUDA_CHECK(cudaEventCreate(&a));
+  ATTNKIT_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> ms;
+  for (int round = 0; round < 6; ++round) {
+    ATTNKIT_CUDA_CHECK(cudaEventRecord(a, stream));
+    for (int i = 0; i < calls; ++i) call(i);
+    ATTNKIT_CUDA_CHECK(cudaEventRecord(b, stream));
+    ATTNKIT_CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    ATTNKIT_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    if (round > 0) ms.push_back(t / calls);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
 }
 
 }  // namespace
@@ -158,12 +185,91 @@ void run_decode_flashinfer(Recorder& rec, cudaStream_t stream, double read_gbps,
               std::snprintf(note + n, sizeof note - n, "; FlashAttention-style in the same turns %.1f GB/s (%d splits): %.2fx",
                             g_fa, splits, g / g_fa);
             rec.add({"decode-fi", key, "attnkit", "GB/s", g, ms[0], note});
+            // Graph replay against eager calls (the latency-bound shapes).
+            if (cd == DType::bf16 && page == 16 && ((B == 1 && L == 1024) || (B == 16 && L == 4096))) {
+              const double eager = eager_ms_per_call(fi.call, shape.calls, stream);
+              char enote[200];
+              std::snprintf(enote, sizeof enote, "eager calls (host plan checks + launches each call) %.1f us vs %.1f us per call replayed in a CUDA graph: %.2fx",
+                            eager * 1e3, ms[0] * 1e3, eager / ms[0]);
+              rec.add({"decode-fi", key + " eager", "attnkit", "us", eager * 1e3, eager, enote});
+            }
           } catch (const std::exception& e) {
             rec.fail("decode-fi", key, e.what());
             cudaGetLastError();
           }
         }
     }
+
+  // The skewed batch: one request of 32k keys among 63 of 1k (bf16, pages of 16). The instances
+  // are uniform 64 x 32k batches (block tables of 2048 pages per request) whose seqused_k says
+  // 32k for request 0 and 1k for the others; the FlashAttention-style launch takes its builder's
+  // split count for these lengths.
+  const std::string skew_key = "decode-fi bf16 p16 skewed 1x32768+63x1024";
+  if (key_selected(skew_key)) {
+    try {
+      constexpr int kReqs = 64, kLong = 32768, kShort = 1024, kPage = 16;
+      const KVCacheSpec spec = decode_pool_spec(DType::bf16, buf16.pool_bytes, kPage, kKvHeads, kHeadSize);
+      fill_random(buf16.pool.get(), spec.total_bytes() / 2, DType::bf16, 43, stream);
+      const PagedKV cache = pool_view(spec, buf16.pool.get());
+      std::vector<int32_t> lens(kReqs, kShort), qo(kReqs + 1);
+      lens[0] = kLong;
+      for (int r = 0; r <= kReqs; ++r) qo[r] = r;
+      const int64_t blocks = int64_t{kReqs} * (kLong / kPage);
+      const int n_inst = static_cast<int>(std::min<int64_t>(3, spec.num_blocks / blocks));
+      if (n_inst < 1) throw std::runtime_error("pool too small for the skewed batch");
+      std::vector<std::unique_ptr<UniformBatch>> batches_u;
+      std::vector<flash_attn::VarlenArgs> args;
+      std::vector<std::unique_ptr<PlannedInstance>> inst;
+      for (int i = 0; i < n_inst; ++i) {
+        batches_u.push_back(std::make_unique<UniformBatch>(
+            make_uniform_batch(kReqs, 1, kLong, kPage, i * blocks, 2000 + i, stream)));
+        ATTNKIT_CUDA_CHECK(cudaMemcpy(batches_u.back()->seqused_k.get(), lens.data(), lens.size() * 4,
+                                      cudaMemcpyHostToDevice));
+        args.push_back(varlen_args(*batches_u.back(), cache, buf16.q.get(), buf16.out.get(), kHeads, kHeadSize, true, stream));
+        inst.push_back(plan_instance(*batches_u.back(), args.back(), kPage, stream, lens));
+        inst.back()->args.workspace = workspace.get();
+        inst.back()->args.workspace_bytes = workspace.bytes();
+      }
+      flash_attn::SplitKVInput in;
+      in.query_start_loc = qo;
+      in.seq_lens = lens;
+      in.num_heads = kHeads;
+      in.num_kv_heads = kKvHeads;
+      in.num_sms = props.sm_count;
+      in.head_size = kHeadSize;
+      in.cc_major = props.cc_major;
+      in.hopper_kernels = flash_attn::hopper_kernels_available();
+      const int splits = flash_attn::decide_num_splits(in).num_splits;
+      cuda::DeviceBuffer fa_ws = split_workspace(flash_attn::varlen_workspace_bytes(kReqs, kHeads, kHeadSize, splits), stream);
+      for (auto& a : args) {
+        a.num_splits = splits;
+        a.workspace = fa_ws.get();
+        a.workspace_bytes = fa_ws.bytes();
+      }
+      double keys = 0;
+      for (int32_t l : lens) keys += l;
+      const double bytes = keys * kKvHeads * kHeadSize * 2 * 2 + 2.0 * kReqs * kHeads * kHeadSize * 2;
+      const int calls = static_cast<int>(std::clamp<int64_t>(std::llround(4.0 / (bytes / 4.0e9)), 3, 256));
+      TimedLaunch fi{args, calls};
+      fi.call = [&](int i) {
+        PlannedInstance& p = *inst[i % inst.size()];
+        flashinfer::run_planned_decode(*p.dev, p.plan, p.pages, p.batch, p.args);
+      };
+      const std::vector<double> ms = time_interleaved({fi, TimedLaunch{args, calls}}, stream);
+      const double g = bytes / ms[0] / 1e6, g_fa = bytes / ms[1] / 1e6;
+      const flashinfer::PlanBuffers& pl = inst.front()->plan;
+      char note[260];
+      std::snprintf(note, sizeof note,
+                    "%.1f us/call; %.0f%% of read BW; plan: %d items, chunk %lld, %s; FlashAttention-style in the "
+                    "same turns %.1f GB/s (%d splits): %.2fx",
+                    ms[0] * 1e3, pct(g), pl.num_items, static_cast<long long>(pl.kv_chunk_tokens),
+                    pl.split_kv ? "split" : "unsplit", g_fa, splits, g / g_fa);
+      rec.add({"decode-fi", skew_key, "attnkit", "GB/s", g, ms[0], note});
+    } catch (const std::exception& e) {
+      rec.fail("decode-fi", skew_key, e.what());
+      cudaGetLastError();
+    }
+  }
 }
 
 }  // namespace attnkit::bench

@@ -61,7 +61,7 @@ def build(recs):
     read_bw = next((val(s, k, "attnkit") for (s, k) in order if s == "ceiling" and k.startswith("read-only")), None)
     rows = []
     head = ["section", "shape", "unit", "attnkit", "torch FLASH", "torch cuDNN", "ours/FLASH",
-            "ours/cuDNN", "% of read BW", "fp8/bf16", "notes"]
+            "ours/cuDNN", "% of read BW", "speed x bf16", "notes"]
     for (s, k) in order:
         impls = by[(s, k)]
         ours = impls.get("attnkit")
@@ -73,8 +73,9 @@ def build(recs):
             frac = 100.0 * a / read_bw
         if s == "decode" and k.startswith("decode fp8"):
             speed = ratio(ms(s, k.replace("decode fp8", "decode bf16"), "attnkit"), ms(s, k, "attnkit"))
-        if s == "decode-fi" and k.startswith("decode-fi fp8"):
-            speed = ratio(ms(s, k.replace("decode-fi fp8", "decode-fi bf16"), "attnkit"), ms(s, k, "attnkit"))
+        for q in ("fp8", "nvfp4"):
+            if s == "decode-fi" and k.startswith(f"decode-fi {q} "):
+                speed = ratio(ms(s, k.replace(f"decode-fi {q} ", "decode-fi bf16 "), "attnkit"), ms(s, k, "attnkit"))
         notes = []
         for r in impls.values():  # each distinct note once: ours' method, the peers' GQA mode, failures
             n = r.get("note", "")
@@ -175,6 +176,23 @@ def build(recs):
         if sp:
             targets.append(f"flashinfer decode fp8/bf16 batch>=16 KV>=4k: {fmt(min(sp), 2)}x..{fmt(max(sp), 2)}x "
                            f"(target >= 1.85x: {'met' if min(sp) >= 1.85 else 'MISSED'})")
+        sp4 = []
+        for k, _, t4 in fi("nvfp4", 16, lambda b, l: b >= 16 and l >= 4096):
+            t16 = ms("decode-fi", k.replace("decode-fi nvfp4", "decode-fi bf16"), "attnkit")
+            if t4 and t16:
+                sp4.append(t16 / t4)
+        if sp4:
+            targets.append(f"flashinfer decode nvfp4/bf16 batch>=16 KV>=4k: {fmt(min(sp4), 2)}x..{fmt(max(sp4), 2)}x "
+                           f"(target >= 3.0x: {'met' if min(sp4) >= 3.0 else 'MISSED'})")
+        skew = val("decode-fi", "decode-fi bf16 p16 skewed 1x32768+63x1024", "attnkit")
+        if skew:
+            fs = 100.0 * skew / read_bw
+            targets.append(f"flashinfer decode skewed 1 x 32k + 63 x 1k: {fmt(fs)}% of read BW (target >= 85%: {'met' if fs >= 85 else 'MISSED'})")
+        for (s, k) in order:
+            if s == "decode-fi" and k.endswith(" eager"):
+                m = re.search(r"graph: ([0-9.]+)x$", by[(s, k)].get("attnkit", {}).get("note", ""))
+                if m:
+                    targets.append(f"flashinfer {k[len('decode-fi '):]}: eager / graph replay per call {m.group(1)}x")
         pr = []
         for k, v, _ in fi("bf16", 128, lambda b, l: True):
             v16 = val("decode-fi", k.replace(" p128 ", " p16 "), "attnkit")

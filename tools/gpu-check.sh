@@ -252,7 +252,7 @@ fi
   echo "==== gpu-check summary (commit $COMMIT) ===="
   for line in "${SUMMARY[@]}"; do echo "$line"; done
   if [ -s "$LOG/table.md" ]; then
-    echo "shape | unit | attnkit | FLASH | cuDNN | ours/FLASH | ours/cuDNN | % read BW | fp8/bf16"
+    echo "shape | unit | attnkit | FLASH | cuDNN | ours/FLASH | ours/cuDNN | % read BW | x bf16"
     grep -E '^\| (ceiling|kv_write|merge) |^\| prefill \| prefill d128 h32/8 causal |^\| decode \| decode (bf16|fp8) b(1|16|256) kv(4096|32768) ' \
       "$LOG/table.md" | cut -d'|' -f3-11
     sed -n '/^Targets/,$p' "$LOG/table.md"
