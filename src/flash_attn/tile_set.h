@@ -132,10 +132,10 @@ constexpr TileConfig tile_config(TileId id, int head_dim, CacheKind cache) {
       break;
     case TileId::decode:
     case TileId::decode_tma:
-      // 16 rows, 4 warps along the keys: all four warps work on one KV stream. fp8 tiles are
-      // half the bytes: 3 CTAs per SM at head sizes <= 128 (DECISIONS.md: fp8 decode: 3 CTAs per SM).
-      t = {"decode", Generation::mma_sync, 16, 1, 1, 4, 64, 3,
-           cache == CacheKind::nvfp4 && head_dim <= 128 ? 4 : (fp8_cache && head_dim <= 128) ? 3 : 2};
+      // 16 rows, 4 warps along the keys: all four warps work on one KV stream. fp8 and NVFP4
+      // tiles are half the bytes or less: 3 CTAs per SM at head sizes <= 128 (DECISIONS.md: fp8
+      // decode: 3 CTAs per SM; NVFP4 decode: 3 CTAs per SM).
+      t = {"decode", Generation::mma_sync, 16, 1, 1, 4, 64, 3, (fp8_cache && head_dim <= 128) ? 3 : 2};
       if (id == TileId::decode_tma) {
         t.name = "decode_tma";
         t.fill = KvFill::tma;
