@@ -566,6 +566,58 @@ def test_cuda_flashinfer_decode_graph_replays_after_replan():
 
 
 @needs_cuda
+def test_cuda_flashinfer_layer_graph_replays_after_rebuild():
+    # The engine path (builder -> impl) of the FlashInfer-style backend, which declares CUDA
+    # graphs ALWAYS for GQA: a forward captured once replays the builder's later decode batches
+    # (other lengths, pages and fewer requests): every build stages the plan, the captured
+    # forward copies it.
+    H, Hkv, D, bs = 8, 2, 128, 16
+    layer = attnkit.AttentionLayer(H, Hkv, D, "bfloat16", block_size=bs, device="cuda", backend="flashinfer")
+    a = TorchBatch([1] * 6, [100, 2000, 5, 900, 64, 3000], H, Hkv, D, bs, torch.bfloat16, "cuda", seed=92)
+    bb = TorchBatch([1] * 4, [1500, 17, 2500, 300], H, Hkv, D, bs, torch.bfloat16, "cuda", seed=93)
+    bb.kv_cache = a.kv_cache  # one cache: the new batch's pages are other blocks of it
+    nb = a.kv_cache.shape[0]
+    perm = torch.randperm(nb, generator=torch.Generator().manual_seed(5)).to(torch.int32)
+    at = 0
+    bb.block_table = torch.zeros_like(bb.block_table, device="cpu")
+    for r, n in enumerate(bb.seqused_k.tolist()):
+        pages = -(-n // bs)
+        bb.block_table[r, :pages] = perm[at:at + pages]
+        at += pages
+    bb.block_table = bb.block_table.cuda()
+    cache = a.kv_cache.contiguous()
+
+    def metadata(b):
+        slots = [int(b.block_table[r, (n - 1) // bs]) * bs + (n - 1) % bs for r, n in enumerate(b.seqused_k.tolist())]
+        return layer.build_metadata(b.cu_seqlens_q, b.seqused_k, b.block_table,
+                                    torch.tensor(slots, dtype=torch.int64, device="cuda"))
+
+    q = a.q.clone()
+    out = torch.zeros_like(q)
+    md = metadata(a)
+    layer.forward(q, None, None, cache, md, out=out)  # eager: the device plan and workspace
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(graph, stream=s):
+            layer.forward(q, None, None, cache, md, out=out, stream=s)
+    torch.cuda.synchronize()
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close_t(out, a.reference(causal=True)[0], *tol(torch.bfloat16), "graph replay, first batch")
+    md = metadata(bb)  # fewer requests, other lengths and pages: staged by the builder
+    q[:4] = bb.q
+    out.zero_()
+    torch.cuda.synchronize()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close_t(out[:4], bb.reference(causal=True)[0], *tol(torch.bfloat16), "graph replay after a rebuild")
+
+
+@needs_cuda
 def test_cuda_flashinfer_prefill_wrappers_raise_clear_error():
     w = attnkit.BatchPrefillWithPagedKVCacheWrapper(torch.empty(1024, dtype=torch.uint8, device="cuda"))
     w.plan(torch.tensor([0, 2], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),

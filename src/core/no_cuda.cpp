@@ -76,6 +76,9 @@ DevicePlan::DevicePlan(const PlanCapacity&, int, int64_t) {
 }
 DevicePlan::~DevicePlan() = default;
 void DevicePlan::upload(const PlanBuffers&, const PageTable&, const PlanBatch&, void*) {}
+void DevicePlan::stage(const PlanBuffers&, const PageTable&, const PlanBatch&) {}
+bool DevicePlan::copy_staged(void*) { return false; }
+bool stream_capturing(void*) { return false; }
 void run_planned_decode(const DevicePlan&, const PlanBuffers&, const PageTable&, const PlanBatch&,
                         const PlannedDecodeArgs&, const flash_attn::LaunchTuning&) {
   throw Error("flashinfer planned decode", "device = cuda",

@@ -73,23 +73,30 @@ class FlashInferImpl final : public AttentionImpl {
   }
 
  private:
-  // The decode part on the planned decode kernels: the plan's device copy (made once for the
-  // builder's capacity, refreshed when the builder re-planned) and the split partials' workspace.
+  // The decode part on the planned decode kernels: the plan's device copy (the builder's state
+  // holds it: made here once, then staged by every build and copied by the first forward after
+  // it) and the split partials' workspace (sized for the plan's capacity, at the first forward).
+  // On a stream capturing a CUDA graph the launches serve every plan of the capacity, so the
+  // graph replays the builder's later batches (of the same query length per request).
   void run_decode(const ForwardViews& views, const TensorView& kv_cache, const FlashInferMetadata& md,
                   const AttentionParams& p, void* stream) {
     const PlanState& st = *md.state;
     const PlanBuffers& plan = st.decode_plan;
-    if (!dev_ || dev_state_ != md.state.get()) {
-      dev_ = std::make_unique<DevicePlan>(plan.capacity, plan.config.group_size, st.decode_pages.max_pages());
-      dev_state_ = md.state.get();
-      uploaded_ = 0;
-    }
     const PlanBatch batch = st.decode_batch();
-    if (uploaded_ != md.generation) {
-      dev_->upload(plan, st.decode_pages, batch, stream);
-      uploaded_ = md.generation;
+    const bool capturing = stream_capturing(stream);
+    if (!st.device) {
+      ATTNKIT_REQUIRE(!capturing, kWhere, "stream", "capturing a CUDA graph",
+                      "must not be capturing at the builder's first GPU forward (it allocates the plan's device copy)");
+      st.device = std::make_unique<DevicePlan>(plan.capacity, plan.config.group_size, st.decode_pages.max_pages());
+      st.device->stage(plan, st.decode_pages, batch);
     }
-    if (plan.split_kv && workspace_.bytes() < plan.workspace_bytes()) workspace_ = CudaMemory(plan.workspace_bytes());
+    if (workspace_.bytes() < plan.workspace_bytes()) {
+      ATTNKIT_REQUIRE(!capturing, kWhere, "stream", "capturing a CUDA graph",
+                      "must not be capturing at the impl's first GPU forward (it allocates the workspace of " +
+                          std::to_string(plan.workspace_bytes()) + " bytes)");
+      workspace_ = CudaMemory(plan.workspace_bytes());
+    }
+    st.device->copy_staged(stream);
     const KVCacheSpec spec = cache_spec_of(kv_cache, cfg_, kWhere);
     PlannedDecodeArgs a;
     a.q = views.q;
@@ -99,13 +106,11 @@ class FlashInferImpl final : public AttentionImpl {
     a.workspace = workspace_.get();
     a.workspace_bytes = workspace_.bytes();
     a.stream = stream;
-    run_planned_decode(*dev_, plan, st.decode_pages, batch, a);
+    a.graph_safe = capturing;
+    run_planned_decode(*st.device, plan, st.decode_pages, batch, a);
   }
 
   AttentionConfig cfg_;
-  std::unique_ptr<DevicePlan> dev_;
-  const PlanState* dev_state_ = nullptr;
-  uint64_t uploaded_ = 0;
   CudaMemory workspace_;
 };
 

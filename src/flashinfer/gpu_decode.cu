@@ -59,6 +59,45 @@ DevicePlan::~DevicePlan() {
 }
 
 void DevicePlan::upload(const PlanBuffers& plan, const PageTable& pages, const PlanBatch& batch, void* stream) {
+  stage(plan, pages, batch);
+  copy(staged_, stream);
+  copied_stage_ = stages_;
+}
+
+bool DevicePlan::copy_staged(void* stream) {
+  const bool capturing = stream_capturing(stream);
+  if (capturing) {
+    cudaStreamCaptureStatus status;
+    unsigned long long id = 0;
+    ATTNKIT_CUDA_CHECK(cudaStreamGetCaptureInfo(as_stream(stream), &status, &id));
+    if (id != capture_id_) {
+      // The whole buffer: the replays' plans may use more pages than this one. No event: an
+      // event recorded in a capture cannot be waited for by the host; a replay's copy is ordered
+      // before the next stage by the engine's step (section 6 of docs/architecture.md).
+      ATTNKIT_CUDA_CHECK(cudaMemcpyAsync(device_, staging_, total_ * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                         as_stream(stream)));
+      capture_id_ = id;
+    }
+  } else if (copied_stage_ != stages_) {
+    copy(staged_, stream);
+    copied_stage_ = stages_;
+  }
+  return capturing;
+}
+
+void DevicePlan::copy(int64_t entries, void* stream) {
+  ATTNKIT_CUDA_CHECK(
+      cudaMemcpyAsync(device_, staging_, entries * sizeof(int32_t), cudaMemcpyHostToDevice, as_stream(stream)));
+  ATTNKIT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(copied_), as_stream(stream)));
+}
+
+bool stream_capturing(void* stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  ATTNKIT_CUDA_CHECK(cudaStreamIsCapturing(as_stream(stream), &status));
+  return status == cudaStreamCaptureStatusActive;
+}
+
+void DevicePlan::stage(const PlanBuffers& plan, const PageTable& pages, const PlanBatch& batch) {
   const int n = plan.num_reqs;
   ATTNKIT_REQUIRE(n <= capacity_.max_reqs && plan.num_items <= capacity_.max_items &&
                       plan.num_tokens <= capacity_.max_tokens && plan.config.group_size == group_,
@@ -81,9 +120,8 @@ void DevicePlan::upload(const PlanBuffers& plan, const PageTable& pages, const P
   const int64_t rows = int64_t{plan.num_tokens} * group_;
   std::copy(plan.merge_indptr.begin(), plan.merge_indptr.begin() + rows + 1, staging_ + merge_off_);
   std::copy(pages.indices.begin(), pages.indices.begin() + pages.num_pages, staging_ + indices_off_);
-  const int64_t used = indices_off_ + pages.num_pages;
-  ATTNKIT_CUDA_CHECK(cudaMemcpyAsync(device_, staging_, used * sizeof(int32_t), cudaMemcpyHostToDevice, as_stream(stream)));
-  ATTNKIT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(copied_), as_stream(stream)));
+  staged_ = indices_off_ + pages.num_pages;
+  ++stages_;
 }
 
 void run_planned_decode(const DevicePlan& dev, const PlanBuffers& plan, const PageTable& pages, const PlanBatch& batch,

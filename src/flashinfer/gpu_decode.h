@@ -33,6 +33,17 @@ class DevicePlan {
   // (cudaStream_t). Error when they disagree with each other or exceed the capacity.
   void upload(const PlanBuffers& plan, const PageTable& pages, const PlanBatch& batch, void* stream);
 
+  // upload() in two halves, for an engine whose forward may be captured in a CUDA graph: the
+  // builder stages every batch it plans (host only), the forward copies what was staged. On a
+  // stream that is not capturing, copy_staged copies the staged bytes once per stage (the first
+  // forward after it; the other layers' forwards find it done). On a capturing stream it
+  // records a copy of the whole buffer once per capture, so every replay carries whatever plan
+  // the builder staged last (within the capacity). Returns whether `stream` is capturing.
+  // (stage() waits for the last eager copy; a replay's copy must have run before the next
+  // stage, as it has when the engine reads each step's sampled tokens before building the next.)
+  void stage(const PlanBuffers& plan, const PageTable& pages, const PlanBatch& batch);
+  bool copy_staged(void* stream);
+
   const int32_t* items() const { return base() + items_off_; }
   const int32_t* num_items() const { return base() + count_off_; }
   const int32_t* num_rows() const { return base() + count_off_ + 1; }  // packed rows: tokens x group
@@ -50,11 +61,18 @@ class DevicePlan {
   int group_ = 1;
   int64_t max_pages_ = 0;
   int64_t items_off_ = 0, count_off_ = 0, qo_off_ = 0, kv_off_ = 0, indptr_off_ = 0, merge_off_ = 0, indices_off_ = 0;
+  void copy(int64_t entries, void* stream);
   int64_t total_ = 0;  // int32 entries
   void* device_ = nullptr;
   int32_t* staging_ = nullptr;  // pinned
-  void* copied_ = nullptr;      // cudaEvent_t: the last upload's copy
+  void* copied_ = nullptr;      // cudaEvent_t: the last copy of the staging buffer
+  int64_t staged_ = 0;          // int32 entries of the last stage
+  uint64_t stages_ = 0, copied_stage_ = 0;  // stage() calls; the last one copied (not capturing)
+  unsigned long long capture_id_ = 0;       // the capture that last recorded a copy
 };
+
+// Whether `stream` (cudaStream_t) is capturing a CUDA graph.
+bool stream_capturing(void* stream);
 
 struct PlannedDecodeArgs {
   TensorView q;    // [>= plan.num_tokens, num_heads, head_size], CUDA, bf16 / f16: the part's tokens

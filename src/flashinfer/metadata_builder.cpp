@@ -22,10 +22,12 @@ PlanConfig part_config(const AttentionConfig& cfg, int num_sms, bool decode, boo
   p.num_slots = num_slots_for(num_sms, cfg.num_kv_heads);
   p.kernel = decode && !decode_uses_tensor_cores(p.group_size) ? PlanKernel::CudaCoreDecode
                                                                 : PlanKernel::TensorCore;
-  // CUDA-graph mode: one tile per part whatever the batch. Decodes pack one token's group,
-  // which is what every decode batch picks anyway; prefills take the largest tile (a long
-  // prompt must fit, as FlashInfer sizes its graph tile for the worst single request).
-  if (cuda_graph && p.kernel == PlanKernel::TensorCore)
+  // One tile per part whatever the batch, for decodes always (a forward captured in a CUDA
+  // graph replays the builder's later plans: the tile is a launch parameter), for prefills in
+  // CUDA-graph mode. Decodes pack one token's group, which is what every decode batch picks
+  // anyway; prefills take the largest tile (a long prompt must fit, as FlashInfer sizes its
+  // graph tile for the worst single request).
+  if (p.kernel == PlanKernel::TensorCore && (decode || cuda_graph))
     p.fixed_tile_q = decode ? cta_tile_q(p.group_size, p.head_size) : p.max_tile_q();
   return p;
 }
@@ -107,6 +109,7 @@ std::unique_ptr<BackendMetadata> FlashInferMetadataBuilder::build(const CommonAt
   decode.window_left = limits_.window_left;
   decode.window_right = limits_.window_right;
   plan_batch(decode, s.decode_plan);
+  if (s.device) s.device->stage(s.decode_plan, s.decode_pages, s.decode_batch());  // (GPU: DevicePlan::stage)
 
   const int32_t base = common.query_start_loc[nd];
   for (int r = nd; r <= n; ++r) s.prefill_qo_indptr[r - nd] = common.query_start_loc[r] - base;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attnkit/backend.h"
+#include "flashinfer/gpu_decode.h"
 #include "flashinfer/page_table.h"
 #include "flashinfer/plan.h"
 
@@ -38,6 +39,10 @@ struct PlanState {
             decode_window_right};
   }
   uint64_t generation = 0;                 // bumped by every build()
+  // The decode plan's device copy (GPU configurations): made by the first forward on the GPU,
+  // then staged by every build() (host only) and copied by the next forward, so a forward
+  // captured in a CUDA graph replays the builder's later plans (DevicePlan::copy_staged).
+  mutable std::unique_ptr<DevicePlan> device;
 };
 
 struct FlashInferMetadata final : BackendMetadata {
