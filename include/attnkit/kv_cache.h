@@ -93,6 +93,15 @@ struct KVCacheSpec {
 // and a contiguous last dim (vLLM's kv_cache[:, 0] / kv_cache[:, 1]). Not for nvfp4.
 PagedKV paged_kv_from_views(const TensorView& key_cache, const TensorView& value_cache);
 
+// An nvfp4 PagedKV from separate views (FlashInfer's form: packed codes and block scales in
+// their own tensors): key_codes / value_codes uint8 [num_blocks, block_size, num_kv_heads,
+// head_size / 2] (value 2i in the low nibble of byte i) and key_scales / value_scales uint8 (e4m3
+// bytes) [num_blocks, block_size, num_kv_heads, head_size / 16], any strides on the first three
+// dims and a contiguous last dim, all on one device. The global scales are the call's k_scale /
+// v_scale (KVScales). Error naming the tensor and the rule otherwise.
+PagedKV paged_kv_nvfp4_from_views(const TensorView& key_codes, const TensorView& value_codes,
+                                  const TensorView& key_scales, const TensorView& value_scales);
+
 // Quantization scales for fp8 / nvfp4 caches: float32, shape [1] (per tensor) or
 // [num_kv_heads] (per KV head; fp8 only). For nvfp4 they are the global scales.
 // Undefined views mean 1.0. Same device as the cache.

@@ -26,6 +26,8 @@ _DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp
                   "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
                   "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
 _CACHE_NAME = {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
+# kv_data_type names of an NVFP4 cache (FlashInfer passes its packed codes as uint8).
+_NVFP4_NAMES = ("uint8", "nvfp4", "fp4_e2m1", "float4_e2m1fn_x2")
 
 
 def _dtype_str(dt) -> str | None:
@@ -138,9 +140,11 @@ class _Wrapper:
             A.fail(where, "plan = None", "call plan(...) before run(...)")
         return self._plan
 
-    def _cache_views(self, paged_kv_cache, where):
-        """(k, v) as [num_pages, page_size, num_kv_heads, head_dim] views (no copy) and the
-        attnkit cache dtype name."""
+    def _cache_views(self, paged_kv_cache, where, kv_cache_sf=None):
+        """(k, v) as [num_pages, page_size, num_kv_heads, head_dim] views (no copy), the attnkit
+        cache dtype name and, for an NVFP4 cache (kv_cache_sf given: FlashInfer's block scales,
+        a (k_sf, v_sf) tuple or one [num_pages, 2, ...] tensor of e4m3 bytes), (k_sf, v_sf) views
+        in the same order ((None, None) otherwise). NVFP4: k / v are uint8 [..., head_dim / 2]."""
         if isinstance(paged_kv_cache, (tuple, list)):
             if len(paged_kv_cache) != 2:
                 A.fail(where, f"len(paged_kv_cache) = {len(paged_kv_cache)}", "a tuple must be (k_cache, v_cache)")
@@ -159,7 +163,34 @@ class _Wrapper:
             k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
         k, k_fmt = A.split_fp8(k)
         v, v_fmt = A.split_fp8(v)
-        return k, v, self._cache_dtype(k_fmt or v_fmt, A.dtype_name(k), where)
+        if kv_cache_sf is None:
+            if self._plan.kv_data_type in _NVFP4_NAMES:
+                A.fail(where, "kv_cache_sf = None", "an NVFP4 cache (plan()'s kv_data_type) needs its block scales")
+            return k, v, self._cache_dtype(k_fmt or v_fmt, A.dtype_name(k), where), (None, None)
+        if isinstance(kv_cache_sf, (tuple, list)):
+            if len(kv_cache_sf) != 2:
+                A.fail(where, f"len(kv_cache_sf) = {len(kv_cache_sf)}", "a tuple must be (k_sf, v_sf)")
+            k_sf, v_sf = kv_cache_sf
+        else:
+            A.check_array(kv_cache_sf, where, "kv_cache_sf")
+            if len(kv_cache_sf.shape) != 5 or kv_cache_sf.shape[1] != 2:
+                A.fail(where, f"kv_cache_sf.shape = {list(kv_cache_sf.shape)}",
+                       "must be [num_pages, 2, page_size, H, D / 16] (NHD) or [num_pages, 2, H, page_size, D / 16] (HND)")
+            k_sf, v_sf = kv_cache_sf[:, 0], kv_cache_sf[:, 1]
+        for name, x in (("k_sf", k_sf), ("v_sf", v_sf)):
+            A.check_array(x, where, name)
+            if A.dtype_name(x) not in ("uint8", "float8_e4m3fn"):
+                A.fail(where, f"{name}.dtype = {A.dtype_name(x)}", "must be float8_e4m3fn or uint8 (e4m3 block scales)")
+        if self._layout == "HND":
+            k_sf, v_sf = k_sf.swapaxes(1, 2), v_sf.swapaxes(1, 2)
+        k_sf, _ = A.split_fp8(k_sf)
+        v_sf, _ = A.split_fp8(v_sf)
+        if A.dtype_name(k) != "uint8" or A.dtype_name(v) != "uint8":
+            A.fail(where, f"cache dtype = {A.dtype_name(k)}", "an NVFP4 cache (kv_cache_sf given) holds uint8 packed codes")
+        want = self._plan.kv_data_type
+        if want is not None and want not in _NVFP4_NAMES:
+            A.fail(where, "kv_cache_sf given", f"is for NVFP4 caches: plan()'s kv_data_type is {want}")
+        return k, v, "nvfp4", (k_sf, v_sf)
 
     def _cache_dtype(self, fp8_fmt, storage, where):
         plan = self._plan
@@ -178,7 +209,7 @@ class _Wrapper:
         return have if have in _CACHE_NAME.values() else "auto"
 
     def _attend(self, where, q, k, v, cache_dtype, q_scale, k_scale, v_scale, out, lse, return_lse,
-                window_left, sinks):
+                window_left, sinks, sf=(None, None)):
         plan = self._need_plan(where)
         A.check_array(q, where, "q")
         if plan.q_data_type is not None and A.dtype_name(q) != plan.q_data_type:
@@ -194,10 +225,10 @@ class _Wrapper:
         if A.is_cuda(q):  # the planned decode kernels (decode plans only)
             self._cpp.run_cuda(where, q, k, v, cache_dtype, scale, plan.logits_soft_cap,
                                A.as_float32(sinks, where, "sinks"), out, lse_nat,
-                               self._float_workspace_buffer, A.resolve_stream(None, q))
+                               self._float_workspace_buffer, A.resolve_stream(None, q), *sf)
         else:
             self._cpp.run(where, q, k, v, cache_dtype, scale, plan.logits_soft_cap,
-                          A.as_float32(sinks, where, "sinks"), out, lse_nat)
+                          A.as_float32(sinks, where, "sinks"), out, lse_nat, *sf)
         if v_scale is not None and float(v_scale) != 1.0:
             out *= float(v_scale)
         if lse_nat is None:
@@ -250,9 +281,11 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
                            kv_data_type or data_type)
 
     def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None,
-            lse=None, return_lse=False, enable_pdl=None, window_left=None, sinks=None):
+            lse=None, return_lse=False, enable_pdl=None, window_left=None, sinks=None, kv_cache_sf=None):
         """q [batch_size * q_len_per_req, num_qo_heads, head_dim] -> out of q's shape (and lse
-        [tokens, num_qo_heads], base 2, with return_lse)."""
+        [tokens, num_qo_heads], base 2, with return_lse). NVFP4 caches: the packed codes as
+        paged_kv_cache, their e4m3 block scales as kv_cache_sf, the global scales as k_scale /
+        v_scale."""
         where = f"{self._name}.run"
         _no_positional_extras(where, args)
         self._need_plan(where)
@@ -261,9 +294,9 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         if q.shape[0] != tokens:
             A.fail(where, f"q.shape[0] = {q.shape[0]}",
                    f"must be plan()'s batch size x q_len_per_req = {self._cpp.num_reqs} x {self._q_len_per_req}")
-        k, v, cache_dtype = self._cache_views(paged_kv_cache, where)
+        k, v, cache_dtype, sf = self._cache_views(paged_kv_cache, where, kv_cache_sf)
         return self._attend(where, q, k, v, cache_dtype, q_scale, k_scale, v_scale, out, lse, return_lse,
-                            window_left, sinks)
+                            window_left, sinks, sf)
 
     forward = run
 
@@ -310,17 +343,17 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         self._plan = _Plan(head_dim_qk, window_left, logits_soft_cap, sm_scale, q_data_type, kv_data_type)
 
     def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None,
-            lse=None, return_lse=False, enable_pdl=None, window_left=None, sinks=None):
+            lse=None, return_lse=False, enable_pdl=None, window_left=None, sinks=None, kv_cache_sf=None):
         """q [qo_indptr[-1], num_qo_heads, head_dim] -> out of the same shape (and lse
-        [qo_indptr[-1], num_qo_heads], base 2, with return_lse)."""
+        [qo_indptr[-1], num_qo_heads], base 2, with return_lse). NVFP4: as the decode wrapper."""
         where = f"{self._name}.run"
         _no_positional_extras(where, args)
         self._need_plan(where)
         A.check_array(q, where, "q")
         _cuda_refused(where, q)
-        k, v, cache_dtype = self._cache_views(paged_kv_cache, where)
+        k, v, cache_dtype, sf = self._cache_views(paged_kv_cache, where, kv_cache_sf)
         return self._attend(where, q, k, v, cache_dtype, q_scale, k_scale, v_scale, out, lse, return_lse,
-                            window_left, sinks)
+                            window_left, sinks, sf)
 
     forward = run
 

@@ -121,21 +121,40 @@ class FlashInferPlan {
     });
   }
 
+  // The paged cache of a run: k / v as cache_dtype names them, or (k_sf / v_sf given) NVFP4:
+  // k / v the packed codes (uint8 [..., D / 2]) and k_sf / v_sf the block scales (e4m3 bytes).
+  static PagedKV paged_cache(const InArray& k, const InArray& v, const OptIn& k_sf, const OptIn& v_sf,
+                             const std::string& cache_dtype, std::string_view where) {
+    ATTNKIT_REQUIRE(k_sf.has_value() == v_sf.has_value(), where, "kv_cache_sf", "one side",
+                    "must give the block scales of both K and V");
+    if (k_sf)
+      return paged_kv_nvfp4_from_views(to_view(k, where, "k_cache"), to_view(v, where, "v_cache"),
+                                       to_view(k_sf, where, "k_cache_sf"), to_view(v_sf, where, "v_cache_sf"));
+    ATTNKIT_REQUIRE(cache_dtype != "nvfp4", where, "kv_data_type", "nvfp4",
+                    "an NVFP4 cache needs its block scales (run(..., kv_cache_sf=(k_sf, v_sf)))");
+    return paged_kv_from_views(as_cache_view(to_view(k, where, "k_cache"), cache_dtype, where, "k_cache"),
+                               as_cache_view(to_view(v, where, "v_cache"), cache_dtype, where, "v_cache"));
+  }
+
   // q [tokens, num_qo_heads, head_dim]; k / v the paged views [num_pages, page_size, H, D]
   // (ragged: [kv_tokens, H, D]); out like q; lse f32 [num_qo_heads, tokens] (natural log).
   void run(const std::string& where, const InArray& q, const InArray& k, const InArray& v,
            const std::string& cache_dtype, float scale, float softcap, const OptIn& sinks,
-           const OutArray& out, const OptOut& lse) {
+           const OutArray& out, const OptOut& lse, const OptIn& k_sf, const OptIn& v_sf) {
     as_call(where, [&] {
       ATTNKIT_REQUIRE(planned_, where, "plan", "None", "call plan(...) before run(...)");
-      const TensorView kt = as_cache_view(to_view(k, where, "k_cache"), cache_dtype, where, "k_cache");
-      const TensorView vt = as_cache_view(to_view(v, where, "v_cache"), cache_dtype, where, "v_cache");
+      PagedKV cache;
       if (ragged_) {
+        ATTNKIT_REQUIRE(!k_sf, where, "kv_cache_sf", "given", "is for paged NVFP4 caches (not the ragged wrapper)");
+        const TensorView kt = as_cache_view(to_view(k, where, "k_cache"), cache_dtype, where, "k_cache");
+        const TensorView vt = as_cache_view(to_view(v, where, "v_cache"), cache_dtype, where, "v_cache");
         kt.require_ndim(where, "k", 3);
         ATTNKIT_REQUIRE(kv_rows_ <= kt.shape[0], where, "kv_indptr[batch_size]", kv_rows_,
                         "must be <= k.shape[0] = " + std::to_string(kt.shape[0]));
+        cache = identity_paged_kv(kt, vt, where);
+      } else {
+        cache = paged_cache(k, v, k_sf, v_sf, cache_dtype, where);
       }
-      const PagedKV cache = ragged_ ? identity_paged_kv(kt, vt, where) : paged_kv_from_views(kt, vt);
       AttentionParams p;
       p.scale = scale;
       p.causal = batch_.causal;
@@ -154,15 +173,14 @@ class FlashInferPlan {
   // plan's device copy (one allocation) and uploads it; later plan() calls refresh it.
   void run_cuda(const std::string& where, const InArray& q, const InArray& k, const InArray& v,
                 const std::string& cache_dtype, float scale, float softcap, const OptIn& sinks,
-                const OutArray& out, const OptOut& lse, const OptOut& workspace, uintptr_t stream) {
+                const OutArray& out, const OptOut& lse, const OptOut& workspace, uintptr_t stream,
+                const OptIn& k_sf, const OptIn& v_sf) {
     as_call(where, [&] {
       ATTNKIT_REQUIRE(planned_, where, "plan", "None", "call plan(...) before run(...)");
       ATTNKIT_REQUIRE(!ragged_ && decode_, where, "plan", "a prefill plan",
                       "runs on the GPU for decode plans only (the FlashInfer-style prefill kernels are not built yet)");
-      const TensorView kt = as_cache_view(to_view(k, where, "k_cache"), cache_dtype, where, "k_cache");
-      const TensorView vt = as_cache_view(to_view(v, where, "v_cache"), cache_dtype, where, "v_cache");
       flashinfer::PlannedDecodeArgs a;
-      a.cache = paged_kv_from_views(kt, vt);
+      a.cache = paged_cache(k, v, k_sf, v_sf, cache_dtype, where);
       a.q = to_view(q, where, "q");
       a.out = to_view(out, where, "out");
       a.params.scale = scale;
@@ -305,10 +323,12 @@ void register_flashinfer(nb::module_& m) {
            nb::arg("causal"), nb::arg("window_left"))
       .def("run", &FlashInferPlan::run, nb::arg("where"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
            nb::arg("cache_dtype"), nb::arg("scale"), nb::arg("softcap"), nb::arg("sinks").none(),
-           nb::arg("out"), nb::arg("lse").none())
+           nb::arg("out"), nb::arg("lse").none(), nb::arg("k_sf").none() = nb::none(),
+           nb::arg("v_sf").none() = nb::none())
       .def("run_cuda", &FlashInferPlan::run_cuda, nb::arg("where"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
            nb::arg("cache_dtype"), nb::arg("scale"), nb::arg("softcap"), nb::arg("sinks").none(),
-           nb::arg("out"), nb::arg("lse").none(), nb::arg("workspace").none(), nb::arg("stream"))
+           nb::arg("out"), nb::arg("lse").none(), nb::arg("workspace").none(), nb::arg("stream"),
+           nb::arg("k_sf").none() = nb::none(), nb::arg("v_sf").none() = nb::none())
       .def_prop_ro("num_reqs", &FlashInferPlan::num_reqs)
       .def("info", &FlashInferPlan::info);
 }

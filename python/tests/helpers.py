@@ -54,7 +54,8 @@ class PagedBatch:
     """
 
     def __init__(self, rng, q_lens, kv_lens, num_heads, num_kv_heads, head_size, block_size,
-                 dtype=np.float32, fp8=None, k_scale=1.0, v_scale=1.0, layout="NHD", spare_blocks=3):
+                 dtype=np.float32, fp8=None, k_scale=1.0, v_scale=1.0, layout="NHD", spare_blocks=3,
+                 nvfp4=False):
         self.q_lens, self.kv_lens = list(q_lens), list(kv_lens)
         self.num_heads, self.num_kv_heads, self.head_size = num_heads, num_kv_heads, head_size
         self.block_size, self.layout, self.fp8 = block_size, layout, fp8
@@ -76,7 +77,19 @@ class PagedBatch:
         self.q = rng.standard_normal((total_q, num_heads, head_size)).astype(dtype)
         phys = (num_blocks, 2, block_size, num_kv_heads, head_size) if layout == "NHD" else \
             (num_blocks, 2, num_kv_heads, block_size, head_size)
-        if fp8:
+        if nvfp4:
+            # FlashInfer's NVFP4 form: kv_cache uint8 packed codes [..., head_size / 2] (value 2i
+            # in the low nibble of byte i), kv_sf e4m3 block scales [..., head_size / 16] (codes
+            # 0x20..0x3f: 0.125 .. 1.875); values = code x block scale x k_scale / v_scale.
+            self.kv_cache = rng.integers(0, 256, size=phys[:-1] + (head_size // 2,), dtype=np.uint8)
+            self.kv_sf = rng.integers(0x20, 0x40, size=phys[:-1] + (head_size // 16,), dtype=np.uint8)
+            e2m1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0] * 2) * np.repeat([1.0, -1.0], 8)
+            lo, hi = e2m1[self.kv_cache & 0xF], e2m1[self.kv_cache >> 4]
+            vals = np.stack([lo, hi], axis=-1).reshape(phys)
+            sf = 2.0 ** (((self.kv_sf >> 3) & 0xF).astype(np.float64) - 7) * (1 + (self.kv_sf & 7) / 8.0)
+            vals = vals * np.repeat(sf, 16, axis=-1)
+            full = [vals[:, s] * (k_scale, v_scale)[s] for s in range(2)]
+        elif fp8:
             codes = fp8_codes(fp8, 2.0)
             self.kv_cache = rng.choice(codes, size=phys)
             scales = (k_scale, v_scale)

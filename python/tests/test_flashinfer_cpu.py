@@ -97,6 +97,27 @@ def test_decode_fp8_cache(fmt):
     check(out, lse, (exp_out, exp_lse), np.float32, f"fp8 {fmt}")
 
 
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("as_tuple", [False, True], ids=["5d", "tuple"])
+def test_decode_nvfp4_cache(layout, as_tuple):
+    # FlashInfer's NVFP4 cache: packed codes as the cache, e4m3 block scales as kv_cache_sf, the
+    # global scales as k_scale (folded into sm_scale) / v_scale (on the output).
+    rng = np.random.default_rng(31)
+    b = PagedBatch(rng, [1] * 4, [9, 30, 47, 16], 8, 2, 64, 16, layout=layout, nvfp4=True)
+    w = attnkit.BatchDecodeWithPagedKVCacheWrapper(None, kv_layout=layout)
+    w.plan(*page_table(b), 8, 2, 64, 16, q_data_type="float32", kv_data_type="uint8")
+    cache = (b.kv_cache[:, 0], b.kv_cache[:, 1]) if as_tuple else b.kv_cache
+    sf = (b.kv_sf[:, 0], b.kv_sf[:, 1]) if as_tuple else b.kv_sf
+    out, lse = w.run(b.q, cache, kv_cache_sf=sf, k_scale=0.5, v_scale=2.0, return_lse=True)
+    exp_out, exp_lse = b.expected(causal=True, scale=0.5 / math.sqrt(64))
+    exp_out = [[[2.0 * x for x in row] for row in tok] for tok in exp_out]
+    check(out, lse, (exp_out, exp_lse), np.float32, f"nvfp4 {layout}")
+    with pytest.raises(attnkit.AttnkitError, match="kv_cache_sf = None"):
+        w.run(b.q, cache)
+    with pytest.raises(attnkit.AttnkitError, match="k_sf.dtype"):
+        w.run(b.q, cache, kv_cache_sf=(b.kv_sf[:, 0].astype(np.float32), b.kv_sf[:, 1]))
+
+
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("window_left", [-1, 7])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])

@@ -565,6 +565,43 @@ def test_cuda_flashinfer_decode_graph_replays_after_replan():
     assert_close_t(out[:4], bb.reference(causal=True)[0], *tol(torch.bfloat16), "graph replay after re-plan")
 
 
+def nvfp4_cache(nb, bs, Hkv, D, seed):
+    """FlashInfer's NVFP4 cache on CUDA: packed codes uint8 [nb, 2, bs, Hkv, D / 2], e4m3 block
+    scales uint8 [nb, 2, bs, Hkv, D / 16] (0.125 .. 1.875), and the values they hold (float64)."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 256, (nb, 2, bs, Hkv, D // 2), generator=g, dtype=torch.uint8)
+    sf = torch.randint(0x20, 0x40, (nb, 2, bs, Hkv, D // 16), generator=g, dtype=torch.uint8)
+    e2m1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+    e2m1 = torch.cat([e2m1, -e2m1])
+    vals = torch.stack([e2m1[(codes & 0xF).long()], e2m1[(codes >> 4).long()]], dim=-1).reshape(nb, 2, bs, Hkv, D)
+    scale = 2.0 ** (((sf >> 3) & 0xF).double() - 7) * (1 + (sf & 7).double() / 8)
+    return codes.cuda(), sf.cuda(), (vals * scale.repeat_interleave(16, dim=-1)).cuda()
+
+
+@needs_cuda
+@pytest.mark.parametrize("page", [16, 256])
+@pytest.mark.parametrize("heads", [(8, 2), (8, 8)], ids=["gqa4", "mha"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_cuda_flashinfer_decode_nvfp4(page, heads, D):
+    # NVFP4 caches in FlashInfer's form (codes + kv_cache_sf, global scales as k_scale / v_scale)
+    # on the planned decode kernels, against the float64 reference of the values they hold.
+    H, Hkv = heads
+    kv = [1, 17, 300, 1200, page, page + 1]
+    b = TorchBatch([1] * len(kv), kv, H, Hkv, D, page, torch.bfloat16, "cuda", seed=70 + page + D)
+    codes, sf, vals = nvfp4_cache(b.kv_cache.shape[0], page, Hkv, D, seed=page + D)
+    b.kv_cache = vals
+    w = attnkit.BatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"))
+    w.plan(*page_table_of(b), H, Hkv, D, page, q_data_type=torch.bfloat16, kv_data_type=torch.uint8)
+    for as_tuple in (False, True):
+        cache = (codes[:, 0], codes[:, 1]) if as_tuple else codes
+        scales = (sf[:, 0], sf[:, 1]) if as_tuple else sf.view(torch.float8_e4m3fn)
+        out, lse = w.run(b.q, cache, kv_cache_sf=scales, k_scale=0.5, v_scale=2.0, return_lse=True)
+        exp = b.reference(causal=True, scale=0.5 / math.sqrt(D))
+        atol, rtol = tol(torch.bfloat16)
+        assert_close_t(out, 2.0 * exp[0], 2 * atol, rtol, f"nvfp4 decode page {page} D {D}")
+        assert_close_t(lse, exp[1].T.to(torch.float32) / math.log(2), 2e-3, 2e-3, f"nvfp4 lse page {page}")
+
+
 @needs_cuda
 def test_cuda_flashinfer_layer_graph_replays_after_rebuild():
     # The engine path (builder -> impl) of the FlashInfer-style backend, which declares CUDA

@@ -234,4 +234,55 @@ PagedKV paged_kv_from_views(const TensorView& key_cache, const TensorView& value
   return kv;
 }
 
+PagedKV paged_kv_nvfp4_from_views(const TensorView& key_codes, const TensorView& value_codes,
+                                  const TensorView& key_scales, const TensorView& value_scales) {
+  constexpr std::string_view where = "paged_kv_nvfp4_from_views";
+  const TensorView* views[4] = {&key_codes, &value_codes, &key_scales, &value_scales};
+  const char* names[4] = {"key_codes", "value_codes", "key_scales", "value_scales"};
+  for (int i = 0; i < 4; ++i) {
+    const TensorView& t = *views[i];
+    t.require_ndim(where, names[i], 4);
+    ATTNKIT_REQUIRE(t.data != nullptr, where, std::string(names[i]) + ".data", "nullptr", "must point at memory");
+    t.require_dtype(where, names[i], DType::u8);
+    t.require_last_dim_contiguous(where, names[i]);
+    ATTNKIT_REQUIRE(t.device == key_codes.device && t.device_index == key_codes.device_index, where,
+                    std::string(names[i]) + ".device",
+                    std::string(device_name(t.device)) + ":" + std::to_string(t.device_index),
+                    "must equal key_codes.device = " + std::string(device_name(key_codes.device)) + ":" +
+                        std::to_string(key_codes.device_index));
+    for (int d = 0; d < 3; ++d)
+      ATTNKIT_REQUIRE(t.strides[d] >= 0, where, std::string(names[i]) + ".stride(" + std::to_string(d) + ")",
+                      t.strides[d], "must be >= 0");
+  }
+  const int64_t head_size = key_codes.shape[3] * 2;
+  ATTNKIT_REQUIRE(head_size > 0 && head_size % kNvfp4BlockValues == 0, where, "key_codes.shape[3]", key_codes.shape[3],
+                  "must be head_size / 2 for a head_size that is a multiple of 16");
+  const int64_t n0 = key_codes.shape[0], n1 = key_codes.shape[1], n2 = key_codes.shape[2];
+  value_codes.require_shape(where, "value_codes", {n0, n1, n2, head_size / 2});
+  key_scales.require_shape(where, "key_scales", {n0, n1, n2, head_size / kNvfp4BlockValues});
+  value_scales.require_shape(where, "value_scales", {n0, n1, n2, head_size / kNvfp4BlockValues});
+  PagedKV kv;
+  kv.dtype = DType::nvfp4;
+  kv.device = key_codes.device;
+  kv.device_index = key_codes.device_index;
+  kv.num_blocks = key_codes.shape[0];
+  kv.block_size = static_cast<int>(key_codes.shape[1]);
+  kv.num_kv_heads = static_cast<int>(key_codes.shape[2]);
+  kv.head_size = static_cast<int>(head_size);
+  auto side = [](PagedKVSide& s, const TensorView& c, const TensorView& sc) {
+    s.base = c.data;
+    s.stride_block = c.strides[0];
+    s.stride_slot = c.strides[1];
+    s.stride_head = c.strides[2];
+    s.scale_base = sc.data;
+    s.scale_stride_block = sc.strides[0];
+    s.scale_stride_slot = sc.strides[1];
+    s.scale_stride_head = sc.strides[2];
+  };
+  side(kv.k, key_codes, key_scales);
+  side(kv.v, value_codes, value_scales);
+  kv.validate(where);
+  return kv;
+}
+
 }  // namespace attnkit
