@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "attnkit/kv_cache.h"
+#include "reference/kv_row_reader.h"
 #include "test_util.h"
 
 namespace attnkit {
@@ -484,6 +485,49 @@ INSTANTIATE_TEST_SUITE_P(Grid, SeparateViewsTest,
                                            SeparateCase{DType::f32, false, 24},
                                            SeparateCase{DType::fp8_e4m3, true, 40},
                                            SeparateCase{DType::fp8_e5m2, false, 8}));
+
+// NVFP4 in FlashInfer's form: the codes and block scales of each side in their own tensors. The
+// view reads what the tensors hold (the reference's row reader, against a direct decode), and
+// every shape / dtype rule is an Error naming the tensor.
+TEST(KVCache, Nvfp4FromSeparateViews) {
+  constexpr int64_t NB = 3, BS = 16, H = 2, D = 64;
+  std::vector<uint8_t> codes(2 * NB * BS * H * D / 2), scales(2 * NB * BS * H * D / 16);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>((i * 37 + 11) & 0xff);
+  for (size_t i = 0; i < scales.size(); ++i) scales[i] = static_cast<uint8_t>(0x20 + i % 32);
+  // [NB, 2, BS, H, D / 2] and [NB, 2, BS, H, D / 16]: side s of block b at (b * 2 + s) * ...
+  auto code_view = [&](int s) {
+    return TensorView(codes.data() + s * BS * H * D / 2, DType::u8, {NB, BS, H, D / 2},
+                      {2 * BS * H * D / 2, H * D / 2, D / 2, 1});
+  };
+  auto scale_view = [&](int s) {
+    return TensorView(scales.data() + s * BS * H * D / 16, DType::u8, {NB, BS, H, D / 16},
+                      {2 * BS * H * D / 16, H * D / 16, D / 16, 1});
+  };
+  const PagedKV kv = paged_kv_nvfp4_from_views(code_view(0), code_view(1), scale_view(0), scale_view(1));
+  EXPECT_EQ(kv.dtype, DType::nvfp4);
+  EXPECT_EQ(kv.head_size, D);
+  EXPECT_EQ(kv.num_blocks, NB);
+  const TensorView g;  // global scale 1
+  for (int s = 0; s < 2; ++s) {
+    const reference::KVRowReader reader(kv, s ? kv.v : kv.k, g);
+    for (int64_t slot = 0; slot < NB * BS; slot += 7)
+      for (int h = 0; h < H; ++h) {
+        float row[D], want[D];
+        reader.read(slot, h, row);
+        const int64_t b = slot / BS, sl = slot % BS;
+        const uint8_t* c = codes.data() + ((b * 2 + s) * BS + sl) * H * D / 2 + h * D / 2;
+        const uint8_t* sc = scales.data() + ((b * 2 + s) * BS + sl) * H * D / 16 + h * D / 16;
+        for (int blk = 0; blk < D / 16; ++blk) dequantize_nvfp4_block(c + blk * 8, sc[blk], 1.f, want + blk * 16);
+        for (int d = 0; d < D; ++d) ASSERT_EQ(row[d], want[d]) << "side " << s << " slot " << slot << " head " << h << " dim " << d;
+      }
+  }
+  EXPECT_TRUE(test::throws_error_with(
+      [&] { paged_kv_nvfp4_from_views(code_view(0), code_view(1), scale_view(0), code_view(1)); },
+      {"value_scales", "shape"}));
+  const TensorView f32(codes.data(), DType::f32, {NB, BS, H, D / 8}, {2 * BS * H * D / 8, H * D / 8, D / 8, 1});
+  EXPECT_TRUE(test::throws_error_with(
+      [&] { paged_kv_nvfp4_from_views(f32, code_view(1), scale_view(0), scale_view(1)); }, {"key_codes", "dtype"}));
+}
 
 }  // namespace
 }  // namespace attnkit
