@@ -14,6 +14,7 @@
 
 #include "attnkit/backend.h"
 #include "attnkit/error.h"
+#include "core/cuda_archs.h"
 #include "attnkit/metadata.h"
 #include "flashinfer/flashinfer_backend.h"
 #include "flashinfer/metadata_builder.h"
@@ -123,14 +124,17 @@ TEST(FlashInferBackend, CheckTable) {
 }
 
 // The selector hands an engine this backend on a GPU only where its kernels are in the build
-// (a CUDA build) and read the cache (no NVFP4 on the GPU yet); builders and impls (the host
-// side) accept what the configuration rules accept either way.
+// (a CUDA build with code for the device); builders and impls (the host side) accept what the
+// configuration rules accept either way.
 TEST(FlashInferBackend, CheckOnGpusFollowsTheBuildsKernels) {
   for (const AttentionConfig& c : {config(32, 8, 16), config(32, 8, 256), config(16, 1, 1024, DeviceSpec::Cuda(10, 0))}) {
     EXPECT_TRUE(configuration_refusals(c).empty()) << joined(configuration_refusals(c));
     const auto why = flashinfer_backend().check(c);
-    if (flashinfer_kernels_built()) {
+    if (flashinfer_kernels_built() && gpu_code_refusal(c.device.cc()).empty()) {
       EXPECT_TRUE(why.empty()) << joined(why);
+    } else if (flashinfer_kernels_built()) {  // (no code for the device: core/cuda_archs.h)
+      ASSERT_EQ(why.size(), 1u) << joined(why);
+      EXPECT_NE(why[0].find("no GPU code that runs on"), std::string::npos) << why[0];
     } else {
       ASSERT_EQ(why.size(), 1u) << joined(why);
       EXPECT_NE(why[0].find("GPU kernels are not in this build"), std::string::npos) << why[0];

@@ -16,6 +16,7 @@
 
 #include "attnkit/error.h"
 #include "attnkit/selector.h"
+#include "core/cuda_archs.h"
 
 namespace attnkit {
 namespace {
@@ -53,13 +54,24 @@ std::vector<Row> table() {
   const std::string fi_chosen = fi ? "flashinfer" : "";
   const std::vector<std::string> fi_variant = fi ? std::vector<std::string>{"decode-only batches"} : std::vector<std::string>{};
   auto fi_error = [&](std::vector<std::string> m) { return fi ? std::vector<std::string>{} : m; };
+  // A device none of the build's GPU code runs on (CMake ATTNKIT_CUDA_ARCHS; a build without
+  // CUDA says nothing of it): the GPU backends refuse it, naming the device.
+  auto on_device = [&](int cc, Row served) {
+    if (gpu_code_refusal(cc).empty()) return served;
+    const std::string no_code = "no GPU code that runs on sm" + std::to_string(cc);
+    served.chosen = "";
+    served.variant_mentions = {};
+    served.refused = {{"flash_attn", {no_code}}, {"flashinfer", {no_code}}, {"reference", {oracle}}};
+    served.error_mentions = {no_code};
+    return served;
+  };
   return {
       {"bf16 GQA on sm90", kSm90, none, {}, "flash_attn", sm90_hot,
        {{"reference", {oracle}}}, {}},
-      {"FP8 cache on sm80: hopper generation refused", kSm80,
-       [](AttentionConfig& c) { c.cache_dtype = DType::fp8_e4m3; }, {}, "flash_attn",
-       {"mma_sync generation", "hopper generation refused", "needs sm90", "16-bit caches"},
-       {{"reference", {oracle}}}, {}},
+      on_device(80, {"FP8 cache on sm80: hopper generation refused", kSm80,
+                     [](AttentionConfig& c) { c.cache_dtype = DType::fp8_e4m3; }, {}, "flash_attn",
+                     {"mma_sync generation", "hopper generation refused", "needs sm90", "16-bit caches"},
+                     {{"reference", {oracle}}}, {}}),
       {"FP8 e5m2 cache on sm90", kSm90, [](AttentionConfig& c) { c.cache_dtype = DType::fp8_e5m2; }, {},
        "flash_attn", {"mma_sync", "fp8_e5m2"}, {{"reference", {oracle}}}, {}},
       {"head size 520 on sm90: nobody", kSm90, [](AttentionConfig& c) { c.head_size = 520; }, {}, "", {},
@@ -126,7 +138,8 @@ std::vector<Row> table() {
        {{"flash_attn", {"model dtype"}}, {"flashinfer", {"model dtype"}}, {"reference", {oracle}}}, {"model dtype"}},
       {"HND layout", kSm90, [](AttentionConfig& c) { c.layout = KVLayout::HND; }, {}, "flash_attn", {},
        {{"reference", {oracle}}}, {}},
-      {"sm100", kSm100, none, {}, "flash_attn", {"mma_sync", "the device is sm100"}, {{"reference", {oracle}}}, {}},
+      on_device(100, {"sm100", kSm100, none, {}, "flash_attn", {"mma_sync", "the device is sm100"},
+                      {{"reference", {oracle}}}, {}}),
       {"sm75: nobody", DeviceSpec::Cuda(7, 5), none, {}, "", {},
        {{"flash_attn", {"8.0 or newer"}}, {"flashinfer", {"8.0 or newer"}}, {"reference", {oracle}}}, {"sm75"}},
       {"preferred flash_attn honoured", kSm90, none, "flash_attn", "flash_attn", {}, {{"reference", {oracle}}}, {}},

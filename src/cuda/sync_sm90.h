@@ -21,15 +21,24 @@ __device__ __forceinline__ void mbar_arrive_on_cp_async(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
-// Waits until the phase with parity `parity` of the barrier has completed.
+// Waits until the phase with parity `parity` of the barrier has completed (sm90: try_wait, which
+// suspends the thread for a while; sm80: test_wait, polled).
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
   do {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile(
         "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
         : "r"(bar), "r"(parity)
         : "memory");
+#else
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+#endif
   } while (!done);
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "attnkit/error.h"
+#include "core/cuda_archs.h"
 #include "flashinfer/flashinfer_impl.h"
 #include "flashinfer/metadata_builder.h"
 
@@ -85,6 +86,8 @@ class FlashInferBackend final : public AttentionBackend {
     if (cfg.device.cpu) return why;
     if (!flashinfer_kernels_built())
       why.push_back("its GPU kernels are not in this build (attnkit was built without CUDA)");
+    else if (cfg.device.cc() >= 80 && !gpu_code_refusal(cfg.device.cc()).empty())
+      why.push_back(gpu_code_refusal(cfg.device.cc()));
     if (cfg.features.non_causal)
       why.push_back("non-causal attention runs on its prefill path, whose GPU kernels are not built yet");
     const bool cache16 = cfg.cache_dtype == DType::f16 || cfg.cache_dtype == DType::bf16;

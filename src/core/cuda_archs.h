@@ -1,0 +1,31 @@
+// The GPU code this build contains (CMake: ATTNKIT_CUDA_ARCHS, passed as the compile definition
+// ATTNKIT_CUDA_ARCHS_STR), and whether it runs on a device: what the selector and the generation
+// choice ask before they hand a GPU configuration to a backend.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace attnkit {
+
+struct BuiltCudaArchs {
+  std::vector<int> sass;  // machine code, as major * 10 + minor (sm_90a: 90, with sm90a set)
+  std::vector<int> ptx;   // PTX the driver JIT-compiles for later devices
+  bool sm90a = false;     // the sm_90a code (wgmma, setmaxnreg: the hopper generation)
+};
+
+// Parses a CMake CUDA architecture list ("80-real;90a-real;90-virtual", "90a", "80-virtual",
+// ',' or ';' separated; a plain entry is both SASS and PTX, as CMake builds it). Error naming the
+// entry that is not an architecture.
+BuiltCudaArchs parse_cuda_archs(const std::string& list);
+// This build's (empty without CUDA).
+const BuiltCudaArchs& built_cuda_archs();
+// Whether code of `archs` runs on a device of compute capability cc (major * 10 + minor): SASS
+// of the same major and a minor <= the device's (sm_90a SASS: sm90 only), or PTX of an arch <= cc.
+bool cuda_archs_run_on(const BuiltCudaArchs& archs, int cc);
+// "sm_80, sm_90a, PTX compute_90" (what error messages and the selector say).
+std::string describe_cuda_archs(const BuiltCudaArchs& archs);
+// The selector's rule: empty when this build's GPU code runs on a device of compute capability
+// cc (or the build has no CUDA: the backends say so themselves), else why not, in words.
+std::string gpu_code_refusal(int cc);
+
+}  // namespace attnkit
