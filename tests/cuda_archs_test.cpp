@@ -31,6 +31,13 @@ TEST(CudaArchs, ParseAndRunOn) {
   EXPECT_TRUE(fat.sm90a);
   EXPECT_EQ(describe_cuda_archs(fat), "sm_80, sm_86, sm_89, sm_90a, PTX compute_90");
   EXPECT_FALSE(parse_cuda_archs("90-real").sm90a);
+  // The code a device runs: its SASS, else the newest PTX below it.
+  EXPECT_EQ(cuda_code_cc(fat, 90), 90);
+  EXPECT_EQ(cuda_code_cc(fat, 89), 89);
+  EXPECT_EQ(cuda_code_cc(fat, 87), 86);
+  EXPECT_EQ(cuda_code_cc(fat, 100), 90);
+  EXPECT_EQ(cuda_code_cc(parse_cuda_archs("80-virtual"), 90), 80);
+  EXPECT_EQ(cuda_code_cc(parse_cuda_archs("90a"), 80), 0);
   EXPECT_EQ(describe_cuda_archs(BuiltCudaArchs{}), "no GPU code");
   EXPECT_TRUE(test::throws_error_with([] { parse_cuda_archs("80;sm_90"); }, {"sm_90", "CUDA architecture"}));
 }

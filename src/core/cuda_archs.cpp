@@ -53,6 +53,16 @@ bool cuda_archs_run_on(const BuiltCudaArchs& archs, int cc) {
   return false;
 }
 
+int cuda_code_cc(const BuiltCudaArchs& archs, int cc) {
+  int best = 0;
+  for (int s : archs.sass)
+    if (s / 10 == cc / 10 && s % 10 <= cc % 10) best = std::max(best, s);
+  if (best > 0) return best;
+  for (int p : archs.ptx)
+    if (p <= cc) best = std::max(best, p);
+  return best;
+}
+
 std::string describe_cuda_archs(const BuiltCudaArchs& archs) {
   std::string s;
   for (int cc : archs.sass) s += (s.empty() ? "sm_" : ", sm_") + std::to_string(cc) + (cc == 90 && archs.sm90a ? "a" : "");

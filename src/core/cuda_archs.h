@@ -22,6 +22,11 @@ const BuiltCudaArchs& built_cuda_archs();
 // Whether code of `archs` runs on a device of compute capability cc (major * 10 + minor): SASS
 // of the same major and a minor <= the device's (sm_90a SASS: sm90 only), or PTX of an arch <= cc.
 bool cuda_archs_run_on(const BuiltCudaArchs& archs, int cc);
+// The architecture of the code that a device of compute capability cc runs (what the driver
+// loads: the SASS of its major with the highest minor <= its own, else the highest PTX <= cc,
+// JIT-compiled), as major * 10 + minor; 0 when none runs. Launch decisions that need sm90
+// instructions (TMA, clusters, PDL) ask this, not the device: compute_80 PTX on an H200 has none.
+int cuda_code_cc(const BuiltCudaArchs& archs, int cc);
 // "sm_80, sm_90a, PTX compute_90" (what error messages and the selector say).
 std::string describe_cuda_archs(const BuiltCudaArchs& archs);
 // The selector's rule: empty when this build's GPU code runs on a device of compute capability

@@ -2,6 +2,7 @@
 
 #include "attnkit/error.h"
 #include "core/backend_registry.h"
+#include "core/cuda_archs.h"
 #include "flash_attn/generation.h"
 #include "flash_attn/impl.h"
 #include "flash_attn/metadata_builder.h"
@@ -35,6 +36,9 @@ std::vector<std::string> FlashAttnBackend::check(const AttentionConfig& cfg) con
     const GenerationChoice g = choose_generation(cfg);
     if (!g.chosen) why.push_back("no kernel generation serves it: " + g.describe());
   }
+  // (the build's GPU code must run on the device: core/cuda_archs.h)
+  if (!cfg.device.cpu && cfg.device.cc() >= 80 && !gpu_code_refusal(cfg.device.cc()).empty())
+    why.push_back(gpu_code_refusal(cfg.device.cc()));
   return why;
 }
 

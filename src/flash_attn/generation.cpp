@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "core/cuda_archs.h"
 #include "flash_attn/tile_set.h"
 
 namespace attnkit::flash_attn {
@@ -35,8 +34,7 @@ std::vector<std::string> mma_sync_rules(const AttentionConfig& cfg) {
   if (!cfg.device.cpu && cfg.device.cc() < kMmaSyncMinCC)
     why.push_back("needs sm80 or newer for mma.sync bf16 tensor cores (the device is " +
                   cfg.device.describe() + ")");
-  else if (!cfg.device.cpu && !gpu_code_refusal(cfg.device.cc()).empty())
-    why.push_back(gpu_code_refusal(cfg.device.cc()));
+
   const DType c = cfg.cache_dtype;
   if (kernel_head_dim(cfg.head_size, fa_cache_kind(c)) == 0)
     why.push_back("serves head sizes that are multiples of 8 (16 with an fp8 cache) up to " +

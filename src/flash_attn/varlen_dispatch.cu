@@ -7,6 +7,7 @@
 #include <string>
 
 #include "attnkit/error.h"
+#include "core/cuda_archs.h"
 #include "cuda/cuda_check.h"
 #include "cuda/fp8_dequant.h"
 #include "cuda/device_props.h"
@@ -269,7 +270,13 @@ bool hopper_kernels_available() {
 static LaunchFacts varlen_launch_facts(const VarlenArgs& a, const VarlenKernelParams& p) {
   const cuda::DeviceProps& dev = cuda::current_device_props();
   LaunchFacts f;
-  f.cc_major = dev.cc_major;
+  // The architecture of the code this device runs (core/cuda_archs.h): TMA, clusters and PDL
+  // exist in sm90 code only, so a compute_80 PTX build on an sm90 device launches as sm80.
+  const int code_cc = cuda_code_cc(built_cuda_archs(), dev.cc_major * 10 + dev.cc_minor);
+  ATTNKIT_REQUIRE(code_cc > 0, kWhere, "device", "sm" + std::to_string(dev.cc_major * 10 + dev.cc_minor),
+                  "has no code in this build (it contains " + describe_cuda_archs(built_cuda_archs()) +
+                      "; CMake ATTNKIT_CUDA_ARCHS)");
+  f.cc_major = code_cc / 10;
   f.sm_count = dev.sm_count;
   f.hopper_kernels = hopper_kernels_available();
   f.preferred = a.generation;
