@@ -20,6 +20,7 @@
 #include "attnkit/ops.h"
 #include "attnkit/reference.h"
 #include "attnkit/selector.h"
+#include "core/cuda_archs.h"
 #include "flashinfer/page_table.h"
 #include "flashinfer/plan.h"
 #include "test_util.h"
@@ -291,6 +292,48 @@ TEST(HostFuzz, WriteKvMergeStatesSelectorAndDcp) {
     EXPECT_GT(t->refused, 0);
     EXPECT_LT(t->refused, t->cases);
   }
+}
+
+// NVFP4 caches from separate tensors (FlashInfer's form) and the build's architecture lists:
+// random shapes, strides, dtypes and strings. An accepted view is an nvfp4 cache of a head size
+// that is a multiple of 16; an accepted list runs its code wherever it says it does.
+TEST(HostFuzz, Nvfp4ViewsAndCudaArchs) {
+  Rng rng(41);
+  Tally views, archs;
+  std::vector<uint8_t> pool(1 << 16, 0x3a);
+  for (int i = 0; i < 3000; ++i) {
+    const int64_t nb = pick(rng, 0, 4), bs = 16 * pick(rng, 1, 2), h = pick(rng, 1, 3);
+    const int64_t d = 16 * pick(rng, 0, 8) + (rng() % 6 == 0 ? pick(rng, 1, 15) : 0);
+    int64_t cd = d / 2, sd = d / 16;
+    int64_t dims[4][4] = {{nb, bs, h, cd}, {nb, bs, h, cd}, {nb, bs, h, sd}, {nb, bs, h, sd}};
+    if (rng() % 5 == 0) dims[rng() % 4][rng() % 4] += pick(rng, 1, 2);  // a shape that disagrees
+    TensorView t[4];
+    for (int k = 0; k < 4; ++k) {
+      const int64_t last = std::max<int64_t>(dims[k][3], 1);
+      const int64_t s2 = last, s1 = h * last, s0 = bs * s1;
+      DType dt = rng() % 9 == 0 ? DType::f16 : DType::u8;
+      t[k] = TensorView(pool.data(), dt, {dims[k][0], dims[k][1], dims[k][2], dims[k][3]},
+                        {s0, s1, s2, rng() % 11 == 0 ? 2 : 1});
+    }
+    views.run([&] {
+      const PagedKV kv = paged_kv_nvfp4_from_views(t[0], t[1], t[2], t[3]);
+      ASSERT_EQ(kv.dtype, DType::nvfp4);
+      ASSERT_EQ(kv.head_size % 16, 0);
+      ASSERT_GT(kv.head_size, 0);
+    });
+  }
+  const char* parts[] = {"80", "86", "89", "90", "90a", "100", "-real", "-virtual", ";", ",", "sm_", "x", ""};
+  for (int i = 0; i < 3000; ++i) {
+    std::string list;
+    for (int k = pick(rng, 0, 5); k > 0; --k) list += parts[rng() % std::size(parts)];
+    archs.run([&] {
+      const BuiltCudaArchs a = parse_cuda_archs(list);
+      for (int cc : {75, 80, 86, 89, 90, 100})
+        if (cuda_archs_run_on(a, cc)) ASSERT_GT(cuda_code_cc(a, cc), 0) << list;
+    });
+  }
+  views.report("nvfp4_views");
+  archs.report("cuda_archs");
 }
 
 }  // namespace
