@@ -293,20 +293,25 @@ TEST(FlashInferBuilder, SplitsConvertsAndPlansEachPart) {
       if (page > 64 && heads == kv_heads) continue;
       const AttentionConfig cfg = config(heads, kv_heads, page);
       FlashInferMetadataBuilder builder(cfg, small_limits());
-      EXPECT_EQ(builder.reorder_batch_threshold(), 1);
+      // Decodes: one token on CUDA cores (MHA); on tensor cores as many as fit the 16-row tile
+      // with their group (speculative decoding).
+      const int threshold = builder.reorder_batch_threshold();
+      EXPECT_EQ(threshold, heads == kv_heads ? 1 : 16 / (heads / kv_heads));
       for (uint64_t seed = 0; seed < 10; ++seed) {
         std::mt19937_64 rng(seed + page + heads * 7 + kv_heads);
         const int n = 1 + static_cast<int>(rng() % 20);
         std::vector<int32_t> qo(n), kv(n);
         for (int r = 0; r < n; ++r) {
           kv[r] = 1 + static_cast<int32_t>(rng() % 20000);
-          qo[r] = rng() % 2 ? 1 : 1 + static_cast<int32_t>(rng() % std::min<int32_t>(kv[r], 150));
+          qo[r] = rng() % 3 == 0 ? 1
+                  : rng() % 2 ? std::min<int32_t>(kv[r], 1 + static_cast<int32_t>(rng() % threshold))
+                              : 1 + static_cast<int32_t>(rng() % std::min<int32_t>(kv[r], 150));
         }
         CommonAttentionMetadata md = make_batch(qo, kv, page, rng);
-        md = permute_requests(md, decode_first_order(md, 1));
+        md = permute_requests(md, decode_first_order(md, threshold));
         auto built = builder.build(md);
         const auto& m = dynamic_cast<const FlashInferMetadata&>(*built);
-        const DecodePrefillSplit split = split_decodes_and_prefills(md, 1);
+        const DecodePrefillSplit split = split_decodes_and_prefills(md, threshold);
         SCOPED_TRACE("heads " + std::to_string(heads) + "/" + std::to_string(kv_heads) + " page " +
                      std::to_string(page) + " seed " + std::to_string(seed));
         EXPECT_EQ(m.num_decodes, split.num_decodes);

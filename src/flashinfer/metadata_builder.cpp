@@ -5,6 +5,7 @@
 
 #include "attnkit/error.h"
 #include "core/backend_checks.h"
+#include "flash_attn/tile_set.h"
 #include "flashinfer/flashinfer_backend.h"
 
 namespace attnkit::flashinfer {
@@ -34,9 +35,14 @@ PlanConfig part_config(const AttentionConfig& cfg, int num_sms, bool decode, boo
 
 }  // namespace
 
+int decode_query_len(const AttentionConfig& cfg) {
+  const int g = group_size(cfg);
+  return g > 0 && decode_uses_tensor_cores(g) ? std::max(1, flash_attn::kDecodeTileRows / g) : 1;
+}
+
 FlashInferMetadataBuilder::FlashInferMetadataBuilder(const AttentionConfig& cfg,
                                                      const BuilderLimits& limits)
-    : cfg_(cfg), limits_(limits), state_(std::make_shared<PlanState>()) {
+    : cfg_(cfg), limits_(limits), decode_len_(decode_query_len(cfg)), state_(std::make_shared<PlanState>()) {
   ATTNKIT_REQUIRE(group_size(cfg) > 0, kWhere, "num_heads / num_kv_heads",
                   std::to_string(cfg.num_heads) + " / " + std::to_string(cfg.num_kv_heads),
                   "both must be > 0 and num_heads a multiple of num_kv_heads");
@@ -56,8 +62,9 @@ FlashInferMetadataBuilder::FlashInferMetadataBuilder(const AttentionConfig& cfg,
   const int sms = limits.num_sms > 0 ? limits.num_sms : cfg.device.sms_or_default();
   const int64_t pages = int64_t{limits.max_reqs} *
                         ((int64_t{limits.max_seq_len} + cfg.block_size - 1) / cfg.block_size);
-  // Decodes have at most one query token each.
-  const int max_decode_tokens = std::min(limits.max_reqs, limits.max_tokens);
+  // Decodes have at most decode_len_ query tokens each.
+  const int max_decode_tokens =
+      static_cast<int>(std::min<int64_t>(int64_t{limits.max_reqs} * decode_len_, limits.max_tokens));
   PlanState& s = *state_;
   s.decode_pages = PageTable(limits.max_reqs, pages);
   s.prefill_pages = PageTable(limits.max_reqs, pages);

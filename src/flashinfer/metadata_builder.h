@@ -56,11 +56,17 @@ struct FlashInferMetadata final : BackendMetadata {
   bool stale() const { return !state || state->generation != generation; }
 };
 
+// The longest query a decode request may have: 1 on CUDA cores (MHA), else as many tokens as
+// fit one 16-row decode tile with their GQA group (16 / group, at least 1).
+int decode_query_len(const AttentionConfig& cfg);
+
 class FlashInferMetadataBuilder final : public MetadataBuilder {
  public:
   FlashInferMetadataBuilder(const AttentionConfig& cfg, const BuilderLimits& limits);
-  // Decodes (query_len <= 1) must come first: engines apply decode_first_order (metadata.h).
-  int reorder_batch_threshold() const override { return 1; }
+  // Decodes must come first: engines apply decode_first_order (metadata.h) with this threshold.
+  // A decode is a request of at most decode_query_len(cfg) query tokens (speculative decoding:
+  // the tensor-core decode packs a request's tokens x its GQA group into one 16-row tile).
+  int reorder_batch_threshold() const override { return decode_len_; }
   // Validates `common`, splits, converts and plans. Error naming the offending request when a
   // decode follows a prefill, and on any capacity overflow. Non-causal batches go wholly to the
   // prefill path (the decode kernels do not express bidirectional attention). The metadata
@@ -73,6 +79,7 @@ class FlashInferMetadataBuilder final : public MetadataBuilder {
  private:
   AttentionConfig cfg_;
   BuilderLimits limits_;
+  int decode_len_ = 1;  // decode_query_len(cfg_)
   std::shared_ptr<PlanState> state_;
 };
 
