@@ -222,6 +222,35 @@ TEST(TileSet, EveryHeadSizeRunsOnTheNextCompiledDim) {
   EXPECT_TRUE(test::throws_error_with([] { choose_launch(h200(4, 16, 16, 40, true)); }, {"head_size", "40", "16 (fp8"}));
 }
 
+// Planned launches (FlashInfer-style parts): a decode part on the decode tiles, a prefill part on
+// the mma_sync prefill tile even where the hopper kernel would serve the varlen launch (its
+// persistent schedule is not the plan's), one CTA per planned item and KV head; NVFP4 prefill
+// parts are an error (the decode tile reads NVFP4 only).
+TEST(ChooseLaunch, PlannedPartsTakeTheirTiles) {
+  LaunchFacts decode = h200(64, 1, 4096);
+  decode.planned_items = 64;
+  const LaunchPlan d = choose_launch(decode);
+  EXPECT_EQ(d.config.rows, kDecodeTileRows) << d.reason;
+  EXPECT_EQ(d.grid_ctas, 64 * 8);
+  LaunchFacts prefill = h200(4, 1024, 4096);
+  prefill.planned_items = 40;
+  ASSERT_TRUE(prefill.hopper_kernels);
+  const LaunchPlan p = choose_launch(prefill);
+  EXPECT_EQ(p.tile, TileId::prefill) << p.reason;
+  EXPECT_EQ(p.generation, Generation::mma_sync) << p.reason;
+  EXPECT_EQ(p.grid_ctas, 40 * 8);
+  EXPECT_FALSE(p.l2_prefetch);
+  EXPECT_NE(p.reason.find("planned prefill"), std::string::npos) << p.reason;
+  prefill.planned_items = 0;
+  EXPECT_EQ(choose_launch(prefill).generation, Generation::hopper) << "(the varlen launch of the same shape)";
+  LaunchFacts fp4 = h200(4, 64, 4096);
+  fp4.cache = CacheKind::nvfp4;
+  fp4.planned_items = 8;
+  EXPECT_TRUE(test::throws_error_with([&] { choose_launch(fp4); }, {"planned max_query_len * group", "nvfp4"}));
+  fp4.max_query_len = 4;
+  EXPECT_EQ(choose_launch(fp4).tile, TileId::decode);
+}
+
 TEST(ChooseLaunch, HeadDim512RunsOutputSlicesOfThePrefillTile) {
   for (bool fp8 : {false, true})
     for (int q : {1, 4, 300}) {  // decode-shaped launches too: no decode tile at 512

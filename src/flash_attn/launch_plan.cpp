@@ -27,10 +27,9 @@ void validate(const LaunchFacts& f, const LaunchTuning& t) {
                   "must be 0 (the rule's choice), 1 or 2");
   ATTNKIT_REQUIRE(f.head_size == 0 || kernel_head_dim(f.head_size, f.cache, f.planned_items > 0) > 0, kWhere, "head_size", f.head_size,
                   head_size_rule(f.cache, f.planned_items > 0));
-  ATTNKIT_REQUIRE(f.planned_items == 0 || packed_rows(f) <= kDecodeTileRows, kWhere,
+  ATTNKIT_REQUIRE(!(f.planned_items > 0 && f.cache == CacheKind::nvfp4 && packed_rows(f) > kDecodeTileRows), kWhere,
                   "planned max_query_len * group", packed_rows(f),
-                  "must be <= " + std::to_string(kDecodeTileRows) +
-                      ": planned launches run the decode tiles (FlashInfer-style prefill kernels are not built yet)");
+                  "must be <= " + std::to_string(kDecodeTileRows) + " with an nvfp4 cache (read by the decode tile only)");
   ATTNKIT_REQUIRE(f.sm_count > 0, kWhere, "sm_count", f.sm_count, "must be > 0");
   ATTNKIT_REQUIRE(f.group >= 1, kWhere, "group", f.group, "must be >= 1");
   ATTNKIT_REQUIRE(f.num_splits >= 1, kWhere, "num_splits", f.num_splits, "must be >= 1");
@@ -65,6 +64,12 @@ TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) 
   }
   why = std::to_string(rows) + " packed rows: prefill tile";
   if (rows <= kDecodeTileRows) why += " (no decode tile above head dim " + std::to_string(kMaxDecodeTileDim) + ")";
+  if (f.planned_items > 0) {
+    // (the hopper kernel walks its own persistent schedule: a planned part's items come from the
+    // plan, which the mma_sync skeleton's PlanScheduler reads)
+    why += " of the mma_sync generation (planned prefill: the plan's items)";
+    return TileId::prefill;
+  }
   if (f.preferred == Generation::hopper && f.hopper_kernels && tile_instantiated(TileId::hopper, hd, f.cache) &&
       f.num_splits == 1 && f.same_kv_strides && !f.alibi_per_request) {
     why += " of the hopper generation (wgmma, warp-specialised)";

@@ -66,12 +66,13 @@ void launch_mma_sync(const VarlenKernelParams& p, const LaunchPlan& plan, cudaSt
                       " with a " + cache_kind_name(kCache) + " cache" + (contiguous ? " over contiguous K/V" : ""));
 }
 
-// A planned launch (FlashInfer-style decode): the plan's decode tile over the page table, one CTA
-// per planned item slot (grid_items, the plan's capacity: slots past the plan's count exit) and KV
-// head; split tiles write the plan's partial rows (merged by the caller after the launch).
+// A planned launch (FlashInfer-style): the plan's tile (a decode tile, or the prefill tile for a
+// prefill part) over the page table, one CTA per planned item slot (grid_items, the plan's
+// capacity: slots past the plan's count exit) and KV head; split tiles write the plan's partial
+// rows (merged by the caller after the launch).
 template <class Elem, int kHeadDim, CacheKind kCache>
 void launch_planned(VarlenKernelParams p, const LaunchPlan& plan, int64_t grid_items, cudaStream_t stream) {
-  const char* where = "flashinfer planned decode";
+  const char* where = "flashinfer planned launch";
   const int64_t ctas = grid_items * p.num_kv_heads;  // (PlanScheduler: item-major, KV heads inner)
   ATTNKIT_REQUIRE(grid_items > 0 && ctas <= 0x7fffffff, where, "plan item capacity x num_kv_heads", ctas,
                   "must be in [1, 2^31) (one grid dimension)");
@@ -79,7 +80,7 @@ void launch_planned(VarlenKernelParams p, const LaunchPlan& plan, int64_t grid_i
   auto try_tile = [&]<TileId kTile>() {
     constexpr TileConfig kCfg = tile_config(kTile, kHeadDim, kCache);
     if constexpr (tile_instantiated(kTile, kHeadDim, kCache) && kCfg.generation == Generation::mma_sync &&
-                  kCfg.rows == kDecodeTileRows) {
+                  kCfg.o_slices == 1) {
       if (plan.tile != kTile) return;
       using Tr = VarlenTraits<Elem, kHeadDim, kCache, kTile>;
       using Sched = PlanScheduler<Tr::kBlockM, Tr::kBlockN>;
@@ -105,13 +106,14 @@ void launch_planned(VarlenKernelParams p, const LaunchPlan& plan, int64_t grid_i
       launched = true;
     }
   };
+  try_tile.template operator()<TileId::prefill>();
   try_tile.template operator()<TileId::decode>();
   try_tile.template operator()<TileId::decode_tma>();
   try_tile.template operator()<TileId::decode_two_stage>();
   try_tile.template operator()<TileId::decode_transposed>();
   try_tile.template operator()<TileId::decode_transposed_two_stage>();
   ATTNKIT_REQUIRE(launched, where, "tile", plan.config.name,
-                  "is not a planned decode tile built for head dim " + std::to_string(kHeadDim) + " with a " +
+                  "is not a planned tile built for head dim " + std::to_string(kHeadDim) + " with a " +
                       cache_kind_name(kCache) + " cache");
 }
 

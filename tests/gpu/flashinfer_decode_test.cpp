@@ -177,6 +177,34 @@ TEST_P(PlannedDecodeNvfp4Grid, MatchesCpuReference) {
 }
 INSTANTIATE_TEST_SUITE_P(Seeds, PlannedDecodeNvfp4Grid, ::testing::Range(0, 84));
 
+// Prefill parts (the FlashInfer-style prefill's plan over the page table, or over an identity
+// page view of ragged K/V): 1..300 query tokens per request over up to 3000 keys, causal and
+// not, every mask and score mod, on the plan's tile (the mma_sync prefill tile above 16 packed
+// rows: launch_plan.cpp).
+Case random_planned_prefill_case(uint64_t seed) {
+  std::mt19937_64 rng(seed * 7919 + 5);
+  Case c = random_planned_decode_case(seed);
+  if (c.cache_dtype == DType::nvfp4) c.cache_dtype = c.dtype;  // (NVFP4: the decode tile only)
+  c.q_lens.clear();
+  c.seq_lens.clear();
+  const int n = 1 + static_cast<int>(rng() % 6);
+  const bool skewed = rng() % 4 == 0;
+  for (int r = 0; r < n; ++r) {
+    const int q = skewed && r == 0 ? 200 + static_cast<int>(rng() % 100) : 1 + static_cast<int>(rng() % 160);
+    const int prefix = rng() % 3 == 0 ? 0 : static_cast<int>(rng() % 2500);
+    c.q_lens.push_back(q);
+    c.seq_lens.push_back(q + prefix);
+  }
+  return c;
+}
+
+class PlannedPrefillGrid : public ::testing::TestWithParam<int> {};
+TEST_P(PlannedPrefillGrid, MatchesCpuReference) {
+  const int i = GetParam();
+  check_planned(random_planned_prefill_case(1000 + i), i % 3 == 0 ? 0 : i % 3 == 1 ? 2 : 64);
+}
+INSTANTIATE_TEST_SUITE_P(Seeds, PlannedPrefillGrid, ::testing::Range(0, 84));
+
 TEST(PlannedDecodeSanitizer, SmallGrid) {
   for (int i = 0; i < 14; ++i) {
     Case c = random_planned_decode_case(500 + i, /*nvfp4=*/i % 4 == 3);
