@@ -67,28 +67,33 @@ class FlashInferImpl final : public AttentionImpl {
                     "params.window_right", params.window_right,
                     "must lie within the planned window_right = " + std::to_string(md->window_right));
     ATTNKIT_REQUIRE(md->num_prefills == 0, kWhere, "batch", std::to_string(md->num_prefills) + " prefill requests",
-                    "must be decode-only: the FlashInfer-style prefill kernels are not built yet (the "
+                    "must be decode-only: the FlashInfer-style prefill kernels have not run on a GPU yet (the "
                     "flash_attn backend serves mixed batches)");
-    run_decode(views, kv_cache, *md, p, stream);
+    const PlanState& st = *md->state;
+    if (md->num_decodes > 0)
+      run_part(views, kv_cache, st.decode_plan, st.decode_pages, st.decode_batch(), st.device, 0, p, stream);
+    if (md->num_prefills > 0)  // (decodes first: the prefill part's tokens follow theirs)
+      run_part(views, kv_cache, st.prefill_plan, st.prefill_pages, st.prefill_batch(), st.prefill_device,
+               md->num_decode_tokens, p, stream);
   }
 
  private:
-  // The decode part on the planned decode kernels: the plan's device copy (the builder's state
-  // holds it: made here once, then staged by every build and copied by the first forward after
-  // it) and the split partials' workspace (sized for the plan's capacity, at the first forward).
-  // On a stream capturing a CUDA graph the launches serve every plan of the capacity, so the
-  // graph replays the builder's later batches (of the same query length per request).
-  void run_decode(const ForwardViews& views, const TensorView& kv_cache, const FlashInferMetadata& md,
-                  const AttentionParams& p, void* stream) {
-    const PlanState& st = *md.state;
-    const PlanBuffers& plan = st.decode_plan;
-    const PlanBatch batch = st.decode_batch();
+  // One planned part on the planned kernels, over its tokens [token0, token0 + the part's
+  // tokens) of q / out / lse: the plan's device copy (the builder's state holds it: made here
+  // once, then staged by every build and copied by the first forward after it) and the split
+  // partials' workspace (sized for the plan's capacity, at the first forward; the parts run one
+  // after the other on the stream and share it). On a stream capturing a CUDA graph the launches
+  // serve every plan of the capacity, so the graph replays the builder's later batches (of the
+  // same query lengths).
+  void run_part(const ForwardViews& views, const TensorView& kv_cache, const PlanBuffers& plan,
+                const PageTable& pages, const PlanBatch& batch, std::unique_ptr<DevicePlan>& device,
+                int64_t token0, const AttentionParams& p, void* stream) {
     const bool capturing = stream_capturing(stream);
-    if (!st.device) {
+    if (!device) {
       ATTNKIT_REQUIRE(!capturing, kWhere, "stream", "capturing a CUDA graph",
                       "must not be capturing at the builder's first GPU forward (it allocates the plan's device copy)");
-      st.device = std::make_unique<DevicePlan>(plan.capacity, plan.config.group_size, st.decode_pages.max_pages());
-      st.device->stage(plan, st.decode_pages, batch);
+      device = std::make_unique<DevicePlan>(plan.capacity, plan.config.group_size, pages.max_pages());
+      device->stage(plan, pages, batch);
     }
     if (workspace_.bytes() < plan.workspace_bytes()) {
       ATTNKIT_REQUIRE(!capturing, kWhere, "stream", "capturing a CUDA graph",
@@ -96,18 +101,32 @@ class FlashInferImpl final : public AttentionImpl {
                           std::to_string(plan.workspace_bytes()) + " bytes)");
       workspace_ = CudaMemory(plan.workspace_bytes());
     }
-    st.device->copy_staged(stream);
+    device->copy_staged(stream);
     const KVCacheSpec spec = cache_spec_of(kv_cache, cfg_, kWhere);
+    const int64_t tokens = plan.num_tokens;
     PlannedDecodeArgs a;
-    a.q = views.q;
-    a.out = views.out;
+    a.q = token_rows(views.q, token0, tokens);
+    a.out = token_rows(views.out, token0, tokens);
     a.cache = spec.view(kv_cache);
     a.params = p;
+    if (p.lse.defined()) a.params.lse = lse_columns(p.lse, token0, tokens);
     a.workspace = workspace_.get();
     a.workspace_bytes = workspace_.bytes();
     a.stream = stream;
     a.graph_safe = capturing;
-    run_planned_decode(*st.device, plan, st.decode_pages, batch, a);
+    run_planned_decode(*device, plan, pages, batch, a);
+  }
+
+  // Rows [first, first + count) of a [tokens, ...] view; columns of an LSE [heads, tokens].
+  static TensorView token_rows(TensorView t, int64_t first, int64_t count) {
+    t.data = static_cast<char*>(t.data) + first * t.strides[0] * static_cast<int64_t>(dtype_size(t.dtype));
+    t.shape[0] = count;
+    return t;
+  }
+  static TensorView lse_columns(TensorView t, int64_t first, int64_t count) {
+    t.data = static_cast<char*>(t.data) + first * t.strides[1] * static_cast<int64_t>(dtype_size(t.dtype));
+    t.shape[1] = count;
+    return t;
   }
 
   AttentionConfig cfg_;

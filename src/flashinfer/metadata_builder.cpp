@@ -75,6 +75,7 @@ FlashInferMetadataBuilder::FlashInferMetadataBuilder(const AttentionConfig& cfg,
   s.prefill_qo_indptr.assign(static_cast<size_t>(limits.max_reqs) + 1, 0);
   s.decode_qo_indptr.assign(static_cast<size_t>(limits.max_reqs) + 1, 0);
   s.decode_kv_lens.assign(static_cast<size_t>(limits.max_reqs), 0);
+  s.prefill_kv_lens.assign(static_cast<size_t>(limits.max_reqs), 0);
   s.decode_window_left = limits.window_left;
   s.decode_window_right = limits.window_right;
 }
@@ -120,11 +121,14 @@ std::unique_ptr<BackendMetadata> FlashInferMetadataBuilder::build(const CommonAt
 
   const int32_t base = common.query_start_loc[nd];
   for (int r = nd; r <= n; ++r) s.prefill_qo_indptr[r - nd] = common.query_start_loc[r] - base;
+  std::copy(common.seq_lens.begin() + nd, common.seq_lens.begin() + n, s.prefill_kv_lens.begin());
+  s.prefill_causal = common.causal;
   PlanBatch prefill = decode;
   prefill.qo_indptr = std::span<const int32_t>(s.prefill_qo_indptr.data(), n - nd + 1);
-  prefill.kv_lens = std::span<const int32_t>(common.seq_lens.data() + nd, n - nd);
+  prefill.kv_lens = std::span<const int32_t>(s.prefill_kv_lens.data(), n - nd);
   prefill.causal = common.causal;
   plan_batch(prefill, s.prefill_plan);
+  if (s.prefill_device) s.prefill_device->stage(s.prefill_plan, s.prefill_pages, s.prefill_batch());
 
   auto md = std::make_unique<FlashInferMetadata>();
   md->num_reqs = n;

@@ -38,11 +38,20 @@ struct PlanState {
             std::span<const int32_t>(decode_kv_lens.data(), decode_plan.num_reqs), true, decode_window_left,
             decode_window_right};
   }
+  // The prefill part as it was planned (its lengths copied, as the decode part's).
+  std::vector<int32_t> prefill_kv_lens;
+  bool prefill_causal = true;
+  PlanBatch prefill_batch() const {
+    return {std::span<const int32_t>(prefill_qo_indptr.data(), prefill_plan.num_reqs + 1),
+            std::span<const int32_t>(prefill_kv_lens.data(), prefill_plan.num_reqs), prefill_causal,
+            decode_window_left, decode_window_right};
+  }
   uint64_t generation = 0;                 // bumped by every build()
   // The decode plan's device copy (GPU configurations): made by the first forward on the GPU,
   // then staged by every build() (host only) and copied by the next forward, so a forward
   // captured in a CUDA graph replays the builder's later plans (DevicePlan::copy_staged).
   mutable std::unique_ptr<DevicePlan> device;
+  mutable std::unique_ptr<DevicePlan> prefill_device;  // the prefill plan's, alike
 };
 
 struct FlashInferMetadata final : BackendMetadata {
