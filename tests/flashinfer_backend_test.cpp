@@ -454,7 +454,7 @@ TEST(FlashInferImpl, ValidatesThenRefusesBatchesWithPrefills) {
   auto run = [&](const ForwardCase& c, const BackendMetadata& m) {
     impl->forward(c.q, c.k, c.v, c.cache, m, c.params, c.out);
   };
-  EXPECT_TRUE(test::throws_error_with([&] { run(fc, *md); }, {"prefill kernels are not built yet"}));
+  EXPECT_TRUE(test::throws_error_with([&] { run(fc, *md); }, {"must be decode-only", "prefill kernels have not run on a GPU yet"}));
 
   struct OtherMetadata : BackendMetadata {};
   EXPECT_TRUE(test::throws_error_with([&] { run(fc, OtherMetadata{}); }, {"another backend's metadata"}));
@@ -511,7 +511,7 @@ TEST(FlashInferImpl, ValidatesThenRefusesBatchesWithPrefills) {
   {
     ForwardCase c = fc;  // the plan assumed no window: any window is within it
     c.params.window_left = 10;
-    EXPECT_TRUE(test::throws_error_with([&] { run(c, *md); }, {"prefill kernels are not built yet"}));
+    EXPECT_TRUE(test::throws_error_with([&] { run(c, *md); }, {"must be decode-only", "prefill kernels have not run on a GPU yet"}));
   }
   {
     BuilderLimits l = small_limits();
@@ -524,7 +524,7 @@ TEST(FlashInferImpl, ValidatesThenRefusesBatchesWithPrefills) {
     c.params.window_left = -1;
     EXPECT_TRUE(test::throws_error_with([&] { run(c, *wmd); }, {"planned window_left = 8"}));
     c.params.window_left = 4;
-    EXPECT_TRUE(test::throws_error_with([&] { run(c, *wmd); }, {"prefill kernels are not built yet"}));
+    EXPECT_TRUE(test::throws_error_with([&] { run(c, *wmd); }, {"must be decode-only", "prefill kernels have not run on a GPU yet"}));
   }
   {
     // nvfp4: the packed u8 cache (last dim 128/2 + 128/16 = 72 bytes).
@@ -536,7 +536,7 @@ TEST(FlashInferImpl, ValidatesThenRefusesBatchesWithPrefills) {
     ForwardCase c = fc;
     c.cache = TensorView(fake(), DType::u8, {64, 2, 16, 2, 72}, Device::CUDA);
     EXPECT_TRUE(test::throws_error_with(
-        [&] { impl4->forward(c.q, c.k, c.v, c.cache, *md4, c.params, c.out); }, {"prefill kernels are not built yet"}));
+        [&] { impl4->forward(c.q, c.k, c.v, c.cache, *md4, c.params, c.out); }, {"must be decode-only", "prefill kernels have not run on a GPU yet"}));
     c.cache = TensorView(fake(), DType::u8, {64, 2, 16, 2, 128}, Device::CUDA);
     EXPECT_TRUE(test::throws_error_with(
         [&] { impl4->forward(c.q, c.k, c.v, c.cache, *md4, c.params, c.out); }, {"[64, 2, 16, 2, 72]"}));
@@ -553,7 +553,7 @@ TEST(FlashInferImpl, ValidatesThenRefusesBatchesWithPrefills) {
     c.params.sinks = TensorView(fake(), DType::f32, {8}, Device::CUDA);
     c.params.softcap = 30.f;
     EXPECT_TRUE(test::throws_error_with([&] { full->forward(c.q, c.k, c.v, c.cache, *md, c.params, c.out); },
-                                        {"prefill kernels are not built yet"}));
+                                        {"must be decode-only", "prefill kernels have not run on a GPU yet"}));
   }
   builder.build(make_batch({1}, {5}, 16, rng));
   EXPECT_TRUE(test::throws_error_with([&] { run(fc, *md); }, {"re-planned"}));
