@@ -205,6 +205,53 @@ TEST_P(PlannedPrefillGrid, MatchesCpuReference) {
 }
 INSTANTIATE_TEST_SUITE_P(Seeds, PlannedPrefillGrid, ::testing::Range(0, 84));
 
+// Large decode batches, sampled rows against the GPU fp32 reference (gpu_reference.h): batch 256
+// over 1..4000 keys, batch 4 over 32k, and the skewed batch of one 32k request among 63 of 100
+// keys; pages 16 / 128 / 1024, bf16 and fp8 caches, GQA 4 and 8.
+class PlannedDecodeLargeGrid : public ::testing::TestWithParam<int> {};
+TEST_P(PlannedDecodeLargeGrid, SampledRowsMatchGpuReference) {
+  const int i = GetParam();
+  std::mt19937_64 rng(i * 131 + 7);
+  Case c;
+  c.seed = 7000 + i;
+  constexpr int kPages[] = {16, 128, 1024};
+  c.block_size = kPages[i % 3];
+  c.head_size = 128;
+  c.dtype = i % 2 ? DType::f16 : DType::bf16;
+  c.cache_dtype = (i / 3) % 2 ? DType::fp8_e4m3 : c.dtype;
+  c.group = i % 4 < 2 ? 4 : 8;
+  c.num_kv_heads = 2;
+  c.layout = (i / 2) % 2 ? KVLayout::HND : KVLayout::NHD;
+  c.want_lse = true;
+  const int shape = i % 3;
+  const int n = shape == 0 ? 256 : shape == 1 ? 4 : 64;
+  for (int r = 0; r < n; ++r) {
+    const int seq = shape == 0 ? 1 + static_cast<int>(rng() % 4000) : shape == 1 ? 32768 - static_cast<int>(rng() % 64)
+                    : r == 0 ? 32768 : 100;
+    c.q_lens.push_back(1);
+    c.seq_lens.push_back(seq);
+  }
+  SCOPED_TRACE(c.describe());
+  Problem p(c);
+  const PlannedRun run = run_planned(p, PlanKernel::TensorCore, 0);
+  const std::vector<RefRow> rows = p.sample_rows(0, c.seed);
+  std::vector<float> ref_out, ref_lse;
+  p.run_gpu_reference(rows, ref_out, ref_lse);
+  const int H = c.num_heads(), D = c.head_size;
+  const int64_t T = c.num_tokens();
+  std::vector<float> out(rows.size() * D), lse(rows.size());
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const int64_t base = (static_cast<int64_t>(rows[k].token) * H + rows[k].head) * D;
+    std::copy(run.result.out.begin() + base, run.result.out.begin() + base + D, out.begin() + k * D);
+    lse[k] = run.result.lse[static_cast<int64_t>(rows[k].head) * T + rows[k].token];
+  }
+  const int64_t m = static_cast<int64_t>(rows.size());
+  SCOPED_TRACE(std::string(run.split ? "split" : "unsplit") + " plan, tile_q " + std::to_string(run.tile_q));
+  EXPECT_TRUE(outputs_match(c.dtype, out, ref_out, {m, D})) << "(sampled row index, dim)";
+  EXPECT_TRUE(lse_match(lse, ref_lse, {m})) << "(sampled row index)";
+}
+INSTANTIATE_TEST_SUITE_P(Seeds, PlannedDecodeLargeGrid, ::testing::Range(0, 12));
+
 TEST(PlannedDecodeSanitizer, SmallGrid) {
   for (int i = 0; i < 14; ++i) {
     Case c = random_planned_decode_case(500 + i, /*nvfp4=*/i % 4 == 3);
