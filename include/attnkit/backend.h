@@ -116,6 +116,20 @@ class AttentionImpl {
                        const TensorView& kv_cache, const BackendMetadata& metadata,
                        const AttentionParams& params, const TensorView& out,
                        void* stream = nullptr) = 0;
+  // Device memory for the impl's GPU launches (split-KV or plan partials), owned by the caller:
+  // workspace_bytes(max_tokens) is what any batch of up to max_tokens query tokens can need (0:
+  // none), set_workspace hands it over before the forwards that use it. A forward that needs
+  // more than it was given is an Error before any launch. Without it, the impl allocates its
+  // own at the first GPU forward that needs one (an Error inside a CUDA-graph capture). Impls
+  // that run on one stream may share one buffer.
+  virtual size_t workspace_bytes(int64_t max_tokens) const {
+    (void)max_tokens;
+    return 0;
+  }
+  virtual void set_workspace(void* device_ptr, size_t bytes) {
+    (void)device_ptr;
+    (void)bytes;
+  }
 };
 
 class AttentionBackend {

@@ -170,6 +170,18 @@ class AttentionLayer:
     variant = property(lambda self: self._native.variant, doc="the kernel generation / path, with why")
     reorder_batch_threshold = property(lambda self: self._native.reorder_batch_threshold)
 
+    def workspace_bytes(self, max_tokens):
+        """Device workspace bytes the layer's GPU forwards can need for batches of up to
+        max_tokens query tokens (split-KV or plan partials; 0: none)."""
+        return self._native.workspace_bytes(int(max_tokens))
+
+    def set_workspace(self, workspace):
+        """Hand the layer a CUDA buffer of at least workspace_bytes(max_tokens) bytes (None: the
+        layer allocates its own at the first forward that needs one, never inside a CUDA-graph
+        capture). Keep the buffer alive while the layer runs; layers on one stream may share it."""
+        self._workspace = workspace
+        self._native.set_workspace(workspace)
+
     def kv_cache_shape(self, num_blocks):
         """The backend's logical cache shape (num_blocks, 2, block_size, num_kv_heads, row)."""
         return tuple(self._native.kv_cache_shape(int(num_blocks)))

@@ -59,6 +59,20 @@ class Layer {
     return {o.begin(), o.end()};
   }
   int reorder_batch_threshold() const { return builder_->reorder_batch_threshold(); }
+  size_t workspace_bytes(int64_t max_tokens) const { return impl_->workspace_bytes(max_tokens); }
+  // The caller's device workspace (a CUDA array of at least workspace_bytes bytes; None: the
+  // impl's own again). The array must outlive the forwards that use it.
+  void set_workspace(const OptIn& workspace) {
+    constexpr std::string_view where = "AttentionLayer.set_workspace";
+    if (!workspace) {
+      impl_->set_workspace(nullptr, 0);
+      return;
+    }
+    const TensorView w = to_view(workspace, where, "workspace");
+    w.require_device(where, "workspace", Device::CUDA);
+    w.require_contiguous(where, "workspace");
+    impl_->set_workspace(w.data, static_cast<size_t>(w.numel()) * dtype_size(w.dtype));
+  }
 
   // Host arrays (CPU int32 / int64) always; on a GPU also their device copies.
   std::unique_ptr<Metadata> build(const InArray& query_start_loc, const InArray& seq_lens,
@@ -164,6 +178,8 @@ void register_layer(nb::module_& m) {
       .def_prop_ro("backend", &Layer::backend_name)
       .def_prop_ro("variant", &Layer::variant)
       .def_prop_ro("reorder_batch_threshold", &Layer::reorder_batch_threshold)
+      .def("workspace_bytes", &Layer::workspace_bytes, nb::arg("max_tokens"))
+      .def("set_workspace", &Layer::set_workspace, nb::arg("workspace").none())
       .def("kv_cache_shape", &Layer::kv_cache_shape, nb::arg("num_blocks"))
       .def("kv_cache_stride_order", &Layer::kv_cache_stride_order)
       .def("build", &Layer::build, nb::arg("query_start_loc"), nb::arg("seq_lens"),

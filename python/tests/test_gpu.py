@@ -603,6 +603,25 @@ def test_cuda_flashinfer_decode_nvfp4(page, heads, D):
 
 
 @needs_cuda
+@pytest.mark.parametrize("backend", ["flash_attn", "flashinfer"])
+def test_cuda_layer_caller_workspace(backend):
+    # The caller-owned workspace: a buffer of workspace_bytes serves the forwards; one too small
+    # for the batch's partials is an error before any launch.
+    H, Hkv, D, bs = 16, 4, 128, 16
+    layer = attnkit.AttentionLayer(H, Hkv, D, "bfloat16", block_size=bs, device="cuda", backend=backend, lse=True)
+    b = TorchBatch([1] * 4, [5000, 300, 17, 4000], H, Hkv, D, bs, torch.bfloat16, "cuda", seed=77)
+    ws = torch.empty(layer.workspace_bytes(64), dtype=torch.uint8, device="cuda")
+    layer.set_workspace(ws)
+    slots = [int(b.block_table[r, (n - 1) // bs]) * bs + (n - 1) % bs for r, n in enumerate(b.seqused_k.tolist())]
+    md = layer.build_metadata(b.cu_seqlens_q, b.seqused_k, b.block_table, torch.tensor(slots, device="cuda"))
+    out, lse = layer.forward(b.q, None, None, b.kv_cache.contiguous(), md, return_lse=True)
+    check(b, (out, lse), b.reference(causal=True), f"{backend} with the caller's workspace")
+    layer.set_workspace(torch.empty(16, dtype=torch.uint8, device="cuda"))
+    with pytest.raises(attnkit.AttnkitError, match="workspace"):
+        layer.forward(b.q, None, None, b.kv_cache.contiguous(), md)
+
+
+@needs_cuda
 def test_cuda_flashinfer_layer_graph_replays_after_rebuild():
     # The engine path (builder -> impl) of the FlashInfer-style backend, which declares CUDA
     # graphs ALWAYS for GQA: a forward captured once replays the builder's later decode batches

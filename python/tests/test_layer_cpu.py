@@ -56,3 +56,18 @@ def test_layer_refusals():
     with pytest.raises(attnkit.AttnkitError, match="seq_lens"):
         layer.build_metadata(np.array([0, 1], np.int32), np.array([5, 6], np.int32), np.array([[1]], np.int32),
                              np.array([4], np.int64))
+
+
+def test_workspace_api():
+    # The caller-owned workspace: the CPU reference needs none; a GPU layer's backend says how
+    # much its forwards can need (split-KV or plan partials) before any GPU is touched.
+    layer = attnkit.AttentionLayer(4, 2, 32, "float32")
+    assert layer.workspace_bytes(4096) == 0
+    layer.set_workspace(None)
+    # (the FlashInfer-style backend serves GPU configurations where its kernels are built)
+    for backend in ("flash_attn", "flashinfer") if attnkit.cuda_built else ("flash_attn",):
+        gpu = attnkit.AttentionLayer(32, 8, 128, "bfloat16", device="sm90", backend=backend)
+        small, big = gpu.workspace_bytes(64), gpu.workspace_bytes(8192)
+        assert 0 < small <= big, (backend, small, big)
+    with pytest.raises(attnkit.AttnkitError, match="workspace"):
+        gpu.set_workspace(np.zeros(16, np.uint8))  # a host array

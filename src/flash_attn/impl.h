@@ -20,9 +20,10 @@ class FlashAttnImpl final : public AttentionImpl {
   // after set_workspace (or after the own buffer grows) zeroes the buffer's counters on its
   // stream first (varlen_workspace_init; inside a capture the memset joins the graph, which
   // is harmless). Several impls may share one buffer if they run on one stream.
-  void set_workspace(void* device_ptr, size_t bytes);
+  void set_workspace(void* device_ptr, size_t bytes) override;
   // The workspace any batch of up to max_tokens tokens can need (kMaxSplits splits).
   size_t max_workspace_bytes(int64_t max_tokens) const;
+  size_t workspace_bytes(int64_t max_tokens) const override { return max_workspace_bytes(max_tokens); }
   Generation generation() const { return generation_; }
 
   void forward(const TensorView& q, const TensorView& k, const TensorView& v,

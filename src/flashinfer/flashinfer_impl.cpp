@@ -35,6 +35,17 @@ class FlashInferImpl final : public AttentionImpl {
  public:
   explicit FlashInferImpl(const AttentionConfig& cfg) : cfg_(cfg) {}
 
+  // (the builder make_builder(cfg) makes: default BuilderLimits)
+  size_t workspace_bytes(int64_t max_tokens) const override {
+    return plan_workspace_bytes(cfg_, BuilderLimits{}, max_tokens);
+  }
+  void set_workspace(void* device_ptr, size_t bytes) override {
+    ATTNKIT_REQUIRE(device_ptr != nullptr || bytes == 0, "flashinfer set_workspace", "bytes", bytes,
+                    "a workspace of > 0 bytes needs a device pointer");
+    caller_ws_ = device_ptr;
+    caller_ws_bytes_ = bytes;
+  }
+
   void forward(const TensorView& q, const TensorView& k, const TensorView& v,
                const TensorView& kv_cache, const BackendMetadata& metadata,
                const AttentionParams& params, const TensorView& out, void* stream) override {
@@ -95,11 +106,21 @@ class FlashInferImpl final : public AttentionImpl {
       device = std::make_unique<DevicePlan>(plan.capacity, plan.config.group_size, pages.max_pages());
       device->stage(plan, pages, batch);
     }
-    if (workspace_.bytes() < plan.workspace_bytes()) {
-      ATTNKIT_REQUIRE(!capturing, kWhere, "stream", "capturing a CUDA graph",
-                      "must not be capturing at the impl's first GPU forward (it allocates the workspace of " +
-                          std::to_string(plan.workspace_bytes()) + " bytes)");
-      workspace_ = CudaMemory(plan.workspace_bytes());
+    void* ws = caller_ws_;
+    size_t ws_bytes = caller_ws_bytes_;
+    if (ws != nullptr) {  // (the caller's: set_workspace)
+      ATTNKIT_REQUIRE(ws_bytes >= plan.workspace_bytes(), kWhere, "workspace bytes", ws_bytes,
+                      "must hold the plan's partials: " + std::to_string(plan.workspace_bytes()) +
+                          " bytes (see workspace_bytes)");
+    } else {
+      if (workspace_.bytes() < plan.workspace_bytes()) {
+        ATTNKIT_REQUIRE(!capturing, kWhere, "stream", "capturing a CUDA graph",
+                        "must not be capturing at the impl's first GPU forward without set_workspace (it allocates the "
+                        "workspace of " + std::to_string(plan.workspace_bytes()) + " bytes)");
+        workspace_ = CudaMemory(plan.workspace_bytes());
+      }
+      ws = workspace_.get();
+      ws_bytes = workspace_.bytes();
     }
     device->copy_staged(stream);
     const KVCacheSpec spec = cache_spec_of(kv_cache, cfg_, kWhere);
@@ -110,8 +131,8 @@ class FlashInferImpl final : public AttentionImpl {
     a.cache = spec.view(kv_cache);
     a.params = p;
     if (p.lse.defined()) a.params.lse = lse_columns(p.lse, token0, tokens);
-    a.workspace = workspace_.get();
-    a.workspace_bytes = workspace_.bytes();
+    a.workspace = ws;
+    a.workspace_bytes = ws_bytes;
     a.stream = stream;
     a.graph_safe = capturing;
     run_planned_decode(*device, plan, pages, batch, a);
@@ -130,7 +151,9 @@ class FlashInferImpl final : public AttentionImpl {
   }
 
   AttentionConfig cfg_;
-  CudaMemory workspace_;
+  CudaMemory workspace_;       // the own one (no set_workspace)
+  void* caller_ws_ = nullptr;  // set_workspace's
+  size_t caller_ws_bytes_ = 0;
 };
 
 }  // namespace

@@ -40,6 +40,23 @@ int decode_query_len(const AttentionConfig& cfg) {
   return g > 0 && decode_uses_tensor_cores(g) ? std::max(1, flash_attn::kDecodeTileRows / g) : 1;
 }
 
+size_t plan_workspace_bytes(const AttentionConfig& cfg, const BuilderLimits& limits, int64_t max_tokens) {
+  ATTNKIT_REQUIRE(max_tokens >= 0, "flashinfer workspace_bytes", "max_tokens", max_tokens, "must be >= 0");
+  const int sms = limits.num_sms > 0 ? limits.num_sms : cfg.device.sms_or_default();
+  const int tokens = static_cast<int>(std::min<int64_t>(max_tokens, limits.max_tokens));
+  if (tokens == 0) return 0;
+  const int decode_len = decode_query_len(cfg);
+  const int decode_tokens = static_cast<int>(std::min<int64_t>(int64_t{limits.max_reqs} * decode_len, tokens));
+  size_t bytes = 0;
+  for (bool decode : {true, false}) {
+    const PlanConfig pc = part_config(cfg, sms, decode, limits.cuda_graph);
+    const PlanCapacity cap = PlanCapacity::for_limits(pc, limits.max_reqs, decode ? decode_tokens : tokens);
+    bytes = std::max(bytes, static_cast<size_t>(cap.max_partial_rows) * pc.num_kv_heads *
+                                (static_cast<size_t>(pc.head_size) + 1) * sizeof(float));
+  }
+  return bytes;
+}
+
 FlashInferMetadataBuilder::FlashInferMetadataBuilder(const AttentionConfig& cfg,
                                                      const BuilderLimits& limits)
     : cfg_(cfg), limits_(limits), decode_len_(decode_query_len(cfg)), state_(std::make_shared<PlanState>()) {

@@ -69,6 +69,10 @@ struct FlashInferMetadata final : BackendMetadata {
 // fit one 16-row decode tile with their GQA group (16 / group, at least 1).
 int decode_query_len(const AttentionConfig& cfg);
 
+// The device workspace (split tiles' partials) that the plans of a builder made with `limits`
+// can need, for batches of up to max_tokens query tokens (clamped to limits.max_tokens).
+size_t plan_workspace_bytes(const AttentionConfig& cfg, const BuilderLimits& limits, int64_t max_tokens);
+
 class FlashInferMetadataBuilder final : public MetadataBuilder {
  public:
   FlashInferMetadataBuilder(const AttentionConfig& cfg, const BuilderLimits& limits);
