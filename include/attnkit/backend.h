@@ -118,7 +118,8 @@ class AttentionImpl {
                        void* stream = nullptr) = 0;
   // Device memory for the impl's GPU launches (split-KV or plan partials), owned by the caller:
   // workspace_bytes(max_tokens) is what any batch of up to max_tokens query tokens can need (0:
-  // none), set_workspace hands it over before the forwards that use it. A forward that needs
+  // none; a backend whose plans lay partials out for its builder's capacity, as flashinfer's
+  // do, returns that capacity's size), set_workspace hands it over before the forwards that use it. A forward that needs
   // more than it was given is an Error before any launch. Without it, the impl allocates its
   // own at the first GPU forward that needs one (an Error inside a CUDA-graph capture). Impls
   // that run on one stream may share one buffer.

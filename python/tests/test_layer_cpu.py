@@ -68,6 +68,6 @@ def test_workspace_api():
     for backend in ("flash_attn", "flashinfer") if attnkit.cuda_built else ("flash_attn",):
         gpu = attnkit.AttentionLayer(32, 8, 128, "bfloat16", device="sm90", backend=backend)
         small, big = gpu.workspace_bytes(64), gpu.workspace_bytes(8192)
-        assert 0 < small <= big, (backend, small, big)
+        assert 0 < small <= big, (backend, small, big)  # (flashinfer: its builder's capacity either way)
     with pytest.raises(attnkit.AttnkitError, match="workspace"):
         gpu.set_workspace(np.zeros(16, np.uint8))  # a host array

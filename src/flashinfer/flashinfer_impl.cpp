@@ -35,9 +35,12 @@ class FlashInferImpl final : public AttentionImpl {
  public:
   explicit FlashInferImpl(const AttentionConfig& cfg) : cfg_(cfg) {}
 
-  // (the builder make_builder(cfg) makes: default BuilderLimits)
+  // The partials of the plans of the builder make_builder(cfg) makes (default BuilderLimits): a
+  // plan lays its partial rows out for its capacity (a captured launch serves every plan of it),
+  // so this is the capacity's size whatever max_tokens (> 0) says.
   size_t workspace_bytes(int64_t max_tokens) const override {
-    return plan_workspace_bytes(cfg_, BuilderLimits{}, max_tokens);
+    const BuilderLimits limits;
+    return max_tokens > 0 ? plan_workspace_bytes(cfg_, limits, limits.max_tokens) : 0;
   }
   void set_workspace(void* device_ptr, size_t bytes) override {
     ATTNKIT_REQUIRE(device_ptr != nullptr || bytes == 0, "flashinfer set_workspace", "bytes", bytes,
