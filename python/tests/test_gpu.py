@@ -516,6 +516,25 @@ def test_cuda_flashinfer_decode_fp8_sinks_window_and_small_workspace():
         w_small.run(long.q, long.kv_cache)
 
 
+def on_cache_of(bb, a, bs, seed):
+    """Puts decode batch bb on a's cache: its pages become other blocks of it (shuffled)."""
+    bb.kv_cache = a.kv_cache
+    perm = torch.randperm(a.kv_cache.shape[0], generator=torch.Generator().manual_seed(seed)).to(torch.int32)
+    at = 0
+    table = torch.zeros_like(bb.block_table, device="cpu")
+    for r, n in enumerate(bb.seqused_k.tolist()):
+        pages = -(-n // bs)
+        table[r, :pages] = perm[at:at + pages]
+        at += pages
+    bb.block_table = table.cuda()
+
+
+def last_token_slots(b, bs):
+    """slot_mapping of a decode batch: each request's last key."""
+    return torch.tensor([int(b.block_table[r, (n - 1) // bs]) * bs + (n - 1) % bs
+                         for r, n in enumerate(b.seqused_k.tolist())], dtype=torch.int64, device="cuda")
+
+
 @needs_cuda
 def test_cuda_flashinfer_decode_graph_replays_after_replan():
     # Capture one run, re-plan other lengths and pages within the capacity, replay: the replay
@@ -523,17 +542,8 @@ def test_cuda_flashinfer_decode_graph_replays_after_replan():
     H, Hkv, D, bs = 8, 2, 128, 16
     a = TorchBatch([1] * 6, [100, 2000, 5, 900, 64, 3000], H, Hkv, D, bs, torch.bfloat16, "cuda", seed=90)
     bb = TorchBatch([1] * 4, [1500, 17, 2500, 300], H, Hkv, D, bs, torch.bfloat16, "cuda", seed=91)
-    bb.kv_cache = a.kv_cache  # one cache: the new batch's pages are other blocks of it
+    on_cache_of(bb, a, bs, seed=3)
     nb = a.kv_cache.shape[0]
-    g = torch.Generator().manual_seed(3)
-    perm = torch.randperm(nb, generator=g).to(torch.int32)
-    at = 0
-    bb.block_table = torch.zeros_like(bb.block_table, device="cpu")
-    for r, n in enumerate(bb.seqused_k.tolist()):
-        pages = -(-n // bs)
-        bb.block_table[r, :pages] = perm[at:at + pages]
-        at += pages
-    bb.block_table = bb.block_table.cuda()
     cap_reqs, cap_pages = 8, nb
     w = attnkit.BatchDecodeWithPagedKVCacheWrapper(
         torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), use_cuda_graph=True, use_tensor_cores=True,
@@ -612,8 +622,7 @@ def test_cuda_layer_caller_workspace(backend):
     b = TorchBatch([1] * 4, [5000, 300, 17, 4000], H, Hkv, D, bs, torch.bfloat16, "cuda", seed=77)
     ws = torch.empty(layer.workspace_bytes(64), dtype=torch.uint8, device="cuda")
     layer.set_workspace(ws)
-    slots = [int(b.block_table[r, (n - 1) // bs]) * bs + (n - 1) % bs for r, n in enumerate(b.seqused_k.tolist())]
-    md = layer.build_metadata(b.cu_seqlens_q, b.seqused_k, b.block_table, torch.tensor(slots, device="cuda"))
+    md = layer.build_metadata(b.cu_seqlens_q, b.seqused_k, b.block_table, last_token_slots(b, bs))
     out, lse = layer.forward(b.q, None, None, b.kv_cache.contiguous(), md, return_lse=True)
     check(b, (out, lse), b.reference(causal=True), f"{backend} with the caller's workspace")
     layer.set_workspace(torch.empty(16, dtype=torch.uint8, device="cuda"))
@@ -631,22 +640,11 @@ def test_cuda_flashinfer_layer_graph_replays_after_rebuild():
     layer = attnkit.AttentionLayer(H, Hkv, D, "bfloat16", block_size=bs, device="cuda", backend="flashinfer")
     a = TorchBatch([1] * 6, [100, 2000, 5, 900, 64, 3000], H, Hkv, D, bs, torch.bfloat16, "cuda", seed=92)
     bb = TorchBatch([1] * 4, [1500, 17, 2500, 300], H, Hkv, D, bs, torch.bfloat16, "cuda", seed=93)
-    bb.kv_cache = a.kv_cache  # one cache: the new batch's pages are other blocks of it
-    nb = a.kv_cache.shape[0]
-    perm = torch.randperm(nb, generator=torch.Generator().manual_seed(5)).to(torch.int32)
-    at = 0
-    bb.block_table = torch.zeros_like(bb.block_table, device="cpu")
-    for r, n in enumerate(bb.seqused_k.tolist()):
-        pages = -(-n // bs)
-        bb.block_table[r, :pages] = perm[at:at + pages]
-        at += pages
-    bb.block_table = bb.block_table.cuda()
+    on_cache_of(bb, a, bs, seed=5)
     cache = a.kv_cache.contiguous()
 
     def metadata(b):
-        slots = [int(b.block_table[r, (n - 1) // bs]) * bs + (n - 1) % bs for r, n in enumerate(b.seqused_k.tolist())]
-        return layer.build_metadata(b.cu_seqlens_q, b.seqused_k, b.block_table,
-                                    torch.tensor(slots, dtype=torch.int64, device="cuda"))
+        return layer.build_metadata(b.cu_seqlens_q, b.seqused_k, b.block_table, last_token_slots(b, bs))
 
     q = a.q.clone()
     out = torch.zeros_like(q)

@@ -172,21 +172,24 @@ VarlenKernelParams varlen_kernel_params(const VarlenArgs& a) {
                     stride, "a cache block must span < 2 GiB (the kernel keeps 32-bit in-block offsets)");
     return static_cast<int32_t>(bytes);
   };
-  p.k_stride_block = byte_stride(c.k.stride_block, 1, "cache.k.stride_block");
-  p.k_stride_slot = byte_stride(c.k.stride_slot, c.block_size, "cache.k.stride_slot");
-  p.k_stride_head = byte_stride(c.k.stride_head, c.num_kv_heads, "cache.k.stride_head");
-  p.v_stride_block = byte_stride(c.v.stride_block, 1, "cache.v.stride_block");
-  p.v_stride_slot = byte_stride(c.v.stride_slot, c.block_size, "cache.v.stride_slot");
-  p.v_stride_head = byte_stride(c.v.stride_head, c.num_kv_heads, "cache.v.stride_head");
+  // (block, slot, head) strides of one side's rows -> bytes, checked
+  auto side_strides = [&](int64_t block, int64_t slot, int64_t head, const std::string& name, int32_t& b,
+                          int32_t& s, int32_t& h) {
+    b = byte_stride(block, 1, (name + ".stride_block").c_str());
+    s = byte_stride(slot, c.block_size, (name + ".stride_slot").c_str());
+    h = byte_stride(head, c.num_kv_heads, (name + ".stride_head").c_str());
+  };
+  side_strides(c.k.stride_block, c.k.stride_slot, c.k.stride_head, "cache.k", p.k_stride_block, p.k_stride_slot,
+               p.k_stride_head);
+  side_strides(c.v.stride_block, c.v.stride_slot, c.v.stride_head, "cache.v", p.v_stride_block, p.v_stride_slot,
+               p.v_stride_head);
   if (fp4) {
     p.k_block_scales = c.k.scale_base;
     p.v_block_scales = c.v.scale_base;
-    p.k_bscale_stride_block = byte_stride(c.k.scale_stride_block, 1, "cache.k.scale_stride_block");
-    p.k_bscale_stride_slot = byte_stride(c.k.scale_stride_slot, c.block_size, "cache.k.scale_stride_slot");
-    p.k_bscale_stride_head = byte_stride(c.k.scale_stride_head, c.num_kv_heads, "cache.k.scale_stride_head");
-    p.v_bscale_stride_block = byte_stride(c.v.scale_stride_block, 1, "cache.v.scale_stride_block");
-    p.v_bscale_stride_slot = byte_stride(c.v.scale_stride_slot, c.block_size, "cache.v.scale_stride_slot");
-    p.v_bscale_stride_head = byte_stride(c.v.scale_stride_head, c.num_kv_heads, "cache.v.scale_stride_head");
+    side_strides(c.k.scale_stride_block, c.k.scale_stride_slot, c.k.scale_stride_head, "cache.k.scale",
+                 p.k_bscale_stride_block, p.k_bscale_stride_slot, p.k_bscale_stride_head);
+    side_strides(c.v.scale_stride_block, c.v.scale_stride_slot, c.v.scale_stride_head, "cache.v.scale",
+                 p.v_bscale_stride_block, p.v_bscale_stride_slot, p.v_bscale_stride_head);
   }
   p.block_size = cuda::FastDivmod(c.block_size);
   p.num_blocks = c.num_blocks;

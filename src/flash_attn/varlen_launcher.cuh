@@ -2,7 +2,9 @@
 // instantiation and launches it with the plan's switches. It decides nothing: every choice is
 // choose_launch's. Explicitly instantiated per (dtype, head size, cache kind) in varlen_hd*.cu.
 #pragma once
+#include <iterator>
 #include <string>
+#include <utility>
 
 #include "attnkit/error.h"
 #include "cuda/cuda_check.h"
@@ -13,18 +15,33 @@
 
 namespace attnkit::flash_attn {
 
+// The skeleton's kernel of (Tr, Sched, Src, Epi) for the launch's fp8 format (a template
+// parameter: cuda/fp8_dequant.h), with its shared memory opted in.
+template <class Tr, class Sched, class Src, class Epi>
+auto kernel_for(const VarlenKernelParams& p) {
+  auto kernel = attention_kernel<Tr, Sched, Src, Epi, cuda::Fp8Format::e4m3>;
+  if constexpr (Tr::kFp8Cache)
+    if (p.fp8_format == static_cast<int>(cuda::Fp8Format::e5m2))
+      kernel = attention_kernel<Tr, Sched, Src, Epi, cuda::Fp8Format::e5m2>;
+  ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+  return kernel;
+}
+
+// f.template operator()<id>() for every tile of tile_set.h (kAllTiles).
+template <class F>
+void for_each_tile(F&& f) {
+  [&]<size_t... I>(std::index_sequence<I...>) {
+    (f.template operator()<kAllTiles[I]>(), ...);
+  }(std::make_index_sequence<std::size(kAllTiles)>{});
+}
+
 template <class Tr, class PageMap>
 void launch_varlen(VarlenKernelParams p, const LaunchPlan& plan, cudaStream_t stream) {
   dim3 grid;
   if (!varlen_grid(p, plan, Tr::kSmemBytes, "flash_attn varlen attention", grid)) return;
   using Sched = GridScheduler<Tr::kBlockM, Tr::kBlockN, Tr::kOSliceCols>;
   using Epi = detail::SplitKvEpilogue<Tr>;
-  using Src = KvSourceOf<Tr, PageMap>;
-  auto kernel = attention_kernel<Tr, Sched, Src, Epi, cuda::Fp8Format::e4m3>;
-  if constexpr (Tr::kFp8Cache)
-    if (p.fp8_format == static_cast<int>(cuda::Fp8Format::e5m2))
-      kernel = attention_kernel<Tr, Sched, Src, Epi, cuda::Fp8Format::e5m2>;
-  ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+  const auto kernel = kernel_for<Tr, Sched, KvSourceOf<Tr, PageMap>, Epi>(p);
   p.l2_prefetch = plan.l2_prefetch;
   p.l2_prefetch_ctas = plan.cta_slots;  // (the first wave only: CTAs are dispatched in linear order)
   p.kv_evict_first = plan.kv_evict_first;
@@ -55,12 +72,7 @@ void launch_mma_sync(const VarlenKernelParams& p, const LaunchPlan& plan, cudaSt
       }
     }
   };
-  try_tile.template operator()<TileId::prefill>();
-  try_tile.template operator()<TileId::decode>();
-  try_tile.template operator()<TileId::decode_tma>();
-  try_tile.template operator()<TileId::decode_two_stage>();
-  try_tile.template operator()<TileId::decode_transposed>();
-  try_tile.template operator()<TileId::decode_transposed_two_stage>();
+  for_each_tile(try_tile);
   ATTNKIT_REQUIRE(launched, "flash_attn varlen attention", "tile", plan.config.name,
                   "is not an mma_sync tile built for head size " + std::to_string(kHeadDim) +
                       " with a " + cache_kind_name(kCache) + " cache" + (contiguous ? " over contiguous K/V" : ""));
@@ -93,11 +105,7 @@ void launch_planned(VarlenKernelParams p, const LaunchPlan& plan, int64_t grid_i
       const cuda::DeviceProps& dev = cuda::current_device_props();
       ATTNKIT_REQUIRE(static_cast<size_t>(Tr::kSmemBytes) <= dev.smem_per_block_optin, where, "shared memory per block",
                       Tr::kSmemBytes, "must fit the device's opt-in limit");
-      auto kernel = attention_kernel<Tr, Sched, Src, Epi, cuda::Fp8Format::e4m3>;
-      if constexpr (Tr::kFp8Cache)
-        if (p.fp8_format == static_cast<int>(cuda::Fp8Format::e5m2))
-          kernel = attention_kernel<Tr, Sched, Src, Epi, cuda::Fp8Format::e5m2>;
-      ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+      const auto kernel = kernel_for<Tr, Sched, Src, Epi>(p);
       p.l2_prefetch = false;
       p.kv_evict_first = plan.kv_evict_first;
       p.cluster_merge = false;
@@ -106,12 +114,7 @@ void launch_planned(VarlenKernelParams p, const LaunchPlan& plan, int64_t grid_i
       launched = true;
     }
   };
-  try_tile.template operator()<TileId::prefill>();
-  try_tile.template operator()<TileId::decode>();
-  try_tile.template operator()<TileId::decode_tma>();
-  try_tile.template operator()<TileId::decode_two_stage>();
-  try_tile.template operator()<TileId::decode_transposed>();
-  try_tile.template operator()<TileId::decode_transposed_two_stage>();
+  for_each_tile(try_tile);
   ATTNKIT_REQUIRE(launched, where, "tile", plan.config.name,
                   "is not a planned tile built for head dim " + std::to_string(kHeadDim) + " with a " +
                       cache_kind_name(kCache) + " cache");

@@ -74,8 +74,7 @@ bool DevicePlan::copy_staged(void* stream) {
       // The whole buffer: the replays' plans may use more pages than this one. No event: an
       // event recorded in a capture cannot be waited for by the host; a replay's copy is ordered
       // before the next stage by the engine's step (section 6 of docs/architecture.md).
-      ATTNKIT_CUDA_CHECK(cudaMemcpyAsync(device_, staging_, total_ * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                         as_stream(stream)));
+      copy(total_, stream, /*record=*/false);
       capture_id_ = id;
     }
   } else if (copied_stage_ != stages_) {
@@ -85,10 +84,10 @@ bool DevicePlan::copy_staged(void* stream) {
   return capturing;
 }
 
-void DevicePlan::copy(int64_t entries, void* stream) {
+void DevicePlan::copy(int64_t entries, void* stream, bool record) {
   ATTNKIT_CUDA_CHECK(
       cudaMemcpyAsync(device_, staging_, entries * sizeof(int32_t), cudaMemcpyHostToDevice, as_stream(stream)));
-  ATTNKIT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(copied_), as_stream(stream)));
+  if (record) ATTNKIT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(copied_), as_stream(stream)));
 }
 
 bool stream_capturing(void* stream) {

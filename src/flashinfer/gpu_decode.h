@@ -61,7 +61,8 @@ class DevicePlan {
   int group_ = 1;
   int64_t max_pages_ = 0;
   int64_t items_off_ = 0, count_off_ = 0, qo_off_ = 0, kv_off_ = 0, indptr_off_ = 0, merge_off_ = 0, indices_off_ = 0;
-  void copy(int64_t entries, void* stream);
+  // The first `entries` of staging to the device; record: stage() may then wait for it.
+  void copy(int64_t entries, void* stream, bool record = true);
   int64_t total_ = 0;  // int32 entries
   void* device_ = nullptr;
   int32_t* staging_ = nullptr;  // pinned

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "attnkit/error.h"
 #include "core/backend_checks.h"
@@ -40,19 +41,26 @@ int decode_query_len(const AttentionConfig& cfg) {
   return g > 0 && decode_uses_tensor_cores(g) ? std::max(1, flash_attn::kDecodeTileRows / g) : 1;
 }
 
+// A part's plan configuration and capacity under `limits` (the decode part: at most
+// decode_query_len tokens per request).
+static std::pair<PlanConfig, PlanCapacity> part_shape(const AttentionConfig& cfg, const BuilderLimits& limits, bool decode) {
+  const int sms = limits.num_sms > 0 ? limits.num_sms : cfg.device.sms_or_default();
+  const PlanConfig pc = part_config(cfg, sms, decode, limits.cuda_graph);
+  const int tokens = decode ? static_cast<int>(std::min<int64_t>(int64_t{limits.max_reqs} * decode_query_len(cfg),
+                                                                 limits.max_tokens))
+                            : limits.max_tokens;
+  return {pc, PlanCapacity::for_limits(pc, limits.max_reqs, tokens)};
+}
+
 size_t plan_workspace_bytes(const AttentionConfig& cfg, const BuilderLimits& limits, int64_t max_tokens) {
   ATTNKIT_REQUIRE(max_tokens >= 0, "flashinfer workspace_bytes", "max_tokens", max_tokens, "must be >= 0");
-  const int sms = limits.num_sms > 0 ? limits.num_sms : cfg.device.sms_or_default();
-  const int tokens = static_cast<int>(std::min<int64_t>(max_tokens, limits.max_tokens));
-  if (tokens == 0) return 0;
-  const int decode_len = decode_query_len(cfg);
-  const int decode_tokens = static_cast<int>(std::min<int64_t>(int64_t{limits.max_reqs} * decode_len, tokens));
+  BuilderLimits l = limits;
+  l.max_tokens = static_cast<int>(std::min<int64_t>(max_tokens, limits.max_tokens));
+  if (l.max_tokens == 0) return 0;
   size_t bytes = 0;
   for (bool decode : {true, false}) {
-    const PlanConfig pc = part_config(cfg, sms, decode, limits.cuda_graph);
-    const PlanCapacity cap = PlanCapacity::for_limits(pc, limits.max_reqs, decode ? decode_tokens : tokens);
-    bytes = std::max(bytes, static_cast<size_t>(cap.max_partial_rows) * pc.num_kv_heads *
-                                (static_cast<size_t>(pc.head_size) + 1) * sizeof(float));
+    const auto [pc, cap] = part_shape(cfg, l, decode);
+    bytes = std::max(bytes, PlanBuffers::workspace_bytes_for(pc, cap));
   }
   return bytes;
 }
@@ -76,19 +84,15 @@ FlashInferMetadataBuilder::FlashInferMetadataBuilder(const AttentionConfig& cfg,
   ATTNKIT_REQUIRE(limits.num_sms >= 0, kWhere, "limits.num_sms", limits.num_sms, "must be >= 0 (0 = the device's)");
   ATTNKIT_REQUIRE(limits.window_left >= -1, kWhere, "limits.window_left", limits.window_left, "must be >= -1");
   ATTNKIT_REQUIRE(limits.window_right >= -1, kWhere, "limits.window_right", limits.window_right, "must be >= -1");
-  const int sms = limits.num_sms > 0 ? limits.num_sms : cfg.device.sms_or_default();
   const int64_t pages = int64_t{limits.max_reqs} *
                         ((int64_t{limits.max_seq_len} + cfg.block_size - 1) / cfg.block_size);
-  // Decodes have at most decode_len_ query tokens each.
-  const int max_decode_tokens =
-      static_cast<int>(std::min<int64_t>(int64_t{limits.max_reqs} * decode_len_, limits.max_tokens));
   PlanState& s = *state_;
   s.decode_pages = PageTable(limits.max_reqs, pages);
   s.prefill_pages = PageTable(limits.max_reqs, pages);
-  const PlanConfig dc = part_config(cfg, sms, /*decode=*/true, limits.cuda_graph);
-  const PlanConfig pc = part_config(cfg, sms, /*decode=*/false, limits.cuda_graph);
-  s.decode_plan = PlanBuffers(dc, PlanCapacity::for_limits(dc, limits.max_reqs, max_decode_tokens));
-  s.prefill_plan = PlanBuffers(pc, PlanCapacity::for_limits(pc, limits.max_reqs, limits.max_tokens));
+  const auto [dc, dcap] = part_shape(cfg, limits, /*decode=*/true);
+  const auto [pc, pcap] = part_shape(cfg, limits, /*decode=*/false);
+  s.decode_plan = PlanBuffers(dc, dcap);
+  s.prefill_plan = PlanBuffers(pc, pcap);
   s.prefill_qo_indptr.assign(static_cast<size_t>(limits.max_reqs) + 1, 0);
   s.decode_qo_indptr.assign(static_cast<size_t>(limits.max_reqs) + 1, 0);
   s.decode_kv_lens.assign(static_cast<size_t>(limits.max_reqs), 0);

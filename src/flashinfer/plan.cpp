@@ -245,7 +245,7 @@ PlanBuffers::PlanBuffers(const PlanConfig& cfg, const PlanCapacity& cap) : confi
   merge_indptr.assign(static_cast<size_t>(packed) + 1, 0);
 }
 
-size_t PlanBuffers::workspace_bytes() const {
+size_t PlanBuffers::workspace_bytes_for(const PlanConfig& config, const PlanCapacity& capacity) {
   return static_cast<size_t>(capacity.max_partial_rows) * config.num_kv_heads *
          (static_cast<size_t>(config.head_size) + 1) * sizeof(float);
 }

@@ -140,7 +140,8 @@ struct PlanBuffers {
   // Bytes of float workspace for partial outputs and LSEs at full capacity: one (head_size
   // floats + 1 lse float) per partial row per KV head (a packed row already names the query
   // head within its group).
-  size_t workspace_bytes() const;
+  size_t workspace_bytes() const { return workspace_bytes_for(config, capacity); }
+  static size_t workspace_bytes_for(const PlanConfig& config, const PlanCapacity& capacity);
   // The additive term of the balance bound (see the top of this file).
   int64_t balance_slack() const;
 };
