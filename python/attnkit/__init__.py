@@ -14,7 +14,7 @@ PyTorch version.
 - errors: AttnkitError (a ValueError) carrying the library's message
 """
 
-from ._attnkit import AttnkitError, cuda_built
+from ._attnkit import AttnkitError, cuda_archs, cuda_built
 from .flash_attn import flash_attn_varlen_func, get_scheduler_metadata, reshape_and_cache_flash
 from .flashinfer import (BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper,
                          BatchPrefillWithRaggedKVCacheWrapper, merge_state, merge_state_in_place)
@@ -25,7 +25,7 @@ from .native import (AttentionLayer, KVCacheSpec, LayerMetadata, Refusal, Select
 __version__ = "0.1.0"
 
 __all__ = [
-    "AttentionLayer", "LayerMetadata", "AttnkitError", "cuda_built", "flash_attn_varlen_func", "get_scheduler_metadata",
+    "AttentionLayer", "LayerMetadata", "AttnkitError", "cuda_archs", "cuda_built", "flash_attn_varlen_func", "get_scheduler_metadata",
     "reshape_and_cache_flash",
     "BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper", "merge_state", "merge_state_in_place", "KVCacheSpec",

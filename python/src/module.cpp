@@ -4,6 +4,7 @@
 #include <nanobind/nanobind.h>
 
 #include "attnkit/error.h"
+#include "core/cuda_archs.h"
 
 namespace nb = nanobind;
 
@@ -25,6 +26,8 @@ NB_MODULE(_attnkit, m) {
 #else
   m.attr("cuda_built") = false;
 #endif
+  // The GPU code of this build ("sm_90a"; "no GPU code" without CUDA): CMake ATTNKIT_CUDA_ARCHS.
+  m.attr("cuda_archs") = nb::str(attnkit::describe_cuda_archs(attnkit::built_cuda_archs()).c_str());
   attnkit::py::register_varlen(m);
   attnkit::py::register_flashinfer(m);
   attnkit::py::register_kv_ops(m);

@@ -264,12 +264,12 @@ TEST(PlannedDecodeSanitizer, SmallGrid) {
 TEST(PlannedDecodeErrors, RejectsWhatThePlanCannotRun) {
   Case c = random_planned_decode_case(3);
   c.head_size = 128;
-  c.cache_dtype = c.dtype;
+  c.cache_dtype = DType::nvfp4;
   c.group = 4;
-  c.q_lens = {8, 8};  // 32 packed rows: a prefill-shaped part
+  c.q_lens = {8, 8};  // 32 packed rows: a prefill-shaped part, which the nvfp4 decode tile cannot take
   c.seq_lens = {100, 200};
   Problem p(c);
-  EXPECT_TRUE(throws_error_with([&] { run_planned(p, PlanKernel::TensorCore, 0); }, {"planned"}));
+  EXPECT_TRUE(throws_error_with([&] { run_planned(p, PlanKernel::TensorCore, 0); }, {"planned max_query_len * group", "32", "nvfp4"}));
   Case big = c;
   big.q_lens = {1, 1};
   big.head_size = 512;
