@@ -224,8 +224,9 @@ TEST(TileSet, EveryHeadSizeRunsOnTheNextCompiledDim) {
 
 // Planned launches (FlashInfer-style parts): a decode part on the decode tiles, a prefill part on
 // the mma_sync prefill tile even where the hopper kernel would serve the varlen launch (its
-// persistent schedule is not the plan's), one CTA per planned item and KV head; NVFP4 prefill
-// parts are an error (the decode tile reads NVFP4 only).
+// persistent schedule is not the plan's), one CTA per planned item and KV head. The item's rows
+// decide (the plan's tile_q caps them): a prefill part planned with 16-row tiles takes the decode
+// tile, which is how NVFP4 prefills run; an NVFP4 part with larger items is an error.
 TEST(ChooseLaunch, PlannedPartsTakeTheirTiles) {
   LaunchFacts decode = h200(64, 1, 4096);
   decode.planned_items = 64;
@@ -246,9 +247,19 @@ TEST(ChooseLaunch, PlannedPartsTakeTheirTiles) {
   LaunchFacts fp4 = h200(4, 64, 4096);
   fp4.cache = CacheKind::nvfp4;
   fp4.planned_items = 8;
-  EXPECT_TRUE(test::throws_error_with([&] { choose_launch(fp4); }, {"planned max_query_len * group", "nvfp4"}));
+  EXPECT_TRUE(test::throws_error_with([&] { choose_launch(fp4); }, {"planned item rows", "256", "nvfp4"}));
+  fp4.plan_tile_q = 64;
+  EXPECT_TRUE(test::throws_error_with([&] { choose_launch(fp4); }, {"planned item rows", "64", "nvfp4"}));
+  fp4.plan_tile_q = 16;
+  EXPECT_EQ(choose_launch(fp4).tile, TileId::decode);
+  fp4.plan_tile_q = 0;
   fp4.max_query_len = 4;
   EXPECT_EQ(choose_launch(fp4).tile, TileId::decode);
+  prefill.planned_items = 40;
+  prefill.plan_tile_q = 16;
+  EXPECT_EQ(choose_launch(prefill).config.rows, kDecodeTileRows) << choose_launch(prefill).reason;
+  prefill.plan_tile_q = 128;
+  EXPECT_EQ(choose_launch(prefill).tile, TileId::prefill);
 }
 
 TEST(ChooseLaunch, HeadDim512RunsOutputSlicesOfThePrefillTile) {

@@ -49,10 +49,10 @@ std::vector<Row> table() {
   const std::vector<std::string> sm90_hot = flash_attn::hopper_generation_built()
                                                 ? std::vector<std::string>{"hopper generation"}
                                                 : std::vector<std::string>{"mma_sync generation", "hopper", "not built"};
-  // The FlashInfer-style backend serves GPUs where this build has its (decode) kernels.
+  // The FlashInfer-style backend serves GPUs where this build has its (planned) kernels.
   const bool fi = flashinfer::flashinfer_kernels_built();
   const std::string fi_chosen = fi ? "flashinfer" : "";
-  const std::vector<std::string> fi_variant = fi ? std::vector<std::string>{"decode-only batches"} : std::vector<std::string>{};
+  const std::vector<std::string> fi_variant = fi ? std::vector<std::string>{"prefill: planned"} : std::vector<std::string>{};
   auto fi_error = [&](std::vector<std::string> m) { return fi ? std::vector<std::string>{} : m; };
   // A device none of the build's GPU code runs on (CMake ATTNKIT_CUDA_ARCHS; a build without
   // CUDA says nothing of it): the GPU backends refuse it, naming the device.
@@ -115,9 +115,12 @@ std::vector<Row> table() {
       {"sinks", kSm90, [](AttentionConfig& c) { c.features.sinks = true; }, {}, "flash_attn", sm90_hot,
        {{"reference", {oracle}}}, {}},
       {"non-causal", kSm90, [](AttentionConfig& c) { c.features.non_causal = true; }, {}, "flash_attn", sm90_hot,
-       {{"flashinfer", {"non-causal attention runs on its prefill path"}}, {"reference", {oracle}}}, {}},
+       {{"reference", {oracle}}}, {}},
+      // (non-causal batches run wholly on its prefill path)
       {"non-causal, flashinfer preferred", kSm90, [](AttentionConfig& c) { c.features.non_causal = true; },
-       "flashinfer", "", {}, {}, {"preferred backend = flashinfer", "non-causal attention runs on its prefill path"}},
+       "flashinfer", fi_chosen, fi ? std::vector<std::string>{"non-causal batches run wholly on the prefill path"}
+                                   : std::vector<std::string>{},
+       {{"reference", {oracle}}}, fi_error({"preferred backend = flashinfer", "not in this build"})},
       {"softcap + window + LSE", kSm90,
        [](AttentionConfig& c) { c.features.softcap = c.features.sliding_window = c.features.lse = true; }, {},
        "flash_attn", sm90_hot, {{"reference", {oracle}}}, {}},

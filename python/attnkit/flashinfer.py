@@ -84,14 +84,6 @@ def _assign(dst, src):
         dst[...] = src
 
 
-def _cuda_refused(where, q):
-    if A.is_cuda(q):
-        A.fail(where, "q.device = cuda",
-               "the FlashInfer-style prefill kernels are not part of this attnkit build yet: run the "
-               "wrapper on CPU tensors, or use attnkit.flash_attn_varlen_func on the GPU (the decode "
-               "wrapper runs on CUDA tensors)")
-
-
 class _Plan:
     """The attention options plan() fixed (the batch itself is in the C++ plan)."""
 
@@ -222,7 +214,7 @@ class _Wrapper:
         if out is None:
             out = A.empty(q, q.shape)
         lse_nat = A.empty(q, (q.shape[1], q.shape[0]), "float32") if (return_lse or lse is not None) else None
-        if A.is_cuda(q):  # the planned decode kernels (decode plans only)
+        if A.is_cuda(q):  # the planned kernels
             self._cpp.run_cuda(where, q, k, v, cache_dtype, scale, plan.logits_soft_cap,
                                A.as_float32(sinks, where, "sinks"), out, lse_nat,
                                self._float_workspace_buffer, A.resolve_stream(None, q), *sf)
@@ -275,7 +267,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         # keys, causal among themselves; always the tensor-core plan.
         self._cpp.plan_paged(where, None, *_table(where, indptr, indices, last_page_len), int(num_qo_heads),
                              int(num_kv_heads), int(head_dim), int(page_size), True, int(window_left),
-                             self._use_tensor_cores, int(q_len_per_req))
+                             self._use_tensor_cores, int(q_len_per_req),
+                             _dtype_str(kv_data_type or data_type) in _NVFP4_NAMES)
         self._q_len_per_req = int(q_len_per_req)
         self._plan = _Plan(head_dim, window_left, logits_soft_cap, sm_scale, data_type or q_data_type,
                            kv_data_type or data_type)
@@ -339,7 +332,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         self._cpp.plan_paged(where, A.host_int32(qo_indptr, where, "qo_indptr"),
                              *_table(where, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len),
                              int(num_qo_heads), int(num_kv_heads), int(head_dim_qk), int(page_size),
-                             bool(causal), int(window_left), True)
+                             bool(causal), int(window_left), True, 1, _dtype_str(kv_data_type) in _NVFP4_NAMES)
         self._plan = _Plan(head_dim_qk, window_left, logits_soft_cap, sm_scale, q_data_type, kv_data_type)
 
     def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None,
@@ -350,7 +343,6 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         _no_positional_extras(where, args)
         self._need_plan(where)
         A.check_array(q, where, "q")
-        _cuda_refused(where, q)
         k, v, cache_dtype, sf = self._cache_views(paged_kv_cache, where, kv_cache_sf)
         return self._attend(where, q, k, v, cache_dtype, q_scale, k_scale, v_scale, out, lse, return_lse,
                             window_left, sinks, sf)
@@ -393,7 +385,6 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
         self._need_plan(where)
         for name, x in (("q", q), ("k", k), ("v", v)):
             A.check_array(x, where, name)
-        _cuda_refused(where, q)
         if o_scale is not None and float(o_scale) != 1.0:
             A.fail(where, f"o_scale = {o_scale}", "is not supported (fp8 outputs)")
         k, k_fmt = A.split_fp8(k)

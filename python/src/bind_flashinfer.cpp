@@ -2,8 +2,8 @@
 // flashinfer::PageTable (which validates FlashInfer's CSR page table) and plans the batch with
 // plan_batch into fixed-capacity PlanBuffers; run() executes that plan on the backend's CPU path
 // (run_plan_on_cpu: the reference's row math, item by item through the page table), run_cuda()
-// a decode plan on the GPU (gpu_decode.h: the plan's device copy is refreshed by every plan()
-// once it exists, so a captured run stays valid across re-plans).
+// on the GPU (gpu_decode.h's planned kernels, decode and prefill plans: the plan's device copy
+// is refreshed by every plan() once it exists, so a captured run stays valid across re-plans).
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
@@ -70,7 +70,7 @@ class FlashInferPlan {
   void plan_paged(const std::string& where, const OptIn& qo_indptr, const InArray& indptr,
                   const InArray& indices, const InArray& last_page_len, int num_qo_heads,
                   int num_kv_heads, int head_dim, int page_size, bool causal, int window_left,
-                  bool tensor_cores, int q_len_per_req) {
+                  bool tensor_cores, int q_len_per_req, bool nvfp4) {
     as_call(where, [&] {
       planned_ = ragged_ = false;
       std::vector<int32_t> ptr = host_vec(indptr, where, "indptr");
@@ -88,12 +88,13 @@ class FlashInferPlan {
       }
       plan(qo, ptr, host_vec(indices, where, "indices"), host_vec(last_page_len, where, "last_page_len"),
            num_qo_heads, num_kv_heads, head_dim, page_size, causal, window_left,
-           /*decode=*/!qo_indptr, tensor_cores);
+           /*decode=*/!qo_indptr, tensor_cores, nvfp4);
     });
   }
 
   // Ragged (contiguous) K/V: request r's keys are rows kv_indptr[r] .. kv_indptr[r+1] of k / v,
-  // read as pages of an identity paged view (convert.h), so the same table and plan serve.
+  // read as pages of the contiguous view (convert.h identity_paged_kv; flashinfer::ragged_pages),
+  // so the same table, plan and kernels serve, on the CPU and the GPU.
   void plan_ragged(const std::string& where, const InArray& qo_indptr, const InArray& kv_indptr,
                    int num_qo_heads, int num_kv_heads, int head_dim, bool causal, int window_left) {
     as_call(where, [&] {
@@ -105,19 +106,11 @@ class FlashInferPlan {
       ATTNKIT_REQUIRE(kv.size() == qo.size(), where, "kv_indptr.shape",
                       "[" + std::to_string(kv.size()) + "]",
                       "must equal qo_indptr.shape = [" + std::to_string(qo.size()) + "]");
-      ATTNKIT_REQUIRE(!kv.empty() && kv[0] >= 0, where, "kv_indptr[0]", kv.empty() ? -1 : kv[0], "must be >= 0");
-      std::vector<int32_t> ptr{0}, ids, last;
-      for (size_t r = 0; r + 1 < kv.size(); ++r) {
-        ATTNKIT_REQUIRE(kv[r + 1] >= kv[r], where, "kv_indptr[" + std::to_string(r + 1) + "]", kv[r + 1],
-                        "must be >= kv_indptr[" + std::to_string(r) + "] = " + std::to_string(kv[r]));
-        const int32_t len = kv[r + 1] - kv[r], pages = (len + kIdentityBlock - 1) / kIdentityBlock;
-        for (int32_t j = 0; j < pages; ++j) ids.push_back(kv[r] + j * kIdentityBlock);
-        ptr.push_back(static_cast<int32_t>(ids.size()));
-        last.push_back(pages ? len - (pages - 1) * kIdentityBlock : 0);
-      }
+      const flashinfer::RaggedPages rp = flashinfer::ragged_pages(kv);
       kv_rows_ = kv.back();
-      plan(qo, ptr, ids, last, num_qo_heads, num_kv_heads, head_dim, kIdentityBlock, causal,
-           window_left, /*decode=*/false, /*tensor_cores=*/true);
+      plan(qo, rp.indptr, rp.indices, rp.last_page_len, num_qo_heads, num_kv_heads, head_dim,
+           flashinfer::kRaggedPageRows, causal, window_left, /*decode=*/false, /*tensor_cores=*/true,
+           /*nvfp4=*/false);
     });
   }
 
@@ -136,6 +129,18 @@ class FlashInferPlan {
                                as_cache_view(to_view(v, where, "v_cache"), cache_dtype, where, "v_cache"));
   }
 
+  // Ragged k / v [kv_tokens, H, D] as the contiguous view the ragged plan's pages address.
+  PagedKV ragged_cache(const InArray& k, const InArray& v, const OptIn& k_sf, const std::string& cache_dtype,
+                       std::string_view where) const {
+    ATTNKIT_REQUIRE(!k_sf, where, "kv_cache_sf", "given", "is for paged NVFP4 caches (not the ragged wrapper)");
+    const TensorView kt = as_cache_view(to_view(k, where, "k_cache"), cache_dtype, where, "k_cache");
+    const TensorView vt = as_cache_view(to_view(v, where, "v_cache"), cache_dtype, where, "v_cache");
+    kt.require_ndim(where, "k", 3);
+    ATTNKIT_REQUIRE(kv_rows_ <= kt.shape[0], where, "kv_indptr[batch_size]", kv_rows_,
+                    "must be <= k.shape[0] = " + std::to_string(kt.shape[0]));
+    return identity_paged_kv(kt, vt, where);
+  }
+
   // q [tokens, num_qo_heads, head_dim]; k / v the paged views [num_pages, page_size, H, D]
   // (ragged: [kv_tokens, H, D]); out like q; lse f32 [num_qo_heads, tokens] (natural log).
   void run(const std::string& where, const InArray& q, const InArray& k, const InArray& v,
@@ -143,18 +148,8 @@ class FlashInferPlan {
            const OutArray& out, const OptOut& lse, const OptIn& k_sf, const OptIn& v_sf) {
     as_call(where, [&] {
       ATTNKIT_REQUIRE(planned_, where, "plan", "None", "call plan(...) before run(...)");
-      PagedKV cache;
-      if (ragged_) {
-        ATTNKIT_REQUIRE(!k_sf, where, "kv_cache_sf", "given", "is for paged NVFP4 caches (not the ragged wrapper)");
-        const TensorView kt = as_cache_view(to_view(k, where, "k_cache"), cache_dtype, where, "k_cache");
-        const TensorView vt = as_cache_view(to_view(v, where, "v_cache"), cache_dtype, where, "v_cache");
-        kt.require_ndim(where, "k", 3);
-        ATTNKIT_REQUIRE(kv_rows_ <= kt.shape[0], where, "kv_indptr[batch_size]", kv_rows_,
-                        "must be <= k.shape[0] = " + std::to_string(kt.shape[0]));
-        cache = identity_paged_kv(kt, vt, where);
-      } else {
-        cache = paged_cache(k, v, k_sf, v_sf, cache_dtype, where);
-      }
+      const PagedKV cache =
+          ragged_ ? ragged_cache(k, v, k_sf, cache_dtype, where) : paged_cache(k, v, k_sf, v_sf, cache_dtype, where);
       AttentionParams p;
       p.scale = scale;
       p.causal = batch_.causal;
@@ -168,19 +163,18 @@ class FlashInferPlan {
     });
   }
 
-  // The planned decode on the GPU: q [batch, H, D], the paged views, out; workspace: the
-  // caller's float workspace (needed when the plan splits). The first CUDA run creates the
-  // plan's device copy (one allocation) and uploads it; later plan() calls refresh it.
+  // The plan on the GPU (the planned kernels: gpu_decode.h): q [tokens, H, D], the paged views
+  // (ragged: k / v [kv_tokens, H, D]), out; workspace: the caller's float workspace (needed
+  // when the plan splits). The first CUDA run creates the plan's device copy (one allocation)
+  // and uploads it; later plan() calls refresh it.
   void run_cuda(const std::string& where, const InArray& q, const InArray& k, const InArray& v,
                 const std::string& cache_dtype, float scale, float softcap, const OptIn& sinks,
                 const OutArray& out, const OptOut& lse, const OptOut& workspace, uintptr_t stream,
                 const OptIn& k_sf, const OptIn& v_sf) {
     as_call(where, [&] {
       ATTNKIT_REQUIRE(planned_, where, "plan", "None", "call plan(...) before run(...)");
-      ATTNKIT_REQUIRE(!ragged_ && decode_, where, "plan", "a prefill plan",
-                      "runs on the GPU for decode plans only (the FlashInfer-style prefill kernels are not built yet)");
       flashinfer::PlannedDecodeArgs a;
-      a.cache = paged_cache(k, v, k_sf, v_sf, cache_dtype, where);
+      a.cache = ragged_ ? ragged_cache(k, v, k_sf, cache_dtype, where) : paged_cache(k, v, k_sf, v_sf, cache_dtype, where);
       a.q = to_view(q, where, "q");
       a.out = to_view(out, where, "out");
       a.params.scale = scale;
@@ -245,7 +239,7 @@ class FlashInferPlan {
   void plan(const std::vector<int32_t>& qo, const std::vector<int32_t>& ptr,
             const std::vector<int32_t>& ids, const std::vector<int32_t>& last, int num_qo_heads,
             int num_kv_heads, int head_dim, int page_size, bool causal, int window_left,
-            bool decode, bool tensor_cores) {
+            bool decode, bool tensor_cores, bool nvfp4) {
     constexpr std::string_view kWhere = "flashinfer plan";
     ATTNKIT_REQUIRE(num_kv_heads > 0 && num_qo_heads > 0 && num_qo_heads % num_kv_heads == 0, kWhere,
                     "num_qo_heads", num_qo_heads,
@@ -259,9 +253,12 @@ class FlashInferPlan {
     cfg.kernel = decode && q_len_per_req_ == 1 && !tensor_cores && !flashinfer::decode_uses_tensor_cores(cfg.group_size)
                      ? PlanKernel::CudaCoreDecode
                      : PlanKernel::TensorCore;
-    // CUDA-graph mode fixes the tile as the builder does (metadata_builder.cpp).
-    if (fixed_ && cfg.kernel == PlanKernel::TensorCore)
-      cfg.fixed_tile_q = decode ? flashinfer::cta_tile_q(cfg.group_size * q_len_per_req_, head_dim) : cfg.max_tile_q();
+    // CUDA-graph mode fixes the tile as the builder does (metadata_builder.cpp), and so does an
+    // NVFP4 cache: its prefills take 16-row tiles (the decode tile is the one that reads NVFP4).
+    if ((fixed_ || nvfp4) && cfg.kernel == PlanKernel::TensorCore)
+      cfg.fixed_tile_q = decode  ? flashinfer::cta_tile_q(cfg.group_size * q_len_per_req_, head_dim)
+                         : nvfp4 ? flashinfer::kTileQSmall
+                                 : cfg.max_tile_q();
     cfg.validate(kWhere);
 
     // Capacity: grown to fit (bounded by what the arrays can hold, so a bad indptr is reported
@@ -317,7 +314,7 @@ void register_flashinfer(nb::module_& m) {
       .def("plan_paged", &FlashInferPlan::plan_paged, nb::arg("where"), nb::arg("qo_indptr").none(),
            nb::arg("indptr"), nb::arg("indices"), nb::arg("last_page_len"), nb::arg("num_qo_heads"),
            nb::arg("num_kv_heads"), nb::arg("head_dim"), nb::arg("page_size"), nb::arg("causal"),
-           nb::arg("window_left"), nb::arg("tensor_cores"), nb::arg("q_len_per_req") = 1)
+           nb::arg("window_left"), nb::arg("tensor_cores"), nb::arg("q_len_per_req") = 1, nb::arg("nvfp4") = false)
       .def("plan_ragged", &FlashInferPlan::plan_ragged, nb::arg("where"), nb::arg("qo_indptr"),
            nb::arg("kv_indptr"), nb::arg("num_qo_heads"), nb::arg("num_kv_heads"), nb::arg("head_dim"),
            nb::arg("causal"), nb::arg("window_left"))

@@ -671,15 +671,85 @@ def test_cuda_flashinfer_layer_graph_replays_after_rebuild():
     assert_close_t(out[:4], bb.reference(causal=True)[0], *tol(torch.bfloat16), "graph replay after a rebuild")
 
 
+PREFILL_Q = [37, 1, 300, 5, 128, 64]
+PREFILL_KV = [37, 900, 1500, 5, 2000, 64]  # no prefix, a decode among prefills, chunked prefills
+
+
 @needs_cuda
-def test_cuda_flashinfer_prefill_wrappers_raise_clear_error():
-    w = attnkit.BatchPrefillWithPagedKVCacheWrapper(torch.empty(1024, dtype=torch.uint8, device="cuda"))
-    w.plan(torch.tensor([0, 2], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
-           torch.tensor([0], dtype=torch.int32), torch.tensor([2], dtype=torch.int32), 4, 4, 64, 16,
-           q_data_type=torch.float16, causal=True)
-    with pytest.raises(attnkit.AttnkitError, match="FlashInfer-style prefill kernels"):
-        w.run(torch.zeros(2, 4, 64, dtype=torch.float16, device="cuda"),
-              torch.zeros(1, 2, 16, 4, 64, dtype=torch.float16, device="cuda"))
+@pytest.mark.parametrize("page", [16, 128, 1024])
+@pytest.mark.parametrize("heads", [(8, 2), (8, 8)], ids=["gqa4", "mha"])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "non_causal"])
+def test_cuda_flashinfer_prefill_paged(page, heads, layout, causal):
+    # The paged prefill wrapper on the planned kernels (16 / 64 / 128-row tiles from the plan).
+    H, Hkv = heads
+    b = TorchBatch(PREFILL_Q, PREFILL_KV, H, Hkv, 128, page, torch.bfloat16, "cuda", layout=layout,
+                   seed=page + H + causal)
+    w = attnkit.BatchPrefillWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"),
+                                                    kv_layout=layout)
+    w.plan(b.cu_seqlens_q.cpu(), *page_table_of(b), H, Hkv, 128, page, causal=causal, logits_soft_cap=5.0,
+           q_data_type=torch.bfloat16)
+    out, lse = w.run(b.q, b.kv_cache, return_lse=True)
+    exp = b.reference(causal=causal, softcap=5.0)
+    assert_close_t(out, exp[0], *tol(torch.bfloat16), f"paged prefill page {page}")
+    assert_close_t(lse, exp[1].T.to(torch.float32) / math.log(2), 2e-3, 2e-3, f"paged prefill lse page {page}")
+
+
+@needs_cuda
+@pytest.mark.parametrize("heads", [(8, 2), (16, 2), (8, 8)], ids=["gqa4", "gqa8", "mha"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "non_causal"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_cuda_flashinfer_prefill_ragged(heads, causal, dtype):
+    # Ragged K/V (contiguous rows, kv_indptr) read through the contiguous view's page table,
+    # with a window and sinks.
+    H, Hkv = heads
+    b = TorchBatch(PREFILL_Q, PREFILL_KV, H, Hkv, 128, 16, dtype, "cuda", seed=H + causal + 3)
+    kc, vc, cu_k = contiguous_rows(b)
+    sinks = torch.linspace(-1, 2, H, device="cuda")
+    w = attnkit.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"))
+    w.plan(b.cu_seqlens_q.cpu(), cu_k.cpu(), H, Hkv, 128, causal=causal, window_left=300, q_data_type=dtype)
+    out, lse = w.run(b.q, kc, vc, return_lse=True, sinks=sinks)
+    exp = b.reference(causal=causal, window=(300, -1), sinks=sinks)
+    assert_close_t(out, exp[0], *tol(dtype), "ragged prefill")
+    assert_close_t(lse, exp[1].T.to(torch.float32) / math.log(2), 2e-3, 2e-3, "ragged prefill lse")
+
+
+@needs_cuda
+@pytest.mark.parametrize("heads", [(8, 2), (8, 8)], ids=["gqa4", "mha"])
+def test_cuda_flashinfer_prefill_nvfp4(heads):
+    # NVFP4 prefills: planned with 16-row tiles (the decode tile is the one that reads NVFP4).
+    H, Hkv, D, page = heads[0], heads[1], 128, 64
+    b = TorchBatch(PREFILL_Q, PREFILL_KV, H, Hkv, D, page, torch.bfloat16, "cuda", seed=81 + H)
+    codes, sf, vals = nvfp4_cache(b.kv_cache.shape[0], page, Hkv, D, seed=H)
+    b.kv_cache = vals
+    w = attnkit.BatchPrefillWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"))
+    w.plan(b.cu_seqlens_q.cpu(), *page_table_of(b), H, Hkv, D, page, causal=True, q_data_type=torch.bfloat16,
+           kv_data_type=torch.uint8)
+    assert w.plan_info["tile_q"] == 16
+    out, lse = w.run(b.q, codes, kv_cache_sf=sf.view(torch.float8_e4m3fn), k_scale=0.5, v_scale=2.0, return_lse=True)
+    exp = b.reference(causal=True, scale=0.5 / math.sqrt(D))
+    atol, rtol = tol(torch.bfloat16)
+    assert_close_t(out, 2.0 * exp[0], 2 * atol, rtol, "nvfp4 prefill")
+    assert_close_t(lse, exp[1].T.to(torch.float32) / math.log(2), 2e-3, 2e-3, "nvfp4 prefill lse")
+
+
+@needs_cuda
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "non_causal"])
+def test_cuda_flashinfer_layer_mixed_batch(causal):
+    # The engine path of the FlashInfer-style backend on a batch that mixes decodes (first) and
+    # prefills (chunked, over a cached prefix): one forward, one output and LSE.
+    H, Hkv, D, bs = 16, 4, 128, 16
+    layer = attnkit.AttentionLayer(H, Hkv, D, "bfloat16", block_size=bs, device="cuda", backend="flashinfer",
+                                   lse=True, non_causal=not causal)
+    q_lens, kv_lens = [1, 1, 1, 1, 300, 37, 128], [5000, 17, 300, 4000, 2300, 37, 900]
+    b = TorchBatch(q_lens, kv_lens, H, Hkv, D, bs, torch.bfloat16, "cuda", seed=95 + causal)
+    slots = []
+    for r, (ql, kl) in enumerate(zip(q_lens, kv_lens)):
+        slots += [int(b.block_table[r, p // bs]) * bs + p % bs for p in range(kl - ql, kl)]
+    md = layer.build_metadata(b.cu_seqlens_q, b.seqused_k, b.block_table, torch.tensor(slots, device="cuda"),
+                              causal=causal)
+    out, lse = layer.forward(b.q, None, None, b.kv_cache.contiguous(), md, return_lse=True)
+    check(b, (out, lse), b.reference(causal=causal), f"flashinfer mixed batch causal {causal}")
 
 
 @needs_cuda

@@ -44,6 +44,11 @@ std::string paged_side_map_refusal(const PagedSideGeometry& g) {
   for (int64_t s : {g.stride_block, g.stride_slot, g.stride_head})
     if (s <= 0 || s % 16 != 0 || s >= (int64_t{1} << 40))
       return "stride " + std::to_string(s) + " must be a positive multiple of 16 below 2^40";
+  // A box copies a whole block: blocks that overlap (the contiguous view of ragged K/V, a block
+  // at every row) would read the last ones' slots past the end of the cache.
+  if ((g.block_size - 1) * g.stride_slot + g.row_bytes > g.stride_block)
+    return "a block's slots (" + std::to_string(g.block_size) + " x stride " + std::to_string(g.stride_slot) +
+           ") must not run into the next block (stride " + std::to_string(g.stride_block) + ")";
   return {};
 }
 

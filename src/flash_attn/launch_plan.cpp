@@ -18,6 +18,11 @@ constexpr int kPersistentMaxKeys = 4096;
 constexpr int kDoubleQMaxKeys = 1024;
 
 int64_t packed_rows(const LaunchFacts& f) { return static_cast<int64_t>(f.max_query_len) * f.group; }
+// The rows of one work item: a launch tile's, or a planned item's (at most the plan's tile_q, a
+// prefill part's tile: 16 / 64 / 128), which is what the tile must hold.
+int64_t item_rows(const LaunchFacts& f) {
+  return f.planned_items > 0 && f.plan_tile_q > 0 ? std::min<int64_t>(packed_rows(f), f.plan_tile_q) : packed_rows(f);
+}
 
 void validate(const LaunchFacts& f, const LaunchTuning& t) {
   ATTNKIT_REQUIRE(t.transposed_stages == 0 || t.transposed_stages == 2 || t.transposed_stages == 3, kWhere,
@@ -27,9 +32,10 @@ void validate(const LaunchFacts& f, const LaunchTuning& t) {
                   "must be 0 (the rule's choice), 1 or 2");
   ATTNKIT_REQUIRE(f.head_size == 0 || kernel_head_dim(f.head_size, f.cache, f.planned_items > 0) > 0, kWhere, "head_size", f.head_size,
                   head_size_rule(f.cache, f.planned_items > 0));
-  ATTNKIT_REQUIRE(!(f.planned_items > 0 && f.cache == CacheKind::nvfp4 && packed_rows(f) > kDecodeTileRows), kWhere,
-                  "planned max_query_len * group", packed_rows(f),
-                  "must be <= " + std::to_string(kDecodeTileRows) + " with an nvfp4 cache (read by the decode tile only)");
+  ATTNKIT_REQUIRE(!(f.planned_items > 0 && f.cache == CacheKind::nvfp4 && item_rows(f) > kDecodeTileRows), kWhere,
+                  "planned item rows (min(max_query_len * group, plan tile_q))", item_rows(f),
+                  "must be <= " + std::to_string(kDecodeTileRows) +
+                      " with an nvfp4 cache (read by the decode tile only: plan its prefills with 16-row tiles)");
   ATTNKIT_REQUIRE(f.sm_count > 0, kWhere, "sm_count", f.sm_count, "must be > 0");
   ATTNKIT_REQUIRE(f.group >= 1, kWhere, "group", f.group, "must be >= 1");
   ATTNKIT_REQUIRE(f.num_splits >= 1, kWhere, "num_splits", f.num_splits, "must be >= 1");
@@ -38,7 +44,7 @@ void validate(const LaunchFacts& f, const LaunchTuning& t) {
 
 // The tile family of the launch, before the grid-size refinements; `why` gets the reason.
 TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) {
-  const int64_t rows = packed_rows(f);
+  const int64_t rows = item_rows(f);
   const int hd = kernel_head_dim(f.head_size, f.cache, f.planned_items > 0);
   if (rows <= kDecodeTileRows && tile_instantiated(TileId::decode, hd, f.cache)) {
     // Decode-shaped (one token x its GQA group, or a few speculative tokens): 16-row tiles with
@@ -48,7 +54,8 @@ TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) 
     const bool tma = !t.cp_async_fill && f.cc_major >= 9 && f.tma_geometry && hd == f.head_size &&
                      tma_rows(hd, f.cache);
     why = "at most " + std::to_string(kDecodeTileRows) + " packed rows (" + std::to_string(rows) + "): decode tile";
-    if (tma && rows <= kTransposedMaxRows && tile_instantiated(TileId::decode_transposed, hd, f.cache)) {
+    // (the transposed tile holds a request's whole group: every request, not just every item)
+    if (tma && packed_rows(f) <= kTransposedMaxRows && tile_instantiated(TileId::decode_transposed, hd, f.cache)) {
       why += ", fp8 with <= " + std::to_string(kTransposedMaxRows) +
              " packed rows: transposed (keys on the MMA's M; DECISIONS.md: Transposed fp8 decode tile)";
       return TileId::decode_transposed;

@@ -44,6 +44,7 @@ struct LaunchFacts {
   // > 0: a planned launch (FlashInfer-style: PlanScheduler, src/flashinfer/plan.h) of this many
   // work items per KV head; its head dims are kPlannedHeadDims, its splits the plan's chunks.
   int64_t planned_items = 0;
+  int plan_tile_q = 0;  // planned: the plan's query tile (an item's packed rows at most)
 };
 
 struct LaunchPlan {

@@ -380,6 +380,7 @@ void run_planned_attention(const VarlenArgs& args, const PlannedLaunch& planned,
   p.plan_part_lse = planned.part_lse;
   LaunchFacts facts = varlen_launch_facts(args, p);
   facts.planned_items = planned.planned_items;
+  facts.plan_tile_q = planned.tile_q;
   const LaunchPlan plan = plan_with_maps(p, facts, tuning);
   const cudaStream_t stream = cuda::as_stream(args.stream);
   for_elem<true>(args.q.dtype, facts.cache, [&]<class Elem, CacheKind kCache>() {

@@ -79,8 +79,8 @@ class FlashInferBackend final : public AttentionBackend {
   }
 
   // What the selector sees: the configuration rules, and on a GPU the rules of its kernels
-  // (in this build, reading this cache dtype), so no engine is handed a backend whose decode
-  // cannot run. (Its prefill kernels are not built: variant() and forward() say so.)
+  // (in this build, reading this cache dtype), so no engine is handed a backend whose kernels
+  // cannot run.
   std::vector<std::string> check(const AttentionConfig& cfg) const override {
     auto why = configuration_refusals(cfg);
     if (cfg.device.cpu) return why;
@@ -88,8 +88,6 @@ class FlashInferBackend final : public AttentionBackend {
       why.push_back("its GPU kernels are not in this build (attnkit was built without CUDA)");
     else if (cfg.device.cc() >= 80 && !gpu_code_refusal(cfg.device.cc()).empty())
       why.push_back(gpu_code_refusal(cfg.device.cc()));
-    if (cfg.features.non_causal)
-      why.push_back("non-causal attention runs on its prefill path, whose GPU kernels are not built yet");
     const bool cache16 = cfg.cache_dtype == DType::f16 || cfg.cache_dtype == DType::bf16;
     if (cache16 && cfg.cache_dtype != cfg.dtype)
       why.push_back("a 16-bit KV cache must have the model dtype on the GPU (cache " +
@@ -104,11 +102,10 @@ class FlashInferBackend final : public AttentionBackend {
                         ? "decode on tensor cores (GQA group of " + std::to_string(g) +
                               " packed into the query tile)"
                         : "decode on CUDA cores (MHA: one query row per head)";
-    v += "; prefill: ragged kernel over new tokens + paged kernel over the cached prefix";
+    v += cfg.cache_dtype == DType::nvfp4
+             ? "; prefill: planned 16-row tiles over the paged cache (the decode tile reads NVFP4)"
+             : "; prefill: planned tiles of 16 / 64 / 128 packed rows over the paged cache";
     if (cfg.features.non_causal) v += "; non-causal batches run wholly on the prefill path";
-    if (!cfg.device.cpu)
-      v += "; on the GPU this build runs decode-only batches (the planned decode kernels; its prefill kernels "
-           "are not built yet)";
     return v;
   }
 

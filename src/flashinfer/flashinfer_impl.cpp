@@ -80,9 +80,6 @@ class FlashInferImpl final : public AttentionImpl {
     ATTNKIT_REQUIRE(window_within(params.window_right, md->window_right), kWhere,
                     "params.window_right", params.window_right,
                     "must lie within the planned window_right = " + std::to_string(md->window_right));
-    ATTNKIT_REQUIRE(md->num_prefills == 0, kWhere, "batch", std::to_string(md->num_prefills) + " prefill requests",
-                    "must be decode-only: the FlashInfer-style prefill kernels have not run on a GPU yet (the "
-                    "flash_attn backend serves mixed batches)");
     const PlanState& st = *md->state;
     if (md->num_decodes > 0)
       run_part(views, kv_cache, st.decode_plan, st.decode_pages, st.decode_batch(), st.device, 0, p, stream);

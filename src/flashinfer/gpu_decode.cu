@@ -8,6 +8,7 @@
 
 #include "attnkit/error.h"
 #include "cuda/cuda_check.h"
+#include "cuda/paged_kv_tile.h"
 #include "cuda/plan_merge.h"
 #include "flash_attn/varlen_launch.h"
 #include "flashinfer/cpu_forward.h"
@@ -19,6 +20,7 @@ namespace {
 constexpr std::string_view kWhere = "flashinfer planned decode";
 constexpr int kItemInts = 7;  // plan.h WorkItem, as the kernel reads it (PlanScheduler)
 static_assert(sizeof(WorkItem) == kItemInts * sizeof(int32_t), "WorkItem is 7 int32");
+static_assert(kRaggedPageRows == cuda::ContiguousPages::kPageKeys, "ragged pages are the contiguous view's blocks");
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 

@@ -26,11 +26,13 @@ PlanConfig part_config(const AttentionConfig& cfg, int num_sms, bool decode, boo
                                                                 : PlanKernel::TensorCore;
   // One tile per part whatever the batch, for decodes always (a forward captured in a CUDA
   // graph replays the builder's later plans: the tile is a launch parameter), for prefills in
-  // CUDA-graph mode. Decodes pack one token's group, which is what every decode batch picks
-  // anyway; prefills take the largest tile (a long prompt must fit, as FlashInfer sizes its
-  // graph tile for the worst single request).
-  if (p.kernel == PlanKernel::TensorCore && (decode || cuda_graph))
-    p.fixed_tile_q = decode ? cta_tile_q(p.group_size, p.head_size) : p.max_tile_q();
+  // CUDA-graph mode or over an NVFP4 cache. Decodes pack one token's group, which is what every
+  // decode batch picks anyway; prefills take the largest tile (a long prompt must fit, as
+  // FlashInfer sizes its graph tile for the worst single request), NVFP4 prefills the smallest
+  // (the decode tile is the one that reads NVFP4: flash_attn/tile_set.h).
+  const bool nvfp4 = cfg.cache_dtype == DType::nvfp4;
+  if (p.kernel == PlanKernel::TensorCore && (decode || cuda_graph || nvfp4))
+    p.fixed_tile_q = decode ? cta_tile_q(p.group_size, p.head_size) : nvfp4 ? kTileQSmall : p.max_tile_q();
   return p;
 }
 

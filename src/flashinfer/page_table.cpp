@@ -120,4 +120,21 @@ int64_t PageTable::kv_len(int r) const {
   return pages == 0 ? 0 : (pages - 1) * page_size + last_page_len[r];
 }
 
+RaggedPages ragged_pages(std::span<const int32_t> kv) {
+  constexpr std::string_view where = "flashinfer ragged K/V";
+  ATTNKIT_REQUIRE(!kv.empty() && kv[0] >= 0, where, "kv_indptr[0]", kv.empty() ? -1 : kv[0],
+                  "must exist and be >= 0");
+  RaggedPages rp;
+  rp.indptr.push_back(0);
+  for (size_t r = 0; r + 1 < kv.size(); ++r) {
+    ATTNKIT_REQUIRE(kv[r + 1] >= kv[r], where, "kv_indptr[" + std::to_string(r + 1) + "]", kv[r + 1],
+                    "must be >= kv_indptr[" + std::to_string(r) + "] = " + std::to_string(kv[r]));
+    const int32_t len = kv[r + 1] - kv[r], pages = (len + kRaggedPageRows - 1) / kRaggedPageRows;
+    for (int32_t j = 0; j < pages; ++j) rp.indices.push_back(kv[r] + j * kRaggedPageRows);
+    rp.indptr.push_back(static_cast<int32_t>(rp.indices.size()));
+    rp.last_page_len.push_back(pages ? len - (pages - 1) * kRaggedPageRows : 0);
+  }
+  return rp;
+}
+
 }  // namespace attnkit::flashinfer

@@ -45,4 +45,15 @@ struct PageTable {
   int64_t kv_len(int r) const;
 };
 
+// Ragged (contiguous) K/V [kv_tokens, num_kv_heads, head_size], request r's keys the rows
+// kv_indptr[r] .. kv_indptr[r + 1], as a page table over the contiguous view (flash_attn/
+// varlen_launch.h contiguous_kv_view: a "block" of kRaggedPageRows rows starts at every row):
+// request r's pages are the rows kv_indptr[r], + 16, + 32, ..., so the paged plan and kernels
+// read ragged K/V with no copy. Error when kv_indptr is empty, starts below 0 or decreases.
+inline constexpr int kRaggedPageRows = 16;
+struct RaggedPages {
+  std::vector<int32_t> indptr, indices, last_page_len;  // PageTable::assign's arguments
+};
+RaggedPages ragged_pages(std::span<const int32_t> kv_indptr);
+
 }  // namespace attnkit::flashinfer

@@ -40,24 +40,42 @@ PageTable page_table_of(const Problem& p) {
   return t;
 }
 
+// Ragged K/V (the problem's keys gathered into contiguous rows: Case::contiguous_kv) as the
+// page table over the contiguous view that the ragged prefill plans (flashinfer::ragged_pages).
+PageTable ragged_table_of(const Problem& p) {
+  std::vector<int32_t> kv_indptr{0};
+  for (int32_t len : p.seq_lens()) kv_indptr.push_back(kv_indptr.back() + len);
+  const flashinfer::RaggedPages rp = flashinfer::ragged_pages(kv_indptr);
+  const int n = static_cast<int>(p.seq_lens().size());
+  PageTable t(n, std::max<int64_t>(1, static_cast<int64_t>(rp.indices.size())));
+  t.assign(rp.indptr, rp.indices, rp.last_page_len, flashinfer::kRaggedPageRows);
+  return t;
+}
+
 struct PlannedRun {
   Result result;
   bool split = false;
   int tile_q = 0;
 };
 
-// Plans, uploads and runs the case's batch; slots: CTA slots per KV head (0: the H200's rule).
-PlannedRun run_planned(const Problem& p, PlanKernel kernel, int slots, const flash_attn::LaunchTuning& tuning = {}) {
+// Plans, uploads and runs the case's batch; slots: CTA slots per KV head (0: the H200's rule);
+// tile_q: the plan's fixed tile (0: as the builder plans, 16 rows for an NVFP4 cache, else the
+// batch's own).
+PlannedRun run_planned(const Problem& p, PlanKernel kernel, int slots, const flash_attn::LaunchTuning& tuning = {},
+                       int tile_q = 0) {
   const Case& c = p.spec();
   const int64_t T = c.num_tokens();
   const int H = c.num_heads(), D = c.head_size;
-  const PageTable pages = page_table_of(p);
+  const PageTable pages = c.contiguous_kv ? ragged_table_of(p) : page_table_of(p);
   PlanConfig cfg;
   cfg.kernel = kernel;
   cfg.num_kv_heads = c.num_kv_heads;
   cfg.group_size = c.group;
+  // (as the builder plans an NVFP4 cache: 16-row tiles, which the decode tile takes)
+  if (kernel == PlanKernel::TensorCore)
+    cfg.fixed_tile_q = tile_q > 0 ? tile_q : c.cache_dtype == DType::nvfp4 ? flashinfer::kTileQSmall : 0;
   cfg.head_size = D;
-  cfg.page_size = c.block_size;
+  cfg.page_size = c.contiguous_kv ? flashinfer::kRaggedPageRows : c.block_size;
   cfg.num_slots = slots > 0 ? slots : flashinfer::num_slots_for(cuda::current_device_props().sm_count, c.num_kv_heads);
   const PlanCapacity cap = PlanCapacity::for_limits(cfg, static_cast<int>(c.q_lens.size()), static_cast<int>(T));
   PlanBuffers plan(cfg, cap);
@@ -177,14 +195,17 @@ TEST_P(PlannedDecodeNvfp4Grid, MatchesCpuReference) {
 }
 INSTANTIATE_TEST_SUITE_P(Seeds, PlannedDecodeNvfp4Grid, ::testing::Range(0, 84));
 
-// Prefill parts (the FlashInfer-style prefill's plan over the page table, or over an identity
-// page view of ragged K/V): 1..300 query tokens per request over up to 3000 keys, causal and
-// not, every mask and score mod, on the plan's tile (the mma_sync prefill tile above 16 packed
-// rows: launch_plan.cpp).
+// Prefill parts (the FlashInfer-style prefill's plan over the page table, or, one case in
+// four, over the contiguous view of ragged K/V; one in six over an NVFP4 cache, planned with
+// 16-row tiles): 1..300 query tokens per request over up to 3000 keys, causal and not, every
+// mask and score mod, on the plan's tile (the decode tile for 16-row items, else the mma_sync
+// prefill tile: launch_plan.cpp).
 Case random_planned_prefill_case(uint64_t seed) {
   std::mt19937_64 rng(seed * 7919 + 5);
-  Case c = random_planned_decode_case(seed);
-  if (c.cache_dtype == DType::nvfp4) c.cache_dtype = c.dtype;  // (NVFP4: the decode tile only)
+  const bool nvfp4 = seed % 6 == 1;
+  Case c = random_planned_decode_case(seed, nvfp4);
+  c.contiguous_kv = !nvfp4 && seed % 4 == 0;
+  if (c.cache_dtype == DType::nvfp4 && !nvfp4) c.cache_dtype = c.dtype;
   c.q_lens.clear();
   c.seq_lens.clear();
   const int n = 1 + static_cast<int>(rng() % 6);
@@ -204,6 +225,16 @@ TEST_P(PlannedPrefillGrid, MatchesCpuReference) {
   check_planned(random_planned_prefill_case(1000 + i), i % 3 == 0 ? 0 : i % 3 == 1 ? 2 : 64);
 }
 INSTANTIATE_TEST_SUITE_P(Seeds, PlannedPrefillGrid, ::testing::Range(0, 84));
+
+// (memcheck: paged, ragged and NVFP4 prefill parts, split and not)
+TEST(PlannedPrefillSanitizer, SmallGrid) {
+  for (int i = 0; i < 12; ++i) {
+    Case c = random_planned_prefill_case(2000 + i);
+    c.q_lens.resize(std::min<size_t>(c.q_lens.size(), 3));
+    c.seq_lens.resize(c.q_lens.size());
+    check_planned(c, i % 2 ? 64 : 0);
+  }
+}
 
 // Large decode batches, sampled rows against the GPU fp32 reference (gpu_reference.h): batch 256
 // over 1..4000 keys, batch 4 over 32k, and the skewed batch of one 32k request among 63 of 100
@@ -266,10 +297,11 @@ TEST(PlannedDecodeErrors, RejectsWhatThePlanCannotRun) {
   c.head_size = 128;
   c.cache_dtype = DType::nvfp4;
   c.group = 4;
-  c.q_lens = {8, 8};  // 32 packed rows: a prefill-shaped part, which the nvfp4 decode tile cannot take
+  c.q_lens = {8, 8};  // 32 packed rows: planned with 64-row tiles, items the nvfp4 decode tile cannot take
   c.seq_lens = {100, 200};
   Problem p(c);
-  EXPECT_TRUE(throws_error_with([&] { run_planned(p, PlanKernel::TensorCore, 0); }, {"planned max_query_len * group", "32", "nvfp4"}));
+  EXPECT_TRUE(throws_error_with([&] { run_planned(p, PlanKernel::TensorCore, 0, {}, 64); },
+                                {"planned item rows", "32", "nvfp4"}));
   Case big = c;
   big.q_lens = {1, 1};
   big.head_size = 512;
