@@ -1,5 +1,5 @@
 // attnkit_bench: ceilings, KV write, prefill and decode in one run (about two minutes on an
-// H200). Usage: attnkit_bench [--json results.jsonl] [--quick] [--only ceiling,kv_write,merge,prefill,decode,decode-fi]
+// H200). Usage: attnkit_bench [--json results.jsonl] [--quick] [--only ceiling,kv_write,merge,prefill,decode,decode-fi,prefill-fi]
 // [--match SUBSTR] (prefill / decode shapes whose key contains SUBSTR, e.g. "fp8 b16 kv4096")
 // | --split-sweep (split_sweep.cu) | --decode-trace (decode_trace.cu): diagnostics, with the ceilings
 // Every number is the median of several event-timed samples after warm-up; decode is timed as
@@ -15,7 +15,7 @@
 
 int main(int argc, char** argv) {
   using namespace attnkit::bench;
-  std::string json, only = "ceiling,kv_write,merge,prefill,decode,decode-fi";
+  std::string json, only = "ceiling,kv_write,merge,prefill,decode,decode-fi,prefill-fi";
   bool quick = false, sweep = false, trace = false;
   std::string trace_dir;
   for (int i = 1; i < argc; ++i) {
@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
       only = "ceiling";
       if (i + 1 < argc && argv[i + 1][0] != '-') trace_dir = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--quick] [--only ceiling,kv_write,merge,prefill,decode,decode-fi] [--match SUBSTR] | --split-sweep | --decode-trace [DIR]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--json PATH] [--quick] [--only ceiling,kv_write,merge,prefill,decode,decode-fi,prefill-fi] [--match SUBSTR] | --split-sweep | --decode-trace [DIR]\n", argv[0]);
       return 2;
     }
   }
@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
     if (wanted("prefill")) rec.fail("prefill", "all prefill shapes", why);
     if (wanted("decode")) rec.fail("decode", "all decode shapes", why);
     if (wanted("decode-fi")) rec.fail("decode-fi", "all decode shapes", why);
+    if (wanted("prefill-fi")) rec.fail("prefill-fi", "all prefill shapes", why);
     if (quick) std::printf("--quick: no attention sections to shorten in this build\n");
     if (sweep) rec.fail("sweep", "split sweep", why);
     if (trace) rec.fail("trace", "decode trace", why);
@@ -62,6 +63,7 @@ int main(int argc, char** argv) {
     if (wanted("prefill")) run_prefill(rec, stream, quick);
     if (wanted("decode")) run_decode(rec, stream, c.read_gbps, quick);
     if (wanted("decode-fi")) run_decode_flashinfer(rec, stream, c.read_gbps, quick);
+    if (wanted("prefill-fi")) run_prefill_flashinfer(rec, stream, quick);
     if (sweep) run_split_sweep(rec, stream, c.read_gbps);
     if (trace) run_decode_trace(rec, stream, c.read_gbps, trace_dir);
 #endif
