@@ -259,7 +259,8 @@ void run_prefill_flashinfer(Recorder& rec, cudaStream_t stream, bool quick) {
       c.finalize();
       c.query_start_loc_dev = upload_i32(s.dev, c.query_start_loc);
       c.seq_lens_dev = upload_i32(s.dev, c.seq_lens);
-      c.block_table_dev = upload_i32(s.dev, c.block_table);
+      c.block_table_dev = TensorView(upload_i32(s.dev, c.block_table).data, DType::i32,
+                                     {c.num_reqs, c.max_blocks_per_req}, Device::CUDA);
       s.dev.emplace_back(c.slot_mapping.size() * 8);
       ATTNKIT_CUDA_CHECK(cudaMemcpy(s.dev.back().get(), c.slot_mapping.data(), c.slot_mapping.size() * 8,
                                     cudaMemcpyHostToDevice));
