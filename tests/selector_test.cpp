@@ -203,6 +203,30 @@ TEST(Selector, Table) {
   }
 }
 
+// The FlashInfer-style backend claims pages above 256 tokens (and NVFP4 caches) where it serves
+// them; the caller's preferred backend still wins, and the reason says which rule chose.
+TEST(Selector, APreferenceWinsOverTheRegistryOrder) {
+  AttentionConfig cfg = base(kSm90);
+  cfg.block_size = 512;
+  const Selection s = select_backend(cfg);
+  if (flashinfer::flashinfer_kernels_built() && gpu_code_refusal(90).empty()) {
+    EXPECT_EQ(s.backend, "flashinfer");
+    EXPECT_NE(s.reason.find("pages of 512 tokens (> 256)"), std::string::npos) << s.reason;
+  } else {
+    EXPECT_EQ(s.backend, "flash_attn") << s.reason;
+  }
+  const Selection fa = select_backend(cfg, "flash_attn");
+  EXPECT_EQ(fa.backend, "flash_attn");
+  EXPECT_EQ(fa.reason, "the caller's preferred backend");
+  cfg.block_size = 256;
+  const Selection at256 = select_backend(cfg);
+  EXPECT_EQ(at256.backend, "flash_attn");
+  EXPECT_EQ(at256.reason, "the first backend in the registry's order that serves it");
+  cfg.block_size = 512;
+  cfg.num_kv_heads = 32;  // MHA: the large pages are not the FlashInfer-style backend's
+  EXPECT_EQ(select_backend(cfg).backend, "flash_attn");
+}
+
 TEST(Selector, MalformedConfigurationsAndUnknownNamesAreErrors) {
   AttentionConfig cfg = base(kSm90);
   cfg.num_kv_heads = 6;
@@ -238,9 +262,13 @@ TEST(Selector, FirstServableBackendInPreferenceOrder) {
               cfg.features.alibi = feature == 1;
               cfg.features.sinks = feature == 2;
               cfg.features.non_causal = feature == 3;
-              const AttentionBackend* first = nullptr;
+              // The first server that claims the configuration (a preference), else the first server.
+              const AttentionBackend *first = nullptr, *claimed = nullptr;
               for (const AttentionBackend* b : backends())
-                if (!first && b->check(cfg).empty()) first = b;
+                if (b->check(cfg).empty()) {
+                  if (!first) first = b;
+                  if (!claimed && !b->preference(cfg).empty()) claimed = b;
+                }
               if (!first) {
                 ++none_count;
                 EXPECT_THROW(select_backend(cfg), Error) << cfg.describe();
@@ -249,7 +277,9 @@ TEST(Selector, FirstServableBackendInPreferenceOrder) {
               }
               ++chosen_count;
               const Selection s = select_backend(cfg);
-              ASSERT_EQ(s.backend, first->name()) << cfg.describe();
+              ASSERT_EQ(s.backend, (claimed ? claimed : first)->name()) << cfg.describe();
+              EXPECT_EQ(s.reason, claimed ? claimed->preference(cfg) : "the first backend in the registry's order that serves it")
+                  << cfg.describe();
               for (const auto& r : s.refused) EXPECT_FALSE(r.reasons.empty()) << r.backend;
               for (const AttentionBackend* b : backends()) {
                 const bool ok = b->check(cfg).empty();

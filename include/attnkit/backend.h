@@ -144,6 +144,10 @@ class AttentionBackend {
   virtual std::vector<std::string> check(const AttentionConfig& cfg) const;
   // Which kernel generation / path serves `cfg` and why, for the selector's report.
   virtual std::string variant(const AttentionConfig& /*cfg*/) const { return {}; }
+  // Why this backend should serve `cfg` ahead of the registry's order, in words (empty: no
+  // claim). The selector picks the first backend that serves cfg and claims it, else the first
+  // that serves it.
+  virtual std::string preference(const AttentionConfig& /*cfg*/) const { return {}; }
   // Default: KVCacheSpec's logical shape (num_blocks, 2, block_size, num_kv_heads, row) where
   // row is head_size (head_size/2 + head_size/16 bytes for nvfp4); Error when the block size,
   // cache dtype or head size is one this backend refuses.

@@ -17,10 +17,12 @@ struct Refusal {
 struct Selection {
   std::string backend;  // the chosen backend's name
   std::string variant;  // the kernel generation / path it will use, with why
+  std::string reason;   // why this backend: the caller's choice, its preference, or the registry's order
   std::vector<Refusal> refused;
 };
 
-// Picks the first backend of the registry that can serve cfg. With `preferred`, picks it or
+// Picks the first backend of the registry that can serve cfg and claims it
+// (AttentionBackend::preference), else the first that can serve it. With `preferred`, picks it or
 // throws Error listing every reason it cannot serve cfg. With no backend able, throws Error
 // listing every backend's reasons.
 // Throws Error for a malformed cfg (AttentionConfig::validate) or an unknown preferred name.

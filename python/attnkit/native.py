@@ -20,15 +20,17 @@ class Refusal:
 
 @dataclass(frozen=True)
 class Selection:
-    """The selector's answer: the chosen backend, the kernel generation / path it will use and
-    why, and every refused backend with each rule it broke."""
+    """The selector's answer: the chosen backend and why it (reason: the caller's choice, the
+    backend's preference for this configuration, or the registry's order), the kernel
+    generation / path it will use and why, and every refused backend with each rule it broke."""
 
     backend: str
     variant: str
     refused: list = field(default_factory=list)
+    reason: str = ""
 
     def __str__(self):
-        lines = [f"backend: {self.backend}", f"variant: {self.variant}"]
+        lines = [f"backend: {self.backend}", f"why: {self.reason}", f"variant: {self.variant}"]
         for r in self.refused:
             lines.append(f"refused {r.backend}: " + "; ".join(r.reasons))
         return "\n".join(lines)
@@ -67,7 +69,8 @@ def select(num_heads, num_kv_heads, head_size, dtype="bfloat16", kv_cache_dtype=
                   int(block_size), str(layout), bool(sinks), bool(alibi), bool(softcap),
                   bool(sliding_window), bool(non_causal), bool(lse), _device_cc(device), int(num_sms),
                   backend)
-    return Selection(d["backend"], d["variant"], [Refusal(r["backend"], list(r["reasons"])) for r in d["refused"]])
+    return Selection(d["backend"], d["variant"], [Refusal(r["backend"], list(r["reasons"])) for r in d["refused"]],
+                     d["reason"])
 
 
 def split_decodes_and_prefills(query_start_loc, seq_lens, decode_threshold=1):

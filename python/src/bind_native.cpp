@@ -89,6 +89,7 @@ nb::dict select(int num_heads, int num_kv_heads, int head_size, const std::strin
   nb::dict d;
   d["backend"] = s.backend;
   d["variant"] = s.variant;
+  d["reason"] = s.reason;
   nb::list refused;
   for (const Refusal& r : s.refused) {
     nb::dict rd;

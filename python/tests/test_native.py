@@ -42,6 +42,16 @@ def test_select_on_gpu_never_picks_the_cpu_reference(device):
     assert any(r.backend == "reference" for r in s.refused)
 
 
+def test_select_prefers_flashinfer_for_pages_above_256():
+    s = attnkit.select(32, 8, 128, "bfloat16", block_size=512, device="sm90")
+    if attnkit.cuda_built:
+        assert s.backend == "flashinfer" and "pages of 512 tokens" in s.reason, str(s)
+    else:  # (no GPU kernels in this build: the FlashInfer-style backend refuses GPUs)
+        assert s.backend == "flash_attn" and "registry" in s.reason, str(s)
+    assert attnkit.select(32, 8, 128, "bfloat16", block_size=256, device="sm90").backend == "flash_attn"
+    assert "why: " in str(s)
+
+
 def test_select_preferred_backend_that_cannot_serve_raises_with_reasons():
     with pytest.raises(attnkit.AttnkitError) as e:
         attnkit.select(32, 8, 128, device="cpu", backend="flash_attn")

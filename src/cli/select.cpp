@@ -53,6 +53,7 @@ int run_select(int argc, char** argv) {
   try {
     const Selection sel = select_backend(cfg, f.backend);
     std::printf("chosen: %s%s\n", sel.backend.c_str(), f.backend ? " (preferred)" : "");
+    std::printf("why: %s\n", sel.reason.c_str());
     std::printf("variant: %s\n", sel.variant.c_str());
     print_refusals(sel.refused);
     return kExitOk;

@@ -1,5 +1,6 @@
-// The selector: the first backend of the registry (in preference order) whose rules the
-// configuration passes; every refusal keeps all its reasons.
+// The selector: the first backend of the registry whose rules the configuration passes and
+// that claims it (a backend's preference), else the first whose rules it passes (the registry
+// is in preference order); every refusal keeps all its reasons.
 #include "attnkit/selector.h"
 
 #include "attnkit/error.h"
@@ -33,6 +34,8 @@ Selection select_backend(const AttentionConfig& cfg, std::optional<std::string_v
   const AttentionBackend* want = preferred ? &backend(*preferred) : nullptr;
   Selection sel;
   const AttentionBackend* chosen = nullptr;
+  const AttentionBackend* claimed = nullptr;  // the first server with a preference for cfg
+  std::string claim;
   for (const AttentionBackend* b : backends()) {
     auto why = b->check(cfg);
     if (!why.empty()) {
@@ -40,10 +43,15 @@ Selection select_backend(const AttentionConfig& cfg, std::optional<std::string_v
         throw Error(std::string(kWhere), "preferred backend = " + std::string(b->name()),
                     "it cannot serve " + cfg.describe() + ": " + join_reasons(why));
       sel.refused.push_back({std::string(b->name()), std::move(why)});
-    } else if (!chosen && (!want || b == want)) {
-      chosen = b;
+    } else if (!want || b == want) {
+      if (!chosen) chosen = b;
+      if (!want && !claimed && !(claim = b->preference(cfg)).empty()) claimed = b;
     }
   }
+  if (want) sel.reason = "the caller's preferred backend";
+  else if (claimed) sel.reason = claim;
+  else if (chosen) sel.reason = "the first backend in the registry's order that serves it";
+  if (claimed) chosen = claimed;
   if (!chosen) {
     std::string all;
     for (const auto& r : sel.refused) all += (all.empty() ? "" : " | ") + r.backend + ": " + join_reasons(r.reasons);

@@ -109,6 +109,18 @@ class FlashInferBackend final : public AttentionBackend {
     return v;
   }
 
+  // Pages above 256 tokens: the FlashInfer-style plan chunks each request by whole pages and
+  // balances the chunks over the SMs, and engines (vLLM) hand such caches to FlashInfer; its
+  // decode at page 128 measured 0.99-1.15x its page 16 (bench/RESULTS.md). NVFP4 caches are
+  // read by its planned kernels only.
+  std::string preference(const AttentionConfig& cfg) const override {
+    if (cfg.cache_dtype == DType::nvfp4) return "an NVFP4 cache: read by the FlashInfer-style planned kernels only";
+    if (cfg.block_size > kPreferAbovePageSize)
+      return "pages of " + std::to_string(cfg.block_size) + " tokens (> " + std::to_string(kPreferAbovePageSize) +
+             "): the FlashInfer-style plan chunks requests by whole pages and balances them over the SMs";
+    return {};
+  }
+
   // ALWAYS for GQA/MQA: both parts run the tensor-core tile kernels over persistent slot
   // lists (grid = num_slots x num_kv_heads, fixed), from plans in fixed-capacity buffers with
   // the tile fixed at creation in graph mode (BuilderLimits::cuda_graph), so one captured

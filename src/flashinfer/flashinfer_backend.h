@@ -17,15 +17,16 @@ inline constexpr int kLargePageSizes[] = {128, 256, 512, 1024};
 // Large pages are read by the Hopper GQA kernels (the group is packed into the query tile, so
 // one page fetch serves group_size query heads); other configurations keep pages <= 64.
 inline constexpr int kLargePageMinCC = 90;
-// Whether this build has the FlashInfer-style GPU kernels (the planned decode: a CUDA build).
-// Without them check() refuses GPU configurations with that reason. Their prefill kernels are
-// not built yet: forward() runs decode-only batches on the GPU and refuses others, saying so.
+// The selector prefers this backend for pages above this (AttentionBackend::preference).
+inline constexpr int kPreferAbovePageSize = 256;
+// Whether this build has the FlashInfer-style GPU kernels (the planned decode and prefill: a
+// CUDA build). Without them check() refuses GPU configurations with that reason.
 bool flashinfer_kernels_built();
 
 // Every rule of the configuration itself that the backend breaks (capabilities, large pages
 // need GQA on sm90+), without the GPU kernels' rules: what builders and impls require, so the
-// host side works on any build. check() adds on GPUs: the kernels must be in this build, the
-// batch causal (the decode kernels), a 16-bit cache of the model dtype (fp8 and NVFP4 caches are
+// host side works on any build. check() adds on GPUs: the kernels must be in this build with
+// code for the device, and a 16-bit cache of the model dtype (fp8 and NVFP4 caches are
 // dequantized in the kernel).
 std::vector<std::string> configuration_refusals(const AttentionConfig& cfg);
 
