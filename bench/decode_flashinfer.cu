@@ -1,4 +1,4 @@
-// FlashInfer-style decode (section decode-fi): the planned decode (src/flashinfer/gpu_decode.h)
+// FlashInfer-style decode (section decode-fi): the planned decode (src/flashinfer/gpu_planned.h)
 // on the decode bench's shapes (batch 1..256 x KV 1k..32k, 32 / 8 heads, head size 128, bf16, fp8
 // and NVFP4 caches), pages of 16 and 128 tokens. Each KV instance of a shape is a page table planned
 // by plan_batch into its own device plan; the graph of back-to-back calls rotates over them as
@@ -24,7 +24,7 @@
 #include "cuda/device_buffer.h"
 #include "cuda/device_props.h"
 #include "flash_attn/split_kv.h"
-#include "flashinfer/gpu_decode.h"
+#include "flashinfer/gpu_planned.h"
 
 namespace attnkit::bench {
 
@@ -39,7 +39,7 @@ struct PlannedInstance {
   flashinfer::PlanBuffers plan;
   flashinfer::PlanBatch batch;
   std::unique_ptr<flashinfer::DevicePlan> dev;
-  flashinfer::PlannedDecodeArgs args;
+  flashinfer::PlannedPartArgs args;
 };
 
 flashinfer::PlanConfig plan_config(int page) {
@@ -171,7 +171,7 @@ void run_decode_flashinfer(Recorder& rec, cudaStream_t stream, double read_gbps,
             TimedLaunch fi{shape.args, shape.calls};
             fi.call = [&](int i) {
               PlannedInstance& p = *inst[i % inst.size()];
-              flashinfer::run_planned_decode(*p.dev, p.plan, p.pages, p.batch, p.args);
+              flashinfer::run_planned_part(*p.dev, p.plan, p.pages, p.batch, p.args);
             };
             const std::vector<double> ms =
                 fp4 ? time_interleaved({fi}, stream) : time_interleaved({fi, TimedLaunch{shape.args, shape.calls}}, stream);
@@ -253,7 +253,7 @@ void run_decode_flashinfer(Recorder& rec, cudaStream_t stream, double read_gbps,
       TimedLaunch fi{args, calls};
       fi.call = [&](int i) {
         PlannedInstance& p = *inst[i % inst.size()];
-        flashinfer::run_planned_decode(*p.dev, p.plan, p.pages, p.batch, p.args);
+        flashinfer::run_planned_part(*p.dev, p.plan, p.pages, p.batch, p.args);
       };
       const std::vector<double> ms = time_interleaved({fi, TimedLaunch{args, calls}}, stream);
       const double g = bytes / ms[0] / 1e6, g_fa = bytes / ms[1] / 1e6;

@@ -450,7 +450,7 @@ struct ForwardCase {
 // CUDA, or a machine without a GPU such as CI's) that is the first CUDA call's error, not a
 // check's. With a GPU these fake tensors must not launch: the GPU tests run such batches on real
 // ones (python/tests/test_gpu.py test_cuda_flashinfer_layer_mixed_batch; the planned parts:
-// tests/gpu/flashinfer_decode_test.cpp).
+// tests/gpu/flashinfer_planned_test.cpp).
 template <class F>
 void expect_passes_checks(F&& f) {
   if (cuda_device_count() > 0) return;

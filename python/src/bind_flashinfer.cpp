@@ -2,7 +2,7 @@
 // flashinfer::PageTable (which validates FlashInfer's CSR page table) and plans the batch with
 // plan_batch into fixed-capacity PlanBuffers; run() executes that plan on the backend's CPU path
 // (run_plan_on_cpu: the reference's row math, item by item through the page table), run_cuda()
-// on the GPU (gpu_decode.h's planned kernels, decode and prefill plans: the plan's device copy
+// on the GPU (gpu_planned.h's planned kernels, decode and prefill plans: the plan's device copy
 // is refreshed by every plan() once it exists, so a captured run stays valid across re-plans).
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -19,7 +19,7 @@
 #include "convert.h"
 #include "flashinfer/cpu_forward.h"
 #include "flashinfer/flashinfer_backend.h"
-#include "flashinfer/gpu_decode.h"
+#include "flashinfer/gpu_planned.h"
 #include "flashinfer/page_table.h"
 #include "flashinfer/plan.h"
 
@@ -163,7 +163,7 @@ class FlashInferPlan {
     });
   }
 
-  // The plan on the GPU (the planned kernels: gpu_decode.h): q [tokens, H, D], the paged views
+  // The plan on the GPU (the planned kernels: gpu_planned.h): q [tokens, H, D], the paged views
   // (ragged: k / v [kv_tokens, H, D]), out; workspace: the caller's float workspace (needed
   // when the plan splits). The first CUDA run creates the plan's device copy (one allocation)
   // and uploads it; later plan() calls refresh it.
@@ -173,7 +173,7 @@ class FlashInferPlan {
                 const OptIn& k_sf, const OptIn& v_sf) {
     as_call(where, [&] {
       ATTNKIT_REQUIRE(planned_, where, "plan", "None", "call plan(...) before run(...)");
-      flashinfer::PlannedDecodeArgs a;
+      flashinfer::PlannedPartArgs a;
       a.cache = ragged_ ? ragged_cache(k, v, k_sf, cache_dtype, where) : paged_cache(k, v, k_sf, v_sf, cache_dtype, where);
       a.q = to_view(q, where, "q");
       a.out = to_view(out, where, "out");
@@ -197,7 +197,7 @@ class FlashInferPlan {
         dev_max_pages_ = pages_.max_pages();
         dev_->upload(plan_, pages_, batch_, a.stream);
       }
-      flashinfer::run_planned_decode(*dev_, plan_, pages_, batch_, a);
+      flashinfer::run_planned_part(*dev_, plan_, pages_, batch_, a);
     });
   }
 

@@ -4,7 +4,7 @@
 #include "attnkit/error.h"
 #include "core/cuda_dispatch.h"
 #include "flash_attn/varlen_launch.h"
-#include "flashinfer/gpu_decode.h"
+#include "flashinfer/gpu_planned.h"
 
 namespace attnkit::cuda {
 
@@ -71,7 +71,7 @@ bool hopper_kernels_available() { return false; }
 namespace attnkit::flashinfer {
 
 DevicePlan::DevicePlan(const PlanCapacity&, int, int64_t) {
-  throw Error("flashinfer planned decode", "device = cuda",
+  throw Error("flashinfer planned part", "device = cuda",
               "this attnkit was built without CUDA (ATTNKIT_CUDA=OFF or no nvcc)");
 }
 DevicePlan::~DevicePlan() = default;
@@ -79,9 +79,9 @@ void DevicePlan::upload(const PlanBuffers&, const PageTable&, const PlanBatch&, 
 void DevicePlan::stage(const PlanBuffers&, const PageTable&, const PlanBatch&) {}
 bool DevicePlan::copy_staged(void*) { return false; }
 bool stream_capturing(void*) { return false; }
-void run_planned_decode(const DevicePlan&, const PlanBuffers&, const PageTable&, const PlanBatch&,
-                        const PlannedDecodeArgs&, const flash_attn::LaunchTuning&) {
-  throw Error("flashinfer planned decode", "device = cuda",
+void run_planned_part(const DevicePlan&, const PlanBuffers&, const PageTable&, const PlanBatch&,
+                        const PlannedPartArgs&, const flash_attn::LaunchTuning&) {
+  throw Error("flashinfer planned part", "device = cuda",
               "this attnkit was built without CUDA (ATTNKIT_CUDA=OFF or no nvcc)");
 }
 

@@ -356,13 +356,13 @@ void launch_planned_head_dim(const VarlenKernelParams& p, const LaunchPlan& plan
     case 128: return launch_planned<Elem, 128, kCache>(p, plan, grid_items, stream);
     case 256: return launch_planned<Elem, 256, kCache>(p, plan, grid_items, stream);
   }
-  fail("flashinfer planned decode", "head dim", plan.head_dim, "has no planned kernels");
+  fail("flashinfer planned part", "head dim", plan.head_dim, "has no planned kernels");
 }
 
 }  // namespace
 
 void run_planned_attention(const VarlenArgs& args, const PlannedLaunch& planned, const LaunchTuning& tuning) {
-  const char* where = "flashinfer planned decode";
+  const char* where = "flashinfer planned part";
   ATTNKIT_REQUIRE(args.num_splits == 1, where, "num_splits", args.num_splits,
                   "must be 1 (a planned launch splits by the plan's chunks)");
   ATTNKIT_REQUIRE(args.cu_seqlens_k == nullptr, where, "cu_seqlens_k", "set", "must be null (pages come from the page table)");

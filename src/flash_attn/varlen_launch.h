@@ -75,7 +75,7 @@ LaunchFacts varlen_launch_facts(const VarlenArgs& args);
 // no compiled kernel serves. In a build without CUDA it throws.
 void run_varlen_attention(const VarlenArgs& args, const LaunchTuning& tuning = {});
 
-// A planned launch (the FlashInfer-style backend's decode, src/flashinfer/gpu_decode.h): the
+// A planned launch (the FlashInfer-style backend's decode, src/flashinfer/gpu_planned.h): the
 // args' batch is a planned part whose block_table is the page table's indices (request r's
 // pages from page_indptr[r]); the work comes from the plan's items instead of the grid. Device
 // arrays: items (7 int32 per item: plan.h WorkItem), num_items (the plan's count, read by the

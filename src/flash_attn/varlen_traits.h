@@ -124,7 +124,7 @@ template <class Elem, int kHeadDim, CacheKind kCache>
 void launch_mma_sync(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStream_t stream);
 
 // The planned (FlashInfer-style) decode of (Elem, kHeadDim, kCache) for plan.tile
-// (varlen_launcher.cuh, instantiated in src/flashinfer/decode_hd*.cu for kPlannedHeadDims).
+// (varlen_launcher.cuh, instantiated in src/flashinfer/planned_hd*.cu for kPlannedHeadDims).
 template <class Elem, int kHeadDim, CacheKind kCache>
 void launch_planned(VarlenKernelParams p, const LaunchPlan& plan, int64_t grid_items, cudaStream_t stream);
 

@@ -7,7 +7,7 @@
 #include "core/backend_checks.h"
 #include "attnkit/device.h"
 #include "flashinfer/flashinfer_backend.h"
-#include "flashinfer/gpu_decode.h"
+#include "flashinfer/gpu_planned.h"
 #include "flashinfer/metadata_builder.h"
 
 namespace attnkit::flashinfer {
@@ -125,7 +125,7 @@ class FlashInferImpl final : public AttentionImpl {
     device->copy_staged(stream);
     const KVCacheSpec spec = cache_spec_of(kv_cache, cfg_, kWhere);
     const int64_t tokens = plan.num_tokens;
-    PlannedDecodeArgs a;
+    PlannedPartArgs a;
     a.q = token_rows(views.q, token0, tokens);
     a.out = token_rows(views.out, token0, tokens);
     a.cache = spec.view(kv_cache);
@@ -135,7 +135,7 @@ class FlashInferImpl final : public AttentionImpl {
     a.workspace_bytes = ws_bytes;
     a.stream = stream;
     a.graph_safe = capturing;
-    run_planned_decode(*device, plan, pages, batch, a);
+    run_planned_part(*device, plan, pages, batch, a);
   }
 
   // Rows [first, first + count) of a [tokens, ...] view; columns of an LSE [heads, tokens].

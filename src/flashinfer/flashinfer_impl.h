@@ -1,7 +1,7 @@
 // The FlashInfer-style impl: validates a forward call against the configuration it was made
-// for and the metadata its builder planned, then runs a decode-only batch on the planned decode
-// (gpu_decode.h; the plan's device copy is refreshed when the builder re-planned). Batches with
-// prefills are refused until the FlashInfer-style prefill kernels have run on a GPU (forward says so).
+// for and the metadata its builder planned, then runs the batch's decode part and then its
+// prefill part on the planned kernels (gpu_planned.h; the plans' device copies are refreshed
+// when the builder re-planned), into one output and LSE.
 #pragma once
 #include <memory>
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "attnkit/backend.h"
-#include "flashinfer/gpu_decode.h"
+#include "flashinfer/gpu_planned.h"
 #include "flashinfer/page_table.h"
 #include "flashinfer/plan.h"
 

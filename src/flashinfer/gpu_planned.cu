@@ -1,4 +1,4 @@
-#include "flashinfer/gpu_decode.h"
+#include "flashinfer/gpu_planned.h"
 
 #include <cuda_runtime.h>
 
@@ -17,7 +17,7 @@ namespace attnkit::flashinfer {
 
 namespace {
 
-constexpr std::string_view kWhere = "flashinfer planned decode";
+constexpr std::string_view kWhere = "flashinfer planned part";
 constexpr int kItemInts = 7;  // plan.h WorkItem, as the kernel reads it (PlanScheduler)
 static_assert(sizeof(WorkItem) == kItemInts * sizeof(int32_t), "WorkItem is 7 int32");
 static_assert(kRaggedPageRows == cuda::ContiguousPages::kPageKeys, "ragged pages are the contiguous view's blocks");
@@ -125,8 +125,8 @@ void DevicePlan::stage(const PlanBuffers& plan, const PageTable& pages, const Pl
   ++stages_;
 }
 
-void run_planned_decode(const DevicePlan& dev, const PlanBuffers& plan, const PageTable& pages, const PlanBatch& batch,
-                        const PlannedDecodeArgs& a, const flash_attn::LaunchTuning& tuning) {
+void run_planned_part(const DevicePlan& dev, const PlanBuffers& plan, const PageTable& pages, const PlanBatch& batch,
+                        const PlannedPartArgs& a, const flash_attn::LaunchTuning& tuning) {
   check_planned_call(a.q, a.cache, pages, plan, batch, a.params, kWhere);
   a.q.require_device(kWhere, "q", Device::CUDA);
   const PlanConfig& cfg = plan.config;

@@ -1,5 +1,6 @@
-// The FlashInfer-style backend's decode on the GPU: a planned batch part (plan.h) run by the
-// planned decode kernels (the FlashAttention-style kernel skeleton with the plan's policies:
+// The FlashInfer-style backend on the GPU: a planned batch part (plan.h; a decode or a prefill
+// part, over a page table or ragged K/V's contiguous view: page_table.h ragged_pages) run by the
+// planned kernels (the FlashAttention-style kernel skeleton with the plan's policies:
 // flash_attn/varlen_launch.h run_planned_attention) and, for split tiles, the plan merge
 // (cuda/plan_merge.h). The result equals run_plan_on_cpu's on the same plan (cpu_forward.h),
 // except that query rows past the plan's tokens are not written.
@@ -75,10 +76,11 @@ class DevicePlan {
 // Whether `stream` (cudaStream_t) is capturing a CUDA graph.
 bool stream_capturing(void* stream);
 
-struct PlannedDecodeArgs {
+struct PlannedPartArgs {
   TensorView q;    // [>= plan.num_tokens, num_heads, head_size], CUDA, bf16 / f16: the part's tokens
   TensorView out;  // same shape and dtype
-  PagedKV cache;   // CUDA, block_size = the plan's page size (16..1024), 16-bit or fp8
+  PagedKV cache;   // CUDA, block_size = the plan's page size (16..1024), 16-bit, fp8 or NVFP4; or
+                   // ragged K/V's contiguous_kv_view (pages of kRaggedPageRows)
   AttentionParams params;  // device tensors; lse (if defined) natural log [num_heads, q.size(0)]
   void* workspace = nullptr;  // >= plan.workspace_bytes() bytes when the plan splits, 16-byte aligned
   size_t workspace_bytes = 0;
@@ -91,8 +93,8 @@ struct PlannedDecodeArgs {
 
 // Runs the uploaded plan (`dev` holds what upload() copied of plan / pages / batch). Checks the
 // call against the plan first (check_planned_call) and throws Error before any launch.
-void run_planned_decode(const DevicePlan& dev, const PlanBuffers& plan, const PageTable& pages,
-                        const PlanBatch& batch, const PlannedDecodeArgs& args,
-                        const flash_attn::LaunchTuning& tuning = {});
+void run_planned_part(const DevicePlan& dev, const PlanBuffers& plan, const PageTable& pages,
+                      const PlanBatch& batch, const PlannedPartArgs& args,
+                      const flash_attn::LaunchTuning& tuning = {});
 
 }  // namespace attnkit::flashinfer

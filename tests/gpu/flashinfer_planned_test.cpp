@@ -1,9 +1,10 @@
-// GPU tests of the FlashInfer-style planned decode (src/flashinfer/gpu_decode.h) against the CPU
+// GPU tests of the FlashInfer-style planned parts (src/flashinfer/gpu_planned.h) against the CPU
 // reference: the Problem's batch (tests/gpu/attention_case.h) as a page table (its block-table
-// rows), planned by plan_batch, uploaded, run by the planned kernels and merged; every row of
-// the output and LSE (poisoned first) compared. Page sizes 16..1024, NHD / HND, 16-bit, fp8 and
-// NVFP4 caches, head sizes padded up to 64 / 128 / 256, GQA 1..8, 1..4 query tokens per request,
-// split and unsplit plans, every mask and score mod.
+// rows, or ragged K/V's contiguous view), planned by plan_batch, uploaded, run by the planned
+// kernels and merged; every row of the output and LSE (poisoned first) compared. Decode parts
+// (1..4 query tokens per request) and prefill parts (1..300), page sizes 16..1024, NHD / HND,
+// 16-bit, fp8 and NVFP4 caches, head sizes padded up to 64 / 128 / 256, GQA 1..8, split and
+// unsplit plans, every mask and score mod.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,7 +18,7 @@
 #include "cuda/device_buffer.h"
 #include "cuda/device_props.h"
 #include "device_fill.h"
-#include "flashinfer/gpu_decode.h"
+#include "flashinfer/gpu_planned.h"
 #include "test_util.h"
 
 namespace attnkit::test {
@@ -99,7 +100,7 @@ PlannedRun run_planned(const Problem& p, PlanKernel kernel, int slots, const fla
     poison_device(lse.get(), T * H * 4, stream);
     poison_device(ws.get(), static_cast<int64_t>(plan.workspace_bytes()), stream);
     dev.upload(plan, pages, batch, stream);
-    flashinfer::PlannedDecodeArgs a;
+    flashinfer::PlannedPartArgs a;
     a.q = va.q;
     a.out = va.out;
     a.cache = va.cache;
@@ -107,7 +108,7 @@ PlannedRun run_planned(const Problem& p, PlanKernel kernel, int slots, const fla
     a.workspace = ws.get();
     a.workspace_bytes = ws.bytes();
     a.stream = stream;
-    flashinfer::run_planned_decode(dev, plan, pages, batch, a, tuning);
+    flashinfer::run_planned_part(dev, plan, pages, batch, a, tuning);
     ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
   } catch (...) {
     cudaStreamDestroy(stream);

@@ -1,4 +1,4 @@
-// The FlashInfer-style planned decode kernels for head dim 256 (head sizes rounded up to it:
+// The FlashInfer-style planned kernels (decode and prefill parts) for head dim 256 (head sizes rounded up to it:
 // flash_attn/tile_set.h kPlannedHeadDims): bf16 / f16 queries, 16-bit, fp8 and NVFP4 caches. The
 // kernel is the FlashAttention-style skeleton with the plan's policies (varlen_launcher.cuh
 // launch_planned: PlanScheduler, the page table, the plan's partial rows).
