@@ -259,7 +259,24 @@ TEST(ChooseLaunch, PlannedPartsTakeTheirTiles) {
   prefill.plan_tile_q = 16;
   EXPECT_EQ(choose_launch(prefill).config.rows, kDecodeTileRows) << choose_launch(prefill).reason;
   prefill.plan_tile_q = 128;
+  EXPECT_EQ(choose_launch(prefill).tile, TileId::prefill) << "(a split or graph-safe plan: partial rows)";
+  // An unsplit plan of the hopper tile's rows runs the hopper kernel over the plan's items, one
+  // CTA per item; other tiles, per-request ALiBi or unequal K / V strides stay on mma_sync.
+  prefill.planned_unsplit = true;
+  const LaunchPlan h = choose_launch(prefill);
+  EXPECT_EQ(h.tile, TileId::hopper) << h.reason;
+  EXPECT_EQ(h.generation, Generation::hopper);
+  EXPECT_EQ(h.ctas, 40 * 8);
+  EXPECT_NE(h.reason.find("over the plan's items"), std::string::npos) << h.reason;
+  prefill.plan_tile_q = 64;
+  EXPECT_EQ(choose_launch(prefill).tile, TileId::prefill) << choose_launch(prefill).reason;
+  EXPECT_NE(choose_launch(prefill).reason.find("tile_q 64"), std::string::npos) << choose_launch(prefill).reason;
+  prefill.plan_tile_q = 128;
+  prefill.alibi_per_request = true;
   EXPECT_EQ(choose_launch(prefill).tile, TileId::prefill);
+  prefill.alibi_per_request = false;
+  prefill.head_size = 256;
+  EXPECT_EQ(choose_launch(prefill).tile, TileId::prefill) << "(no hopper kernel at head dim 256)";
 }
 
 TEST(ChooseLaunch, HeadDim512RunsOutputSlicesOfThePrefillTile) {

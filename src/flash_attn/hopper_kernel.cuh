@@ -83,10 +83,11 @@ __device__ __forceinline__ void register_epilogue(const VarlenKernelParams& p, c
 
 }  // namespace detail
 
-// PageMap: where the K/V rows are (cuda/paged_kv_tile.h: the block table or contiguous rows).
-template <class Tr, class PageMap>
-__global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const VarlenKernelParams p,
-                                                                        const PersistentScheduler<Tr::kBlockM, Tr::kBlockN> items) {
+// PageMap: where the K/V rows are (cuda/paged_kv_tile.h: the block table, FlashInfer's page
+// table or contiguous rows). Sched: where the work items come from (varlen_schedule.cuh:
+// PersistentScheduler over the launch's grid, or PlanWalk over a FlashInfer-style plan).
+template <class Tr, class PageMap, class Sched>
+__global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const VarlenKernelParams p, const Sched items) {
 #if ATTNKIT_HAS_WGMMA
   using namespace attnkit::cuda;
   using T = typename Tr::Elem;
@@ -114,7 +115,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
   const Pipeline<kQB> q_pipe(q_bars);
   auto k_stage = [&](const Pos& at) { return s_base + at.stage * Tr::kTileBytes; };
   auto v_stage = [&](const Pos& at) { return s_base + (kS + at.stage) * Tr::kTileBytes; };
-  auto tile_key = [](const WorkItem& w, int t) { return (w.tile_begin + t) * Tr::kBlockN; };
+  auto tile_key = [](const WorkItem& w, int t) { return w.first_key + t * Tr::kBlockN; };
 
   if (tid == 0) {
     k_pipe.init(Tr::kProducerThreads, Tr::kConsumerThreads);
@@ -295,7 +296,7 @@ void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStre
     const PersistentScheduler<Tr::kBlockM, Tr::kBlockN> items{static_cast<int>(grid.x), static_cast<int>(grid.y),
                                                               static_cast<int>(grid.z), plan.grid_ctas};
     ATTNKIT_REQUIRE(plan.ctas <= 0x7fffffff, where, "work items", plan.ctas, "must fit one grid dimension");
-    auto kernel = hopper_varlen_kernel<Tr, PageMap>;
+    auto kernel = hopper_varlen_kernel<Tr, PageMap, PersistentScheduler<Tr::kBlockM, Tr::kBlockN>>;
     ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
     cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(plan.ctas)), dim3(Tr::kThreads), Tr::kSmemBytes, stream,
                         plan.pdl, dim3(1, 1, 1), p, items);
@@ -308,7 +309,28 @@ void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStre
   else fail(where, "tile", plan.config.name, "is not a hopper tile");
 }
 
+// A planned launch (FlashInfer-style prefill part, unsplit plan) on the hopper tile: one CTA per
+// planned item slot (grid_items, the plan's capacity: slots past the plan's count exit) and KV
+// head, the page table as the page map.
+template <class Elem, int kHeadDim>
+void launch_hopper_planned(const VarlenKernelParams& p, const LaunchPlan& plan, int64_t grid_items,
+                           cudaStream_t stream) {
+  const char* where = "flashinfer planned launch (hopper)";
+  using Tr = HopperTraits<Elem, kHeadDim, TileId::hopper>;
+  ATTNKIT_REQUIRE(plan.tile == TileId::hopper, where, "tile", plan.config.name, "must be the hopper tile");
+  ATTNKIT_REQUIRE(p.plan_tile_q >= 1 && p.plan_tile_q <= Tr::kBlockM, where, "plan tile_q", p.plan_tile_q,
+                  "must be in [1, " + std::to_string(Tr::kBlockM) + "]");
+  const int64_t ctas = grid_items * p.num_kv_heads;  // (PlanScheduler: item-major, KV heads inner)
+  ATTNKIT_REQUIRE(grid_items > 0 && ctas <= 0x7fffffff, where, "plan item capacity x num_kv_heads", ctas,
+                  "must be in [1, 2^31) (one grid dimension)");
+  auto kernel = hopper_varlen_kernel<Tr, cuda::PageTablePages, PlanWalk<Tr::kBlockM, Tr::kBlockN>>;
+  ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+  cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(ctas)), dim3(Tr::kThreads), Tr::kSmemBytes, stream, plan.pdl,
+                      dim3(1, 1, 1), p, PlanWalk<Tr::kBlockM, Tr::kBlockN>{});
+}
+
 }  // namespace attnkit::flash_attn
 
 #define ATTNKIT_HOPPER_INSTANTIATE(ELEM, HEAD_DIM)                                                  \
-  template void launch_hopper<ELEM, HEAD_DIM>(const VarlenKernelParams&, const LaunchPlan&, cudaStream_t);
+  template void launch_hopper<ELEM, HEAD_DIM>(const VarlenKernelParams&, const LaunchPlan&, cudaStream_t); \
+  template void launch_hopper_planned<ELEM, HEAD_DIM>(const VarlenKernelParams&, const LaunchPlan&, int64_t, cudaStream_t);

@@ -68,5 +68,10 @@ struct HopperTraits {
 // with sm_90a code.
 template <class Elem, int kHeadDim>
 void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStream_t stream);
+// The same kernel over a planned part (FlashInfer-style, unsplit): one CTA per item slot of the
+// plan's capacity (grid_items) and KV head, the page table as the page map.
+template <class Elem, int kHeadDim>
+void launch_hopper_planned(const VarlenKernelParams& p, const LaunchPlan& plan, int64_t grid_items,
+                           cudaStream_t stream);
 
 }  // namespace attnkit::flash_attn

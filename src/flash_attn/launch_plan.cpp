@@ -71,14 +71,27 @@ TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) 
   }
   why = std::to_string(rows) + " packed rows: prefill tile";
   if (rows <= kDecodeTileRows) why += " (no decode tile above head dim " + std::to_string(kMaxDecodeTileDim) + ")";
+  const bool hopper_serves = f.preferred == Generation::hopper && f.hopper_kernels &&
+                             tile_instantiated(TileId::hopper, hd, f.cache) && f.num_splits == 1 && f.same_kv_strides &&
+                             !f.alibi_per_request;
   if (f.planned_items > 0) {
-    // (the hopper kernel walks its own persistent schedule: a planned part's items come from the
-    // plan, which the mma_sync skeleton's PlanScheduler reads)
-    why += " of the mma_sync generation (planned prefill: the plan's items)";
+    // A planned prefill part: the hopper kernel walking the plan's items (PlanWalk) where it
+    // serves the launch, the plan is unsplit (its epilogue writes the output, no partial rows)
+    // and the plan's tile is the hopper tile's rows; else the mma_sync prefill tile, whose
+    // epilogue also writes the plan's partials.
+    const int hopper_rows = tile_config(TileId::hopper, hd, f.cache).rows;
+    if (hopper_serves && f.planned_unsplit && f.plan_tile_q == hopper_rows) {
+      why += " of the hopper generation over the plan's items (unsplit, tile_q " + std::to_string(hopper_rows) + ")";
+      return TileId::hopper;
+    }
+    why += " of the mma_sync generation (planned prefill: ";
+    why += !hopper_serves                 ? "the hopper kernel does not serve it)"
+           : !f.planned_unsplit           ? "a split or graph-safe plan writes partial rows)"
+                                          : "the plan's tile_q " + std::to_string(f.plan_tile_q) + " is not the hopper tile's " +
+                                                std::to_string(hopper_rows) + ")";
     return TileId::prefill;
   }
-  if (f.preferred == Generation::hopper && f.hopper_kernels && tile_instantiated(TileId::hopper, hd, f.cache) &&
-      f.num_splits == 1 && f.same_kv_strides && !f.alibi_per_request) {
+  if (hopper_serves) {
     why += " of the hopper generation (wgmma, warp-specialised)";
     return TileId::hopper;
   }
@@ -169,7 +182,10 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
     plan.reason += "; " + std::to_string(plan.config.o_slices) + " CTAs per work item, one per slice of output columns";
   plan.ctas = plan.grid_ctas;
 
-  if (plan.generation == Generation::hopper) {
+  if (plan.generation == Generation::hopper && f.planned_items > 0) {
+    plan.reason += "; one CTA per planned item";  // (the plan balanced them; PlanWalk)
+    plan.pdl = t.pdl;
+  } else if (plan.generation == Generation::hopper) {
     // Short items: one CTA per SM walks them (persistent); long ones: one CTA per item.
     if (t.max_ctas > 0) {
       plan.ctas = std::min<int64_t>(plan.grid_ctas, t.max_ctas);

@@ -351,10 +351,16 @@ template <class Elem, CacheKind kCache>
 void launch_planned_head_dim(const VarlenKernelParams& p, const LaunchPlan& plan, int64_t grid_items,
                              cudaStream_t stream) {
   static_assert(std::size(kPlannedHeadDims) == 3, "one case per planned head dim");
+  auto run = [&]<int kHeadDim>() {
+    if constexpr (tile_instantiated(TileId::hopper, kHeadDim, kCache)) {
+      if (plan.generation == Generation::hopper) return launch_hopper_planned<Elem, kHeadDim>(p, plan, grid_items, stream);
+    }
+    launch_planned<Elem, kHeadDim, kCache>(p, plan, grid_items, stream);
+  };
   switch (plan.head_dim) {
-    case 64: return launch_planned<Elem, 64, kCache>(p, plan, grid_items, stream);
-    case 128: return launch_planned<Elem, 128, kCache>(p, plan, grid_items, stream);
-    case 256: return launch_planned<Elem, 256, kCache>(p, plan, grid_items, stream);
+    case 64: return run.template operator()<64>();
+    case 128: return run.template operator()<128>();
+    case 256: return run.template operator()<256>();
   }
   fail("flashinfer planned part", "head dim", plan.head_dim, "has no planned kernels");
 }
@@ -381,6 +387,7 @@ void run_planned_attention(const VarlenArgs& args, const PlannedLaunch& planned,
   LaunchFacts facts = varlen_launch_facts(args, p);
   facts.planned_items = planned.planned_items;
   facts.plan_tile_q = planned.tile_q;
+  facts.planned_unsplit = planned.unsplit;
   const LaunchPlan plan = plan_with_maps(p, facts, tuning);
   const cudaStream_t stream = cuda::as_stream(args.stream);
   for_elem<true>(args.q.dtype, facts.cache, [&]<class Elem, CacheKind kCache>() {

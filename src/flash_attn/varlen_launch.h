@@ -75,7 +75,7 @@ LaunchFacts varlen_launch_facts(const VarlenArgs& args);
 // no compiled kernel serves. In a build without CUDA it throws.
 void run_varlen_attention(const VarlenArgs& args, const LaunchTuning& tuning = {});
 
-// A planned launch (the FlashInfer-style backend's decode, src/flashinfer/gpu_planned.h): the
+// A planned launch (the FlashInfer-style backend's parts, src/flashinfer/gpu_planned.h): the
 // args' batch is a planned part whose block_table is the page table's indices (request r's
 // pages from page_indptr[r]); the work comes from the plan's items instead of the grid. Device
 // arrays: items (7 int32 per item: plan.h WorkItem), num_items (the plan's count, read by the
@@ -86,14 +86,17 @@ struct PlannedLaunch {
   const int32_t* num_items = nullptr;
   int64_t grid_items = 0;     // CTAs per KV head: the plan's item capacity (any plan of it fits)
   int64_t planned_items = 0;  // the current plan's count (the launch decision reads it)
-  int tile_q = 0;             // the plan's query tile (<= 16 packed rows: decode tiles)
+  int tile_q = 0;             // the plan's query tile (16 / 64 / 128 packed rows; the decode tile up to 16)
+  bool unsplit = false;       // no item writes partial rows (and not graph-safe): the hopper tile may serve
   const int32_t* page_indptr = nullptr;
   float* part_o = nullptr;
   float* part_lse = nullptr;
 };
 
-// Launches the planned decode on args.stream (args.num_splits must be 1, no split workspace):
-// the decode tile choose_launch picks (LaunchFacts::planned_items), head dims kPlannedHeadDims.
+// Launches the planned part on args.stream (args.num_splits must be 1, no split workspace): the
+// tile choose_launch picks (LaunchFacts::planned_items, plan_tile_q, planned_unsplit: the decode
+// tile, the mma_sync prefill tile or, for unsplit prefill plans, the hopper kernel), head dims
+// kPlannedHeadDims.
 // Throws Error; a build without CUDA throws.
 void run_planned_attention(const VarlenArgs& args, const PlannedLaunch& planned, const LaunchTuning& tuning = {});
 

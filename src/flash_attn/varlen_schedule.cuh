@@ -158,6 +158,16 @@ struct PlanScheduler {
   }
 };
 
+// The plan's items as the hopper kernel's roles walk them (next(p, r, w), as PersistentScheduler):
+// one item per CTA, PlanScheduler's, as a list of one. (Unsplit plans only: the hopper epilogue
+// writes the output, no partial rows: launch_plan.cpp.)
+template <int kBlockM, int kBlockN>
+struct PlanWalk {
+  __device__ __forceinline__ bool next(const VarlenKernelParams& p, int64_t r, WorkItem& w) const {
+    return r == 0 && PlanScheduler<kBlockM, kBlockN>::take(p, w);
+  }
+};
+
 // The persistent scheduler: gridDim.x CTAs walk the items of a grid of nx x ny x nz, item i in
 // the order of the one-CTA-per-item grid (x = row tile fastest, then KV head, then request), so
 // the CTAs running at one time share a KV head's tiles in L2. Round r gives CTA b item

@@ -227,6 +227,42 @@ TEST_P(PlannedPrefillGrid, MatchesCpuReference) {
 }
 INSTANTIATE_TEST_SUITE_P(Seeds, PlannedPrefillGrid, ::testing::Range(0, 84));
 
+// Unsplit prefill plans of 128-row tiles on the hopper kernel (PlanWalk over the plan's items,
+// the page table or ragged K/V's contiguous view): head sizes 64 / 128 (and 112, padded),
+// bf16 / f16, NHD / HND, pages 16 / 128, causal and not, window, softcap, sinks; few CTA slots so
+// the plan does not split. The launch decision is asked too: these parts take the hopper kernel.
+TEST(PlannedPrefillHopper, UnsplitPlansMatchTheReference) {
+  for (int i = 0; i < 16; ++i) {
+    Case c;
+    c.seed = 3000 + i;
+    c.head_size = i % 3 == 0 ? 64 : i % 3 == 1 ? 128 : 112;
+    c.dtype = c.cache_dtype = i % 2 ? DType::f16 : DType::bf16;
+    c.layout = (i / 2) % 2 ? KVLayout::HND : KVLayout::NHD;
+    c.block_size = (i / 4) % 2 ? 128 : 16;
+    c.group = 4;
+    c.num_kv_heads = 2;
+    c.causal = i % 5 != 4;
+    if (i % 4 == 1) c.window_left = 200;
+    if (i % 4 == 2) c.softcap = 30.f;
+    c.sinks = i % 3 == 2;
+    c.contiguous_kv = i % 8 >= 6;
+    c.q_lens = {300, 64, 257, 33};
+    c.seq_lens = {300, 1200, 900, 33};
+    check_planned(c, 2);
+    if (!flash_attn::hopper_kernels_available() || c.contiguous_kv) continue;
+    Problem p(c);
+    // (the facts read no buffer contents: a placeholder output of the right alignment serves)
+    void* const fake = reinterpret_cast<void*>(uintptr_t{1} << 20);
+    const flash_attn::VarlenArgs a = p.make_args(fake, nullptr, nullptr, 0, 1);
+    flash_attn::LaunchFacts f = flash_attn::varlen_launch_facts(a);
+    f.planned_items = 40;
+    f.plan_tile_q = 128;
+    f.planned_unsplit = true;
+    const flash_attn::LaunchPlan lp = flash_attn::choose_launch(f);
+    EXPECT_EQ(lp.generation, flash_attn::Generation::hopper) << c.describe() << ": " << lp.reason;
+  }
+}
+
 // (memcheck: paged, ragged and NVFP4 prefill parts, split and not)
 TEST(PlannedPrefillSanitizer, SmallGrid) {
   for (int i = 0; i < 12; ++i) {
