@@ -1,7 +1,8 @@
 // Decode context parallelism on the CPU (attnkit/dcp.h): the shard rule, and the sharded
 // attention of N simulated ranks combined by the merge rule against unsharded attention, over
 // grids of N (1..8), interleave (1, 16, 64), GQA, masks, score mods, sinks and lengths that
-// leave ranks empty.
+// leave ranks empty; each rank directly (reference_attention_dcp_shard) and through the engine
+// API (CommonAttentionMetadata's DCP shard, the reference backend's builder and impl).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "attnkit/backend.h"
 #include "attnkit/dcp.h"
 #include "attnkit/error.h"
 #include "attnkit/reference.h"
@@ -80,6 +82,7 @@ struct DcpCase {
   float softcap = 0.f;
   bool alibi = false, sinks = false;
   uint64_t seed;
+  bool engine = false;  // each rank through the reference backend's builder and impl
 };
 
 void check_dcp(const DcpCase& c) {
@@ -136,9 +139,44 @@ void check_dcp(const DcpCase& c) {
                         lc.row(ltable[static_cast<size_t>(r) * lmax + j / bs], side, j % bs, h));
       }
     }
-    BatchView lb{qsl, local, ltable, lmax};
-    reference_attention_dcp_shard(qv, lc.view(), lb, seq, p, shard, TensorView(outs[rank].data(), DType::f32, {T, H, D}),
-                                  TensorView(lses[rank].data(), DType::f32, {H, T}));
+    if (c.engine) {
+      // The rank's engine step: the metadata names the shard, seq_lens stay global, the block
+      // table is the rank's; the builder and impl of the reference backend run it.
+      AttentionConfig cfg;
+      cfg.num_heads = H;
+      cfg.num_kv_heads = c.kv_heads;
+      cfg.head_size = D;
+      cfg.dtype = cfg.cache_dtype = DType::f32;
+      cfg.block_size = bs;
+      cfg.device = DeviceSpec::Cpu();
+      cfg.features.lse = true;
+      cfg.features.alibi = c.alibi;
+      cfg.features.softcap = c.softcap != 0.f;
+      cfg.features.sliding_window = c.window_left >= 0;
+      cfg.features.non_causal = !c.causal;
+      CommonAttentionMetadata md;
+      md.query_start_loc = qsl;
+      md.seq_lens = seq;
+      md.block_table = ltable;
+      md.max_blocks_per_req = lmax;
+      md.slot_mapping.assign(T, -1);
+      md.causal = c.causal;
+      md.dcp_world_size = c.N;
+      md.dcp_rank = rank;
+      md.dcp_interleave = c.I;
+      md.finalize();
+      const AttentionBackend& ref = backend("reference");
+      const auto built = ref.make_builder(cfg)->build(md);
+      AttentionParams pr = p;
+      pr.lse = TensorView(lses[rank].data(), DType::f32, {H, T});
+      const TensorView cache(lc.data.data(), DType::f32, {lc.spec.num_blocks, 2, bs, c.kv_heads, D});
+      ref.make_impl(cfg)->forward(qv, TensorView(), TensorView(), cache, *built, pr,
+                                  TensorView(outs[rank].data(), DType::f32, {T, H, D}));
+    } else {
+      BatchView lb{qsl, local, ltable, lmax};
+      reference_attention_dcp_shard(qv, lc.view(), lb, seq, p, shard, TensorView(outs[rank].data(), DType::f32, {T, H, D}),
+                                    TensorView(lses[rank].data(), DType::f32, {H, T}));
+    }
     out_views.push_back(TensorView(outs[rank].data(), DType::f32, {T, H, D}));
     lse_views.push_back(TensorView(lses[rank].data(), DType::f32, {H, T}));
   }
@@ -157,6 +195,7 @@ TEST_P(DcpGrid, ShardedThenCombinedEqualsUnsharded) {
   const int Ns[] = {1, 2, 3, 4, 8}, Is[] = {1, 16, 64};
   DcpCase c{Ns[i % 5], Is[(i / 5) % 3], 1 + static_cast<int>(rng() % 2), (i / 15) % 2 ? 4 : 1};
   c.seed = i;
+  c.engine = i % 2 == 1;
   c.causal = rng() % 5 != 0;
   if (rng() % 4 == 0) c.window_left = static_cast<int>(rng() % 100);
   if (rng() % 4 == 0) c.softcap = 5.f;
@@ -203,6 +242,48 @@ TEST(DcpReference, BadInputIsAnErrorNamingTheValue) {
   const std::vector<TensorView> outs = {ov}, lses = {lv, lv};
   EXPECT_TRUE(test::throws_error_with([&] { dcp_combine_reference(outs, lses, TensorView(), ov, TensorView()); },
                                       {"outs.size() / lses.size()", "1 / 2"}));
+}
+
+// The engine API's DCP shard: bad shards and lengths name the value; the GPU backends' builders
+// refuse a shard (their kernels' global-position masks are not built), the reference's takes it.
+TEST(DcpMetadata, ShardsAreCheckedAndOnlyTheReferenceTakesThem) {
+  CommonAttentionMetadata md;
+  md.query_start_loc = {0, 1, 3};
+  md.seq_lens = {40, 70};
+  md.max_blocks_per_req = 2;  // (the rank's keys: at most 20 and 35 of the 40 and 70 with N = 2, I = 16)
+  md.block_table = {0, 1, 2, 3};
+  md.slot_mapping = {-1, -1, -1};
+  md.dcp_world_size = 2;
+  md.dcp_rank = 1;
+  md.dcp_interleave = 16;
+  md.finalize();
+  EXPECT_EQ(md.key_seq_lens(), dcp_local_seq_lens(md.seq_lens, DcpShard{2, 1, 16}));
+  EXPECT_NO_THROW(md.validate(4, 16));
+  CommonAttentionMetadata bad = md;
+  bad.dcp_rank = 2;
+  EXPECT_TRUE(test::throws_error_with([&] { bad.validate(4, 16); }, {"rank", "2"}));
+  bad = md;
+  bad.dcp_world_size = 1;  // unsharded: request 1's 70 keys need 5 blocks
+  bad.dcp_rank = 0;
+  EXPECT_TRUE(test::throws_error_with([&] { bad.validate(4, 16); }, {"max_blocks_per_req"}));
+  bad = md;
+  bad.seq_lens = {40, 1};  // 2 new tokens in 1 key
+  bad.finalize();
+  EXPECT_TRUE(test::throws_error_with([&] { bad.validate(4, 16); }, {"seq_lens[1]", "query_len (2)"}));
+  AttentionConfig cfg;
+  cfg.num_heads = 8;
+  cfg.num_kv_heads = 2;
+  cfg.head_size = 128;
+  cfg.device = DeviceSpec::Cuda(9, 0);
+  for (const char* name : {"flash_attn", "flashinfer"}) {
+    // (the device copies the flash_attn builder also asks for come after this check)
+    EXPECT_TRUE(test::throws_error_with([&] { backend(name).make_builder(cfg)->build(md); },
+                                        {"dcp_world_size", "2", "reference backend only"}))
+        << name;
+  }
+  cfg.device = DeviceSpec::Cpu();
+  cfg.dtype = cfg.cache_dtype = DType::f32;
+  EXPECT_NO_THROW(backend("reference").make_builder(cfg)->build(md));
 }
 
 TEST(DcpReference, EmptyShardsContributeNothing) {

@@ -40,15 +40,25 @@ struct CommonAttentionMetadata {
   int max_query_len = 0;
   int max_seq_len = 0;
   bool causal = true;
+  // Decode context parallelism (include/attnkit/dcp.h): this rank holds key t of every request
+  // when (t / dcp_interleave) % dcp_world_size == dcp_rank, in its own cache, which block_table
+  // addresses (the rank's local token j of a request sits at block j / block_size). seq_lens stay
+  // global (they place the queries); key_seq_lens() are the keys the rank holds. World size 1:
+  // no sharding.
+  int dcp_world_size = 1, dcp_rank = 0, dcp_interleave = 1;
 
   // Device copies (kernels read these); undefined on the CPU path.
   TensorView query_start_loc_dev, seq_lens_dev, block_table_dev, slot_mapping_dev;
 
   int query_len(int r) const { return query_start_loc[r + 1] - query_start_loc[r]; }
   BatchView batch() const;
+  // The keys each request has in this rank's cache: seq_lens, or with DCP the rank's local
+  // lengths (dcp_local_seq_lens).
+  std::vector<int32_t> key_seq_lens() const;
   // Full validation (docs/architecture.md section 3): sizes agree, num_actual_tokens ==
   // query_start_loc.back(), max_* are the true maxima, query_len <= seq_len, blocks needed
-  // <= max_blocks_per_req, block ids < num_blocks, slots < num_blocks * block_size.
+  // (for key_seq_lens) <= max_blocks_per_req, block ids < num_blocks, slots < num_blocks *
+  // block_size, a valid DCP shard.
   void validate(int64_t num_blocks, int block_size) const;
   // Fills num_reqs, num_actual_tokens, max_query_len, max_seq_len from the arrays.
   void finalize();

@@ -21,10 +21,16 @@ void validate_for_builder(const CommonAttentionMetadata& md, int block_size, std
   }
 }
 
+void require_no_dcp(const CommonAttentionMetadata& md, std::string_view where, std::string_view why) {
+  ATTNKIT_REQUIRE(md.dcp_world_size == 1, where, "dcp_world_size", md.dcp_world_size,
+                  "must be 1: " + std::string(why));
+}
+
 int max_block_id_read(const CommonAttentionMetadata& md, int block_size) {
   int max_id = -1;
+  const std::vector<int32_t> keys = md.key_seq_lens();
   for (int r = 0; r < md.num_reqs; ++r) {
-    const int blocks = (md.seq_lens[r] + block_size - 1) / block_size;
+    const int blocks = (keys[r] + block_size - 1) / block_size;
     const int32_t* row = md.block_table.data() + static_cast<int64_t>(r) * md.max_blocks_per_req;
     for (int b = 0; b < blocks; ++b) max_id = std::max(max_id, row[b]);
   }

@@ -11,9 +11,12 @@ namespace attnkit {
 // every block id only has to be a valid int32; the impl later checks max_block_id_read
 // against the cache it is given.
 void validate_for_builder(const CommonAttentionMetadata& md, int block_size, std::string_view where);
-// The largest block id any request reads (blocks 0 .. ceil(seq_len/block_size)-1 of its row);
-// -1 when no request reads any.
+// The largest block id any request reads (blocks 0 .. ceil(keys/block_size)-1 of its row, keys
+// = key_seq_lens: the rank's with DCP); -1 when no request reads any.
 int max_block_id_read(const CommonAttentionMetadata& md, int block_size);
+// Error unless the batch is unsharded (dcp_world_size 1): `why` says why the backend cannot
+// take a DCP shard.
+void require_no_dcp(const CommonAttentionMetadata& md, std::string_view where, std::string_view why);
 
 // The KV cache spec of a cache tensor made for `cfg`: num_blocks from a physically shaped
 // (5-D) or flat (1-D) tensor; Error when the tensor fits neither.

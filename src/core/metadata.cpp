@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string>
 
+#include "attnkit/dcp.h"
 #include "attnkit/error.h"
 
 namespace attnkit {
@@ -94,6 +95,11 @@ BatchView CommonAttentionMetadata::batch() const {
   return b;
 }
 
+std::vector<int32_t> CommonAttentionMetadata::key_seq_lens() const {
+  if (dcp_world_size == 1) return seq_lens;
+  return dcp_local_seq_lens(seq_lens, DcpShard{dcp_world_size, dcp_rank, dcp_interleave});
+}
+
 void CommonAttentionMetadata::finalize() {
   num_reqs = static_cast<int>(seq_lens.size());
   num_actual_tokens = query_start_loc.empty() ? 0 : query_start_loc.back();
@@ -125,7 +131,24 @@ void CommonAttentionMetadata::validate(int64_t num_blocks, int block_size) const
   ATTNKIT_REQUIRE(static_cast<int64_t>(block_table.size()) == table, where, "block_table.size()",
                   block_table.size(),
                   "must be num_reqs * max_blocks_per_req = " + std::to_string(table));
-  batch().validate(where, num_blocks, block_size, /*allow_query_longer_than_keys=*/false);
+  DcpShard{dcp_world_size, dcp_rank, dcp_interleave}.validate(where);
+  if (dcp_world_size == 1) {
+    batch().validate(where, num_blocks, block_size, /*allow_query_longer_than_keys=*/false);
+  } else {
+    // DCP: the rank's keys address its own cache (the blocks they need); the queries sit at the
+    // ends of the global lengths, which hold the new tokens.
+    for (int r = 0; r < num_reqs; ++r) {
+      ATTNKIT_REQUIRE(seq_lens[r] >= 0, where, idx("seq_lens", r), seq_lens[r], "must be >= 0");
+      ATTNKIT_REQUIRE(r + 1 >= static_cast<int>(query_start_loc.size()) || query_len(r) <= seq_lens[r], where,
+                      idx("seq_lens", r), seq_lens[r],
+                      "query_len (" + std::to_string(query_len(r)) +
+                          ") <= seq_len must hold for every request (the new tokens are part of the keys)");
+    }
+    const std::vector<int32_t> keys = key_seq_lens();
+    BatchView local = batch();
+    local.seq_lens = keys;
+    local.validate(where, num_blocks, block_size, /*allow_query_longer_than_keys=*/true);
+  }
   ATTNKIT_REQUIRE(num_actual_tokens == query_start_loc.back(), where, "num_actual_tokens",
                   num_actual_tokens,
                   "must equal query_start_loc[num_reqs] = " +
@@ -236,6 +259,9 @@ CommonAttentionMetadata permute_requests(const CommonAttentionMetadata& md,
   out.max_query_len = md.max_query_len;
   out.max_seq_len = md.max_seq_len;
   out.causal = md.causal;
+  out.dcp_world_size = md.dcp_world_size;
+  out.dcp_rank = md.dcp_rank;
+  out.dcp_interleave = md.dcp_interleave;
   out.query_start_loc.assign(1, 0);
   out.seq_lens.reserve(n);
   out.block_table.reserve(md.block_table.size());

@@ -34,6 +34,7 @@ FlashAttnMetadataBuilder::FlashAttnMetadataBuilder(const AttentionConfig& cfg, F
 
 FlashAttnMetadata FlashAttnMetadataBuilder::build_flash(const CommonAttentionMetadata& c) const {
   validate_for_builder(c, cfg_.block_size, kWhere);
+  require_no_dcp(c, kWhere, "a DCP shard runs on the reference backend only (the GPU kernels' masks of global positions over a rank's keys are not built)");
   require_device_copy(c.query_start_loc_dev, "query_start_loc_dev", c.num_reqs + 1);
   require_device_copy(c.seq_lens_dev, "seq_lens_dev", c.num_reqs);
   require_device_copy(c.block_table_dev, "block_table_dev",

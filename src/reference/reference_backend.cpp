@@ -1,6 +1,7 @@
 // The reference backend: validates, then hands the batch to reference_attention.
 #include "reference/reference_backend.h"
 
+#include "attnkit/dcp.h"
 #include "attnkit/error.h"
 #include "attnkit/reference.h"
 #include "core/backend_checks.h"
@@ -50,6 +51,18 @@ class Impl final : public AttentionImpl {
     AttentionParams p = params;
     p.lse = views.lse;
     p.validate(kForward, cfg_.num_heads, cfg_.num_kv_heads, common.num_actual_tokens, Device::CPU);
+    if (common.dcp_world_size > 1) {
+      // One rank's shard (include/attnkit/dcp.h): its keys through its block table, the queries
+      // at their global positions; the partial and its LSE (required) go to the combine, which
+      // adds the sinks (given here, they are an error).
+      const std::vector<int32_t> keys = common.key_seq_lens();
+      BatchView local = common.batch();
+      local.seq_lens = keys;
+      reference_attention_dcp_shard(views.q, spec.view(kv_cache), local, common.seq_lens, p,
+                                    DcpShard{common.dcp_world_size, common.dcp_rank, common.dcp_interleave},
+                                    views.out, p.lse);
+      return;
+    }
     reference_attention(views.q, spec.view(kv_cache), common.batch(), p, views.out);
   }
 
