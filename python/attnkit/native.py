@@ -194,11 +194,13 @@ class AttentionLayer:
         shape = self.kv_cache_shape(num_blocks)
         return tuple(shape[d] for d in self._native.kv_cache_stride_order())
 
-    def build_metadata(self, query_start_loc, seq_lens, block_table, slot_mapping, causal=True):
+    def build_metadata(self, query_start_loc, seq_lens, block_table, slot_mapping, causal=True, *, dcp=None):
         """query_start_loc int32 [num_reqs+1], seq_lens int32 [num_reqs], block_table int32
         [num_reqs, max_blocks], slot_mapping int64 [num_tokens]: host arrays, or CUDA tensors
         (then the host copies are made here). On a CUDA layer host arrays are copied to the
-        device with PyTorch."""
+        device with PyTorch. dcp=(world_size, rank, interleave): this rank's shard of decode
+        context parallelism (seq_lens global, block_table over the rank's cache; the forward
+        returns the rank's partial and LSE for the combine; the reference backend runs it)."""
         where = "AttentionLayer.build_metadata"
         given = (query_start_loc, seq_lens, block_table, slot_mapping)
         host = [A.host_int32(x, where, n) for x, n in zip(given[:3], ("query_start_loc", "seq_lens", "block_table"))]
@@ -211,7 +213,8 @@ class AttentionLayer:
             target = on_gpu[0].device if on_gpu and A.is_torch(on_gpu[0]) else \
                 (self._device if str(self._device).startswith("cuda") else "cuda")
             dev = [_device_int(x, h, target) for x, h in zip(given, host)]
-        native = self._native.build(*host, bool(causal), *dev)
+        world, rank, interleave = (1, 0, 1) if dcp is None else (int(x) for x in dcp)
+        native = self._native.build(*host, bool(causal), *dev, world, rank, interleave)
         return LayerMetadata(native, dev)
 
     def forward(self, q, k, v, kv_cache, metadata, out=None, *, scale=None, window_size=(-1, -1), softcap=0.0,

@@ -79,7 +79,8 @@ class Layer {
                                   const InArray& block_table, const InArray& slot_mapping,
                                   bool causal, const OptIn& query_start_loc_dev,
                                   const OptIn& seq_lens_dev, const OptIn& block_table_dev,
-                                  const OptIn& slot_mapping_dev) {
+                                  const OptIn& slot_mapping_dev, int dcp_world_size, int dcp_rank,
+                                  int dcp_interleave) {
     auto md = std::make_unique<Metadata>();
     CommonAttentionMetadata& c = md->common;
     const TensorView bt = to_view(block_table, kBuild, "block_table");
@@ -93,6 +94,9 @@ class Layer {
                     c.query_start_loc.size(),
                     "must be seq_lens.size() + 1 = " + std::to_string(c.seq_lens.size() + 1));
     c.causal = causal;
+    c.dcp_world_size = dcp_world_size;  // (the rank's shard: checked by the builder's validation)
+    c.dcp_rank = dcp_rank;
+    c.dcp_interleave = dcp_interleave;
     c.finalize();
     c.query_start_loc_dev = to_view(query_start_loc_dev, kBuild, "query_start_loc_dev");
     c.seq_lens_dev = to_view(seq_lens_dev, kBuild, "seq_lens_dev");
@@ -185,7 +189,8 @@ void register_layer(nb::module_& m) {
       .def("build", &Layer::build, nb::arg("query_start_loc"), nb::arg("seq_lens"),
            nb::arg("block_table"), nb::arg("slot_mapping"), nb::arg("causal"),
            nb::arg("query_start_loc_dev").none(), nb::arg("seq_lens_dev").none(),
-           nb::arg("block_table_dev").none(), nb::arg("slot_mapping_dev").none())
+           nb::arg("block_table_dev").none(), nb::arg("slot_mapping_dev").none(), nb::arg("dcp_world_size") = 1,
+           nb::arg("dcp_rank") = 0, nb::arg("dcp_interleave") = 1)
       .def("forward", &Layer::forward, nb::arg("q"), nb::arg("k").none(), nb::arg("v").none(),
            nb::arg("kv_cache"), nb::arg("metadata"), nb::arg("out"), nb::arg("scale"),
            nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"),

@@ -71,3 +71,43 @@ def test_workspace_api():
         assert 0 < small <= big, (backend, small, big)  # (flashinfer: its builder's capacity either way)
     with pytest.raises(attnkit.AttnkitError, match="workspace"):
         gpu.set_workspace(np.zeros(16, np.uint8))  # a host array
+
+
+@pytest.mark.parametrize("interleave", [1, 16])
+def test_layer_dcp_ranks_merge_to_the_unsharded_result(interleave):
+    # Decode context parallelism through the engine path: two ranks each hold their shard of
+    # every request's keys (token t on rank (t // interleave) % 2) in their own cache; each
+    # rank's forward gives its partial and LSE; merge_states of the two is the unsharded result.
+    H, Hkv, D, bs, N = 8, 2, 32, 16, 2
+    rng = np.random.default_rng(interleave)
+    kv_lens, q_lens = [40, 7, 70], [1, 1, 3]  # decodes and a speculative-decode request
+    keys = [rng.standard_normal((n, Hkv, D)).astype(np.float32) for n in kv_lens]
+    vals = [rng.standard_normal((n, Hkv, D)).astype(np.float32) for n in kv_lens]
+    qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    q = rng.standard_normal((int(qsl[-1]), H, D)).astype(np.float32)
+    parts = []
+    for rank in range(N):
+        layer = attnkit.AttentionLayer(H, Hkv, D, "float32", block_size=bs, lse=True)
+        mine = [[t for t in range(n) if (t // interleave) % N == rank] for n in kv_lens]
+        blocks = [max(1, -(-len(m) // bs)) for m in mine]
+        table = np.zeros((len(kv_lens), max(blocks)), np.int32)
+        at = 0
+        for r, b in enumerate(blocks):
+            table[r, :b] = np.arange(at, at + b)
+            at += b
+        cache = np.zeros(layer.kv_cache_physical_shape(at), np.float32)
+        for r, m in enumerate(mine):
+            if m:
+                slots = np.array([table[r, j // bs] * bs + j % bs for j in range(len(m))], np.int64)
+                attnkit.write_kv(keys[r][m], vals[r][m], cache, slots, layout="NHD")
+        md = layer.build_metadata(qsl, np.array(kv_lens, np.int32), table, np.full(int(qsl[-1]), -1, np.int64),
+                                  dcp=(N, rank, interleave))
+        parts.append(layer.forward(q, None, None, cache, md, return_lse=True))
+    out, lse = attnkit.merge_states(parts[0][0], parts[0][1], parts[1][0], parts[1][1])
+    exp_out, exp_lse = pyref.attention(q.astype(np.float64).tolist(), [k.astype(np.float64).tolist() for k in keys],
+                                       [v.astype(np.float64).tolist() for v in vals], qsl.tolist(), kv_lens, Hkv)
+    assert_close(out, exp_out, 1e-5, 1e-5, "dcp out")
+    assert_close(lse, exp_lse, 1e-5, 1e-5, "dcp lse")
+    with pytest.raises(attnkit.AttnkitError, match="rank"):
+        layer.build_metadata(qsl, np.array(kv_lens, np.int32), table, np.full(int(qsl[-1]), -1, np.int64),
+                             dcp=(N, N, interleave))
