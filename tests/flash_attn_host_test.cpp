@@ -87,7 +87,14 @@ TEST(Generation, ChoiceTable) {
       {"alibi sm90", 90, 128, DType::bf16, true, false, H, M, {}, {}},
       {"fp8 sm80", 80, 128, DType::fp8_e4m3, false, false, M, M, {"needs sm90", "16-bit caches"}, {}},
       {"bf16 sm80", 80, 128, DType::bf16, false, false, M, M, {"the device is sm80"}, {}},
-      {"bf16 sm89", 89, 128, DType::bf16, false, false, M, M, {"needs sm90"}, {}},
+      // Shared memory per block (cuda_archs.h smem_per_block_optin): 99 KB on sm86 / sm89 holds
+      // the head-dim-64 and fp8 head-dim-128 tiles, not the 16-bit head-dim-128 ones (102 / 106
+      // KB); 163 KB on sm80 holds head dim 192, not 256.
+      {"bf16 sm89", 89, 128, DType::bf16, false, false, -1, -1, {"needs sm90"}, {"104448 bytes", "sm89 gives 101376"}},
+      {"hd64 sm89", 89, 64, DType::bf16, false, false, M, M, {"needs sm90"}, {}},
+      {"fp8 sm86", 86, 128, DType::fp8_e4m3, false, false, M, M, {"needs sm90"}, {}},
+      {"hd192 sm80", 80, 192, DType::bf16, false, false, M, M, {"the device is sm80"}, {}},
+      {"hd256 sm80", 80, 256, DType::bf16, false, false, -1, -1, {"the device is sm80"}, {"prefill tile at head dim 256", "sm80 gives 166912"}},
       {"bf16 sm100", 100, 128, DType::bf16, false, false, M, M, {"the device is sm100"}, {}},
       {"sm75", 75, 128, DType::bf16, false, false, -1, -1, {"needs sm90"}, {"sm80 or newer"}},
       {"hd512 sm90", 90, 512, DType::bf16, false, false, M, M, {"head size 512 runs on dim 512"}, {}},

@@ -70,6 +70,14 @@ std::string describe_cuda_archs(const BuiltCudaArchs& archs) {
   return s.empty() ? "no GPU code" : s;
 }
 
+int smem_per_block_optin(int cc) {
+  switch (cc) {
+    case 90: case 100: case 103: case 110: return 227 * 1024;
+    case 80: case 87: return 163 * 1024;
+    default: return 99 * 1024;
+  }
+}
+
 std::string gpu_code_refusal(int cc) {
   const BuiltCudaArchs& b = built_cuda_archs();
   if ((b.sass.empty() && b.ptx.empty()) || cuda_archs_run_on(b, cc)) return {};

@@ -29,6 +29,11 @@ bool cuda_archs_run_on(const BuiltCudaArchs& archs, int cc);
 int cuda_code_cc(const BuiltCudaArchs& archs, int cc);
 // "sm_80, sm_90a, PTX compute_90" (what error messages and the selector say).
 std::string describe_cuda_archs(const BuiltCudaArchs& archs);
+// The shared memory one CTA may opt in to on a device of compute capability cc (bytes; the CUDA
+// C++ Programming Guide's per-architecture limits): 227 KB on sm90 / sm10x, 163 KB on sm80 /
+// sm87, 99 KB on sm86 / sm89 / sm12x and on architectures not listed. What the selector judges
+// a tile's fit by (flash_attn/tile_set.h tile_smem_refusal); a launch checks the real device's.
+int smem_per_block_optin(int cc);
 // The selector's rule: empty when this build's GPU code runs on a device of compute capability
 // cc (or the build has no CUDA: the backends say so themselves), else why not, in words.
 std::string gpu_code_refusal(int cc);

@@ -42,6 +42,10 @@ std::vector<std::string> mma_sync_rules(const AttentionConfig& cfg) {
                   list(kMmaSyncHeadDims) + " (head size is " + std::to_string(cfg.head_size) + ")");
   if (c != DType::f16 && c != DType::bf16 && !is_fp8(c))
     why.push_back("reads f16, bf16 or FP8 caches only (cache dtype is " + std::string(dtype_name(c)) + ")");
+  const int dim = kernel_head_dim(cfg.head_size, fa_cache_kind(c));
+  if (why.empty() && dim > 0) {
+    if (std::string fit = tile_smem_refusal(dim, fa_cache_kind(c), cfg.device.cc()); !fit.empty()) why.push_back(fit);
+  }
   return why;
 }
 

@@ -4,6 +4,7 @@
 #include <iterator>
 
 #include "attnkit/error.h"
+#include "core/cuda_archs.h"
 #include "core/int_math.h"
 
 namespace attnkit::flash_attn {
@@ -120,6 +121,20 @@ CacheKind cache_kind_of(DType t) {
 
 const char* cache_kind_name(CacheKind c) {
   return c == CacheKind::b16 ? "16-bit" : c == CacheKind::fp8 ? "fp8" : "nvfp4";
+}
+
+std::string tile_smem_refusal(int head_dim, CacheKind cache, int cc) {
+  const int have = smem_per_block_optin(cc);
+  for (TileId id : {TileId::prefill, TileId::decode}) {
+    if (!tile_instantiated(id, head_dim, cache)) continue;
+    const TileConfig t = tile_config(id, head_dim, cache);
+    const int need = tile_smem_bytes(t, head_dim, cache);
+    if (need > have)
+      return "its " + std::string(t.name) + " tile at head dim " + std::to_string(head_dim) + " (" +
+             cache_kind_name(cache) + " cache) needs " + std::to_string(need) + " bytes of shared memory per block; sm" +
+             std::to_string(cc) + " gives " + std::to_string(have) + " (tiles with fewer stages for such GPUs are not built)";
+  }
+  return {};
 }
 
 std::string head_size_rule(CacheKind cache, bool planned) {

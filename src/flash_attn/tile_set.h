@@ -188,4 +188,25 @@ constexpr bool tile_instantiated(TileId id, int head_dim, CacheKind cache) {
   return false;
 }
 
+// Shared memory per CTA of an mma_sync tile (VarlenTraits::kSmemBytes asserts it is its own):
+// Q, then `stages` K + V stages (16-bit rows at a pitch of head_dim + 8 elements; TMA stages
+// dense, with 1 KB of alignment slack; fp8 / NVFP4 rows padded by 16 bytes, NVFP4 scale rows after
+// each side's tile), or the epilogue's fp32 O, row statistics and weights, whichever is larger.
+constexpr int tile_smem_bytes(const TileConfig& t, int head_dim, CacheKind cache) {
+  const int pitch = head_dim + 8, row = kv_row_bytes(head_dim, cache);
+  const bool tma = t.fill == KvFill::tma;
+  const int stage_pitch = tma ? row : quantized(cache) ? row + 16 : 2 * pitch;
+  const int stage_tile = t.keys * stage_pitch + t.keys * kv_scale_row_bytes(head_dim, cache);
+  const int main = t.rows * pitch * 2 + t.stages * 2 * stage_tile + (tma ? 1024 : 0);
+  const int o_pitch = head_dim / t.o_slices + 8;
+  const int epi = t.warps_n * t.rows * o_pitch * 4 + t.warps_n * t.rows * 8 + t.rows * t.warps_n * 4;
+  return main > epi ? main : epi;
+}
+
+// Empty when the mma_sync tiles a launch of (head dim, cache kind) may take on a device of
+// compute capability cc (the prefill tile; the cp.async decode tile up to its largest dim, as
+// on every device, its TMA variants on sm90, which has the most shared memory) fit the device's
+// shared memory per block (cuda_archs.h smem_per_block_optin), else which one does not, in words.
+std::string tile_smem_refusal(int head_dim, CacheKind cache, int cc);
+
 }  // namespace attnkit::flash_attn

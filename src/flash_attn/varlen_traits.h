@@ -108,6 +108,7 @@ struct VarlenTraits {
   static constexpr int kEpiWeightBytes = kBlockM * kWarpsN * 4;
   static constexpr int kEpiBytes = kEpiOBytes + kEpiStatBytes + kEpiWeightBytes;
   static constexpr int kSmemBytes = max_c(kMainBytes, kEpiBytes);
+  static_assert(kSmemBytes == tile_smem_bytes(kConfig, kHeadDim, kCache), "tile_set.h's count is the traits'");
   // Split merge inside a thread-block cluster (decode tiles, sm90): each split CTA leaves its
   // normalised partial rows (fp32) and their LSEs here, past the epilogue's scratch, for rank 0
   // to read through distributed shared memory.

@@ -5,6 +5,8 @@
 
 #include "attnkit/error.h"
 #include "core/cuda_archs.h"
+#include "flash_attn/launch_plan.h"
+#include "flash_attn/tile_set.h"
 #include "flashinfer/flashinfer_impl.h"
 #include "flashinfer/metadata_builder.h"
 
@@ -88,6 +90,12 @@ class FlashInferBackend final : public AttentionBackend {
       why.push_back("its GPU kernels are not in this build (attnkit was built without CUDA)");
     else if (cfg.device.cc() >= 80 && !gpu_code_refusal(cfg.device.cc()).empty())
       why.push_back(gpu_code_refusal(cfg.device.cc()));
+    if (why.empty()) {  // (its planned kernels' tiles must fit the device's shared memory)
+      const flash_attn::CacheKind kind = flash_attn::cache_kind_of(cfg.cache_dtype);
+      const int dim = flash_attn::kernel_head_dim(cfg.head_size, kind, /*planned=*/true);
+      if (std::string fit = dim > 0 ? flash_attn::tile_smem_refusal(dim, kind, cfg.device.cc()) : ""; !fit.empty())
+        why.push_back(fit);
+    }
     const bool cache16 = cfg.cache_dtype == DType::f16 || cfg.cache_dtype == DType::bf16;
     if (cache16 && cfg.cache_dtype != cfg.dtype)
       why.push_back("a 16-bit KV cache must have the model dtype on the GPU (cache " +
