@@ -715,6 +715,54 @@ def test_cuda_flashinfer_prefill_ragged(heads, causal, dtype):
 
 
 @needs_cuda
+def test_cuda_flashinfer_prefill_graph_replays_after_replan():
+    # A paged prefill run captured once (use_cuda_graph: the capacity is the first plan's requests,
+    # pages and tokens), then a re-plan of fewer requests and tokens with other lengths and pages:
+    # the replay reads the new plan.
+    H, Hkv, D, bs = 8, 2, 128, 16
+    a = TorchBatch(PREFILL_Q[:4], PREFILL_KV[:4], H, Hkv, D, bs, torch.bfloat16, "cuda", seed=96)
+    bb = TorchBatch([5, 100, 3], [500, 100, 1200], H, Hkv, D, bs, torch.bfloat16, "cuda", seed=97)
+    on_cache_of(bb, a, bs, seed=7)
+    cap_reqs, cap_pages = 4, a.kv_cache.shape[0]
+    w = attnkit.BatchPrefillWithPagedKVCacheWrapper(
+        torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), use_cuda_graph=True,
+        qo_indptr_buf=torch.empty(cap_reqs + 1, dtype=torch.int32, device="cuda"),
+        paged_kv_indptr_buf=torch.empty(cap_reqs + 1, dtype=torch.int32, device="cuda"),
+        paged_kv_indices_buf=torch.empty(cap_pages, dtype=torch.int32, device="cuda"),
+        paged_kv_last_page_len_buf=torch.empty(cap_reqs, dtype=torch.int32, device="cuda"))
+    T = a.q.shape[0]
+    q = a.q.clone()
+    out = torch.zeros_like(q)
+
+    def plan(b):
+        w.plan(b.cu_seqlens_q.cpu(), *page_table_of(b), H, Hkv, D, bs, causal=True, q_data_type=torch.bfloat16)
+
+    plan(a)
+    w.run(q, a.kv_cache, out=out)  # eager: makes the plan's device copy
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(graph, stream=s):
+            w.run(q, a.kv_cache, out=out)
+    torch.cuda.synchronize()
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close_t(out, a.reference(causal=True)[0], *tol(torch.bfloat16), "prefill graph replay, first plan")
+    plan(bb)
+    tb = bb.q.shape[0]
+    assert tb <= T
+    q[:tb] = bb.q
+    out.zero_()
+    torch.cuda.synchronize()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close_t(out[:tb], bb.reference(causal=True)[0], *tol(torch.bfloat16), "prefill graph replay after re-plan")
+
+
+@needs_cuda
 @pytest.mark.parametrize("heads", [(8, 2), (8, 8)], ids=["gqa4", "mha"])
 def test_cuda_flashinfer_prefill_nvfp4(heads):
     # NVFP4 prefills: planned with 16-row tiles (the decode tile is the one that reads NVFP4).
