@@ -32,7 +32,7 @@ def test_select_on_cpu_picks_reference_and_says_why_not_the_others():
 @pytest.mark.parametrize("device", ["sm90", (9, 0), "sm_90a", "sm80"])
 def test_select_on_gpu_never_picks_the_cpu_reference(device):
     if attnkit.cuda_built and device == "sm80" and not any(a in attnkit.cuda_archs for a in ("sm_80", "compute_80")):
-        # a CUDA build without code that runs on sm80 (the default: sm_90a) refuses every GPU backend there
+        # a CUDA build without code that runs on sm80 (e.g. ATTNKIT_CUDA_ARCHS=90a) refuses every GPU backend there
         with pytest.raises(attnkit.AttnkitError, match="no GPU code that runs on sm80") as e:
             attnkit.select(32, 8, 128, "bfloat16", device=device)
         assert attnkit.cuda_archs in str(e.value)
