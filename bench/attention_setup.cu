@@ -247,4 +247,91 @@ int builder_num_splits(int num_reqs, int q_len, int kv_len, int num_heads, int n
   return flash_attn::decide_num_splits_uniform(num_reqs, q_len, kv_len, in).num_splits;
 }
 
+flashinfer::PlanConfig planned_config(int num_kv_heads, int group_size, int head_size, int page_size) {
+  flashinfer::PlanConfig cfg;
+  cfg.kernel = flashinfer::PlanKernel::TensorCore;
+  cfg.num_kv_heads = num_kv_heads;
+  cfg.group_size = group_size;
+  cfg.head_size = head_size;
+  cfg.page_size = page_size;
+  cfg.num_slots = flashinfer::num_slots_for(cuda::current_device_props().sm_count, num_kv_heads);
+  return cfg;
+}
+
+namespace {
+
+std::vector<int32_t> download_i32(const cuda::DeviceBuffer& b, size_t n) {
+  std::vector<int32_t> h(n);
+  ATTNKIT_CUDA_CHECK(cudaMemcpy(h.data(), b.get(), n * 4, cudaMemcpyDeviceToHost));
+  return h;
+}
+
+}  // namespace
+
+std::unique_ptr<PlannedPart> plan_part(const UniformBatch& b, const flash_attn::VarlenArgs& a, int page, bool ragged,
+                                       const cuda::DeviceBuffer& workspace, cudaStream_t stream) {
+  auto p = std::make_unique<PlannedPart>();
+  const int n = b.num_reqs;
+  ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));  // (the arrays' uploads and overwrites are done)
+  p->qo = download_i32(b.cu_seqlens_q, n + 1);
+  p->kv = download_i32(b.seqused_k, n);
+  if (ragged) {
+    std::vector<int32_t> kv_indptr{0};
+    for (int32_t l : p->kv) kv_indptr.push_back(kv_indptr.back() + l);
+    const flashinfer::RaggedPages rp = flashinfer::ragged_pages(kv_indptr);
+    p->pages = flashinfer::PageTable(n, std::max<int64_t>(1, static_cast<int64_t>(rp.indices.size())));
+    p->pages.assign(rp.indptr, rp.indices, rp.last_page_len, flashinfer::kRaggedPageRows);
+    page = flashinfer::kRaggedPageRows;
+  } else {
+    const std::vector<int32_t> table = download_i32(b.block_table, static_cast<size_t>(n) * b.blocks_per_req);
+    p->pages = flashinfer::PageTable(n, static_cast<int64_t>(table.size()));
+    p->pages.fill(BatchView{p->qo, p->kv, table, b.blocks_per_req}, 0, n, page);
+  }
+  const int kv_heads = a.cache.num_kv_heads;
+  const flashinfer::PlanConfig cfg = planned_config(kv_heads, a.num_heads / kv_heads, static_cast<int>(a.q.size(2)), page);
+  p->plan = flashinfer::PlanBuffers(cfg, flashinfer::PlanCapacity::for_limits(cfg, n, p->qo.back()));
+  p->batch.qo_indptr = p->qo;
+  p->batch.kv_lens = p->kv;
+  p->batch.causal = a.params.causal;
+  flashinfer::plan_batch(p->batch, p->plan);
+  p->dev = std::make_unique<flashinfer::DevicePlan>(p->plan.capacity, cfg.group_size, p->pages.num_pages);
+  p->dev->upload(p->plan, p->pages, p->batch, stream);
+  p->args.q = a.q;
+  p->args.out = a.out;
+  p->args.cache = a.cache;
+  p->args.params = a.params;
+  p->args.workspace = workspace.get();
+  p->args.workspace_bytes = workspace.bytes();
+  p->args.stream = stream;
+  return p;
+}
+
+std::vector<double> eager_in_turns(const std::vector<std::function<void(int)>>& calls_of, int calls,
+                                   cudaStream_t stream, int reps) {
+  cudaEvent_t a, b;
+  ATTNKIT_CUDA_CHECK(cudaEventCreate(&a));
+  ATTNKIT_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<std::vector<double>> ms(calls_of.size());
+  for (const auto& f : calls_of) f(0);  // (warm-up)
+  for (int r = 0; r < reps; ++r)
+    for (size_t k = 0; k < calls_of.size(); ++k) {
+      const size_t c = (k + static_cast<size_t>(r)) % calls_of.size();
+      ATTNKIT_CUDA_CHECK(cudaEventRecord(a, stream));
+      for (int i = 0; i < calls; ++i) calls_of[c](i);
+      ATTNKIT_CUDA_CHECK(cudaEventRecord(b, stream));
+      ATTNKIT_CUDA_CHECK(cudaEventSynchronize(b));
+      float t = 0;
+      ATTNKIT_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+      ms[c].push_back(t / calls);
+    }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::vector<double> med;
+  for (auto& v : ms) {
+    std::sort(v.begin(), v.end());
+    med.push_back(v[v.size() / 2]);
+  }
+  return med;
+}
+
 }  // namespace attnkit::bench

@@ -12,6 +12,7 @@
 #include "attnkit/kv_cache.h"
 #include "cuda/device_buffer.h"
 #include "flash_attn/varlen_launch.h"
+#include "flashinfer/gpu_planned.h"
 
 namespace attnkit::bench {
 
@@ -95,5 +96,32 @@ DecodeShape make_decode_shape(int batch, int kv_len, const KVCacheSpec& spec, co
 // current device.
 int builder_num_splits(int num_reqs, int q_len, int kv_len, int num_heads, int num_kv_heads,
                        DType cache_dtype, int sm_count, int head_size = 128);
+
+// The tensor-core plan configuration of the FlashInfer-style parts the benches time (the
+// current device's CTA slots).
+flashinfer::PlanConfig planned_config(int num_kv_heads, int group_size, int head_size, int page_size);
+
+// A batch as a FlashInfer-style planned part (src/flashinfer/gpu_planned.h): its lengths read
+// back from the device arrays the FlashAttention-style launch `a` reads, its block table as the
+// page table (ragged: K/V rows through the contiguous view's page table, flashinfer::
+// ragged_pages), planned by plan_batch for this batch's capacity and uploaded on `stream`;
+// run() launches it with a's tensors and the given workspace.
+struct PlannedPart {
+  std::vector<int32_t> qo, kv;
+  flashinfer::PageTable pages;
+  flashinfer::PlanBuffers plan;
+  flashinfer::PlanBatch batch;
+  std::unique_ptr<flashinfer::DevicePlan> dev;
+  flashinfer::PlannedPartArgs args;
+  void run() const { flashinfer::run_planned_part(*dev, plan, pages, batch, args); }
+};
+std::unique_ptr<PlannedPart> plan_part(const UniformBatch& b, const flash_attn::VarlenArgs& a, int page, bool ragged,
+                                       const cuda::DeviceBuffer& workspace, cudaStream_t stream);
+
+// Per-call times of eager calls (no CUDA graph: each call's host work and launch latency
+// included), the launches in turns: a warm-up call of each, then `reps` rounds of `calls` calls
+// (call i of launch c: calls_of[c](i)) of each launch; medians.
+std::vector<double> eager_in_turns(const std::vector<std::function<void(int)>>& calls_of, int calls,
+                                   cudaStream_t stream, int reps = 9);
 
 }  // namespace attnkit::bench

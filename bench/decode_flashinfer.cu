@@ -32,77 +32,6 @@ namespace {
 
 constexpr int kHeads = 32, kKvHeads = 8, kHeadSize = 128;
 
-// One KV instance as a FlashInfer-style planned part.
-struct PlannedInstance {
-  std::vector<int32_t> qo, kv;
-  flashinfer::PageTable pages;
-  flashinfer::PlanBuffers plan;
-  flashinfer::PlanBatch batch;
-  std::unique_ptr<flashinfer::DevicePlan> dev;
-  flashinfer::PlannedPartArgs args;
-};
-
-flashinfer::PlanConfig plan_config(int page) {
-  flashinfer::PlanConfig cfg;
-  cfg.kernel = flashinfer::PlanKernel::TensorCore;
-  cfg.num_kv_heads = kKvHeads;
-  cfg.group_size = kHeads / kKvHeads;
-  cfg.head_size = kHeadSize;
-  cfg.page_size = page;
-  cfg.num_slots = flashinfer::num_slots_for(cuda::current_device_props().sm_count, kKvHeads);
-  return cfg;
-}
-
-// The instance's block table (device) as a page table, planned and uploaded.
-// kv_lens: the requests' key counts (empty: the batch's uniform kv_len).
-std::unique_ptr<PlannedInstance> plan_instance(const UniformBatch& b, const flash_attn::VarlenArgs& a, int page,
-                                               cudaStream_t stream, const std::vector<int32_t>& kv_lens = {}) {
-  auto p = std::make_unique<PlannedInstance>();
-  std::vector<int32_t> table(static_cast<size_t>(b.num_reqs) * b.blocks_per_req);
-  ATTNKIT_CUDA_CHECK(cudaMemcpy(table.data(), b.block_table.get(), table.size() * 4, cudaMemcpyDeviceToHost));
-  p->qo.resize(b.num_reqs + 1);
-  for (int r = 0; r <= b.num_reqs; ++r) p->qo[r] = r;
-  p->kv = kv_lens.empty() ? std::vector<int32_t>(b.num_reqs, b.kv_len) : kv_lens;
-  p->pages = flashinfer::PageTable(b.num_reqs, static_cast<int64_t>(table.size()));
-  p->pages.fill(BatchView{p->qo, p->kv, table, b.blocks_per_req}, 0, b.num_reqs, page);
-  const flashinfer::PlanConfig cfg = plan_config(page);
-  p->plan = flashinfer::PlanBuffers(cfg, flashinfer::PlanCapacity::for_limits(cfg, b.num_reqs, b.num_reqs));
-  p->batch.qo_indptr = p->qo;
-  p->batch.kv_lens = p->kv;
-  p->batch.causal = true;
-  flashinfer::plan_batch(p->batch, p->plan);
-  p->dev = std::make_unique<flashinfer::DevicePlan>(p->plan.capacity, cfg.group_size, p->pages.num_pages);
-  p->dev->upload(p->plan, p->pages, p->batch, stream);
-  p->args.q = a.q;
-  p->args.out = a.out;
-  p->args.cache = a.cache;
-  p->args.params = a.params;
-  p->args.stream = stream;
-  return p;
-}
-
-// Per-call time of `calls` eager calls (no graph: each call's host work and launch latency
-// included), median of 5 rounds after a warm-up round.
-double eager_ms_per_call(const std::function<void(int)>& call, int calls, cudaStream_t stream) {
-  cudaEvent_t a, b;
-  ATTNKIT_CUDA_CHECK(cudaEventCreate(&a));
-  ATTNKIT_CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<double> ms;
-  for (int round = 0; round < 6; ++round) {
-    ATTNKIT_CUDA_CHECK(cudaEventRecord(a, stream));
-    for (int i = 0; i < calls; ++i) call(i);
-    ATTNKIT_CUDA_CHECK(cudaEventRecord(b, stream));
-    ATTNKIT_CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    ATTNKIT_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    if (round > 0) ms.push_back(t / calls);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
 }  // namespace
 
 void run_decode_flashinfer(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick) {
@@ -111,7 +40,7 @@ void run_decode_flashinfer(Recorder& rec, cudaStream_t stream, double read_gbps,
 
   // Host plan time: 256 decode requests of 4k keys, pages of 16.
   {
-    const flashinfer::PlanConfig cfg = plan_config(16);
+    const flashinfer::PlanConfig cfg = planned_config(kKvHeads, kHeads / kKvHeads, kHeadSize, 16);
     flashinfer::PlanBuffers plan(cfg, flashinfer::PlanCapacity::for_limits(cfg, 256, 256));
     std::vector<int32_t> qo(257), kv(256, 4096);
     for (int r = 0; r <= 256; ++r) qo[r] = r;
@@ -154,12 +83,9 @@ void run_decode_flashinfer(Recorder& rec, cudaStream_t stream, double read_gbps,
             DecodeShape shape = make_decode_shape(B, L, spec, cache, b->q.get(), b->out.get(),
                                                   cd == DType::bf16 ? nullptr : b->scale.as<float>(), kHeads,
                                                   props.l2_bytes, stream);
-            std::vector<std::unique_ptr<PlannedInstance>> inst;
-            for (size_t i = 0; i < shape.instances.size(); ++i) {
-              inst.push_back(plan_instance(*shape.instances[i], shape.args[i], page, stream));
-              inst.back()->args.workspace = workspace.get();
-              inst.back()->args.workspace_bytes = workspace.bytes();
-            }
+            std::vector<std::unique_ptr<PlannedPart>> inst;
+            for (size_t i = 0; i < shape.instances.size(); ++i)
+              inst.push_back(plan_part(*shape.instances[i], shape.args[i], page, /*ragged=*/false, workspace, stream));
             // The FlashAttention-style launch of the same instances, its builder's split count.
             const int splits = fp4 ? 1 : builder_num_splits(B, 1, L, kHeads, kKvHeads, cd, props.sm_count);
             cuda::DeviceBuffer fa_ws = split_workspace(flash_attn::varlen_workspace_bytes(B, kHeads, kHeadSize, splits), stream);
@@ -170,8 +96,7 @@ void run_decode_flashinfer(Recorder& rec, cudaStream_t stream, double read_gbps,
             }
             TimedLaunch fi{shape.args, shape.calls};
             fi.call = [&](int i) {
-              PlannedInstance& p = *inst[i % inst.size()];
-              flashinfer::run_planned_part(*p.dev, p.plan, p.pages, p.batch, p.args);
+              inst[i % inst.size()]->run();
             };
             const std::vector<double> ms =
                 fp4 ? time_interleaved({fi}, stream) : time_interleaved({fi, TimedLaunch{shape.args, shape.calls}}, stream);
@@ -187,7 +112,7 @@ void run_decode_flashinfer(Recorder& rec, cudaStream_t stream, double read_gbps,
             rec.add({"decode-fi", key, "attnkit", "GB/s", g, ms[0], note});
             // Graph replay against eager calls (the latency-bound shapes).
             if (cd == DType::bf16 && page == 16 && ((B == 1 && L == 1024) || (B == 16 && L == 4096))) {
-              const double eager = eager_ms_per_call(fi.call, shape.calls, stream);
+              const double eager = eager_in_turns({fi.call}, shape.calls, stream)[0];
               char enote[200];
               std::snprintf(enote, sizeof enote, "eager calls (host plan checks + launches each call) %.1f us vs %.1f us per call replayed in a CUDA graph: %.2fx",
                             eager * 1e3, ms[0] * 1e3, eager / ms[0]);
@@ -219,16 +144,14 @@ void run_decode_flashinfer(Recorder& rec, cudaStream_t stream, double read_gbps,
       if (n_inst < 1) throw std::runtime_error("pool too small for the skewed batch");
       std::vector<std::unique_ptr<UniformBatch>> batches_u;
       std::vector<flash_attn::VarlenArgs> args;
-      std::vector<std::unique_ptr<PlannedInstance>> inst;
+      std::vector<std::unique_ptr<PlannedPart>> inst;
       for (int i = 0; i < n_inst; ++i) {
         batches_u.push_back(std::make_unique<UniformBatch>(
             make_uniform_batch(kReqs, 1, kLong, kPage, i * blocks, 2000 + i, stream)));
         ATTNKIT_CUDA_CHECK(cudaMemcpy(batches_u.back()->seqused_k.get(), lens.data(), lens.size() * 4,
                                       cudaMemcpyHostToDevice));
         args.push_back(varlen_args(*batches_u.back(), cache, buf16.q.get(), buf16.out.get(), kHeads, kHeadSize, true, stream));
-        inst.push_back(plan_instance(*batches_u.back(), args.back(), kPage, stream, lens));
-        inst.back()->args.workspace = workspace.get();
-        inst.back()->args.workspace_bytes = workspace.bytes();
+        inst.push_back(plan_part(*batches_u.back(), args.back(), kPage, /*ragged=*/false, workspace, stream));
       }
       flash_attn::SplitKVInput in;
       in.query_start_loc = qo;
@@ -252,8 +175,7 @@ void run_decode_flashinfer(Recorder& rec, cudaStream_t stream, double read_gbps,
       const int calls = static_cast<int>(std::clamp<int64_t>(std::llround(4.0 / (bytes / 4.0e9)), 3, 256));
       TimedLaunch fi{args, calls};
       fi.call = [&](int i) {
-        PlannedInstance& p = *inst[i % inst.size()];
-        flashinfer::run_planned_part(*p.dev, p.plan, p.pages, p.batch, p.args);
+        inst[i % inst.size()]->run();
       };
       const std::vector<double> ms = time_interleaved({fi, TimedLaunch{args, calls}}, stream);
       const double g = bytes / ms[0] / 1e6, g_fa = bytes / ms[1] / 1e6;

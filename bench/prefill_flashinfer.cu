@@ -34,67 +34,6 @@ namespace {
 
 constexpr int kHeads = 32, kKvHeads = 8, kHeadSize = 128, kTokens = 16384;
 
-std::vector<int32_t> download(const cuda::DeviceBuffer& b, size_t n) {
-  std::vector<int32_t> h(n);
-  ATTNKIT_CUDA_CHECK(cudaMemcpy(h.data(), b.get(), n * 4, cudaMemcpyDeviceToHost));
-  return h;
-}
-
-// One batch as a FlashInfer-style planned part: its lengths (read back from the device arrays
-// the FlashAttention-style launch reads), its block table as the page table (or, ragged, the
-// contiguous view's), planned by plan_batch and uploaded.
-struct Part {
-  std::vector<int32_t> qo, kv;
-  flashinfer::PageTable pages;
-  flashinfer::PlanBuffers plan;
-  flashinfer::PlanBatch batch;
-  std::unique_ptr<flashinfer::DevicePlan> dev;
-  flashinfer::PlannedPartArgs args;
-  void run() const { flashinfer::run_planned_part(*dev, plan, pages, batch, args); }
-};
-
-std::unique_ptr<Part> plan_part(const UniformBatch& b, const flash_attn::VarlenArgs& a, int page, bool ragged,
-                                const cuda::DeviceBuffer& workspace, cudaStream_t stream) {
-  auto p = std::make_unique<Part>();
-  const int n = b.num_reqs;
-  p->qo = download(b.cu_seqlens_q, n + 1);
-  p->kv = download(b.seqused_k, n);
-  if (ragged) {
-    std::vector<int32_t> kv_indptr{0};
-    for (int32_t l : p->kv) kv_indptr.push_back(kv_indptr.back() + l);
-    const flashinfer::RaggedPages rp = flashinfer::ragged_pages(kv_indptr);
-    p->pages = flashinfer::PageTable(n, std::max<int64_t>(1, static_cast<int64_t>(rp.indices.size())));
-    p->pages.assign(rp.indptr, rp.indices, rp.last_page_len, flashinfer::kRaggedPageRows);
-    page = flashinfer::kRaggedPageRows;
-  } else {
-    const std::vector<int32_t> table = download(b.block_table, static_cast<size_t>(n) * b.blocks_per_req);
-    p->pages = flashinfer::PageTable(n, static_cast<int64_t>(table.size()));
-    p->pages.fill(BatchView{p->qo, p->kv, table, b.blocks_per_req}, 0, n, page);
-  }
-  flashinfer::PlanConfig cfg;
-  cfg.kernel = flashinfer::PlanKernel::TensorCore;
-  cfg.num_kv_heads = kKvHeads;
-  cfg.group_size = kHeads / kKvHeads;
-  cfg.head_size = kHeadSize;
-  cfg.page_size = page;
-  cfg.num_slots = flashinfer::num_slots_for(cuda::current_device_props().sm_count, kKvHeads);
-  p->plan = flashinfer::PlanBuffers(cfg, flashinfer::PlanCapacity::for_limits(cfg, n, p->qo.back()));
-  p->batch.qo_indptr = p->qo;
-  p->batch.kv_lens = p->kv;
-  p->batch.causal = a.params.causal;
-  flashinfer::plan_batch(p->batch, p->plan);
-  p->dev = std::make_unique<flashinfer::DevicePlan>(p->plan.capacity, cfg.group_size, p->pages.num_pages);
-  p->dev->upload(p->plan, p->pages, p->batch, stream);
-  p->args.q = a.q;
-  p->args.out = a.out;
-  p->args.cache = a.cache;
-  p->args.params = a.params;
-  p->args.workspace = workspace.get();
-  p->args.workspace_bytes = workspace.bytes();
-  p->args.stream = stream;
-  return p;
-}
-
 double causal_flops(const std::vector<int32_t>& qo, const std::vector<int32_t>& kv, bool causal) {
   double f = 0;
   for (size_t r = 0; r < kv.size(); ++r) {
@@ -105,7 +44,7 @@ double causal_flops(const std::vector<int32_t>& qo, const std::vector<int32_t>& 
 }
 
 // The planned part against the FlashAttention-style launch of the same batch, in turns.
-void time_pair(Recorder& rec, const std::string& key, const Part& part, flash_attn::VarlenArgs fa, cudaStream_t stream) {
+void time_pair(Recorder& rec, const std::string& key, const PlannedPart& part, flash_attn::VarlenArgs fa, cudaStream_t stream) {
   const int sms = cuda::current_device_props().sm_count;
   const int max_q = fa.max_query_len;
   fa.num_splits = builder_num_splits(fa.num_reqs, max_q, fa.max_seq_len, kHeads, kKvHeads, DType::bf16, sms, kHeadSize);
@@ -146,37 +85,6 @@ TensorView upload_i32(std::vector<cuda::DeviceBuffer>& keep, const std::vector<i
   keep.emplace_back(std::max<size_t>(h.size() * 4, 16));
   ATTNKIT_CUDA_CHECK(cudaMemcpy(keep.back().get(), h.data(), h.size() * 4, cudaMemcpyHostToDevice));
   return TensorView(keep.back().get(), DType::i32, {static_cast<int64_t>(h.size())}, Device::CUDA);
-}
-
-// Per-call times of eager calls (no CUDA graph: an engine runs mixed batches eagerly, and a
-// forward captured in a graph takes the FlashInfer-style backend's graph-safe launches), the
-// launches in turns: `reps` rounds of `calls` calls of each, medians.
-std::vector<double> eager_in_turns(const std::vector<std::function<void()>>& calls_of, int calls, cudaStream_t stream,
-                                   int reps = 9) {
-  cudaEvent_t a, b;
-  ATTNKIT_CUDA_CHECK(cudaEventCreate(&a));
-  ATTNKIT_CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<std::vector<double>> ms(calls_of.size());
-  for (const auto& f : calls_of) f();  // (warm-up)
-  for (int r = 0; r < reps; ++r)
-    for (size_t k = 0; k < calls_of.size(); ++k) {
-      const size_t c = (k + static_cast<size_t>(r)) % calls_of.size();
-      ATTNKIT_CUDA_CHECK(cudaEventRecord(a, stream));
-      for (int i = 0; i < calls; ++i) calls_of[c]();
-      ATTNKIT_CUDA_CHECK(cudaEventRecord(b, stream));
-      ATTNKIT_CUDA_CHECK(cudaEventSynchronize(b));
-      float t = 0;
-      ATTNKIT_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-      ms[c].push_back(t / calls);
-    }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::vector<double> med;
-  for (auto& v : ms) {
-    std::sort(v.begin(), v.end());
-    med.push_back(v[v.size() / 2]);
-  }
-  return med;
 }
 
 }  // namespace
@@ -229,7 +137,7 @@ void run_prefill_flashinfer(Recorder& rec, cudaStream_t stream, bool quick) {
         try {
           const UniformBatch b = make_uniform_batch(batch, seqlen, seqlen, 16, 0, seqlen + 3, stream);
           flash_attn::VarlenArgs a = varlen_args(b, rows, q.get(), out.get(), kHeads, kHeadSize, causal, stream);
-          const std::unique_ptr<Part> part = plan_part(b, a, 16, true, workspace, stream);
+          const std::unique_ptr<PlannedPart> part = plan_part(b, a, 16, true, workspace, stream);
           a.cu_seqlens_k = b.cu_seqlens_q.as<const int32_t>();  // (q_len == kv_len: the same offsets)
           a.block_table = nullptr;
           a.max_blocks_per_req = 0;
@@ -309,7 +217,7 @@ void run_prefill_flashinfer(Recorder& rec, cudaStream_t stream, bool quick) {
       s.q = TensorView(q.get(), DType::bf16, {T, kHeads, kHeadSize}, Device::CUDA);
       s.out = TensorView(out.get(), DType::bf16, {T, kHeads, kHeadSize}, Device::CUDA);
       s.cache = TensorView(cache.get(), DType::bf16, {blocks, 2, 16, kKvHeads, kHeadSize}, Device::CUDA);
-      std::vector<std::function<void()>> launches;
+      std::vector<std::function<void(int)>> launches;
       std::vector<std::unique_ptr<BackendMetadata>> mds;
       std::vector<std::unique_ptr<AttentionImpl>> impls;
       for (const char* name : {"flashinfer", "flash_attn"}) {
@@ -321,9 +229,8 @@ void run_prefill_flashinfer(Recorder& rec, cudaStream_t stream, bool quick) {
         const BackendMetadata* md = mds.back().get();
         AttentionParams params;
         params.causal = true;
-        impl->forward(s.q, {}, {}, s.cache, *md, params, s.out, stream);  // (first forward: its buffers)
-        ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
-        launches.push_back([&s, impl, md, params, stream] { impl->forward(s.q, {}, {}, s.cache, *md, params, s.out, stream); });
+        launches.push_back(
+            [&s, impl, md, params, stream](int) { impl->forward(s.q, {}, {}, s.cache, *md, params, s.out, stream); });
       }
       const std::vector<double> ms = eager_in_turns(launches, 10, stream);
       const double flops = causal_flops(c.query_start_loc, c.seq_lens, true);

@@ -516,6 +516,28 @@ def test_cuda_flashinfer_decode_fp8_sinks_window_and_small_workspace():
         w_small.run(long.q, long.kv_cache)
 
 
+def captured(run):
+    """A CUDA graph of run(stream) captured on a side stream (after an eager call made the
+    run's buffers: the first call must not be captured)."""
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(graph, stream=s):
+            run(s)
+    torch.cuda.synchronize()
+    return graph
+
+
+def replayed(graph, out):
+    """out zeroed, then the graph replayed to completion."""
+    out.zero_()
+    torch.cuda.synchronize()
+    graph.replay()
+    torch.cuda.synchronize()
+
+
 def on_cache_of(bb, a, bs, seed):
     """Puts decode batch bb on a's cache: its pages become other blocks of it (shuffled)."""
     bb.kv_cache = a.kv_cache
@@ -555,23 +577,12 @@ def test_cuda_flashinfer_decode_graph_replays_after_replan():
     flashinfer_decode(a, w, H, Hkv, D)
     q[:6] = a.q
     w.run(q[:6], a.kv_cache, out=out[:6])  # eager: makes the plan's device copy
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(graph, stream=s):
-            w.run(q[:6], a.kv_cache, out=out[:6])
-    torch.cuda.synchronize()
-    graph.replay()
-    torch.cuda.synchronize()
+    graph = captured(lambda s: w.run(q[:6], a.kv_cache, out=out[:6]))
+    replayed(graph, out)
     assert_close_t(out[:6], a.reference(causal=True)[0], *tol(torch.bfloat16), "graph replay, first plan")
     flashinfer_decode(bb, w, H, Hkv, D)  # fewer requests, other lengths and pages
     q[:4] = bb.q
-    out.zero_()
-    torch.cuda.synchronize()
-    graph.replay()
-    torch.cuda.synchronize()
+    replayed(graph, out)
     assert_close_t(out[:4], bb.reference(causal=True)[0], *tol(torch.bfloat16), "graph replay after re-plan")
 
 
@@ -650,24 +661,12 @@ def test_cuda_flashinfer_layer_graph_replays_after_rebuild():
     out = torch.zeros_like(q)
     md = metadata(a)
     layer.forward(q, None, None, cache, md, out=out)  # eager: the device plan and workspace
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(graph, stream=s):
-            layer.forward(q, None, None, cache, md, out=out, stream=s)
-    torch.cuda.synchronize()
-    out.zero_()
-    graph.replay()
-    torch.cuda.synchronize()
+    graph = captured(lambda s: layer.forward(q, None, None, cache, md, out=out, stream=s))
+    replayed(graph, out)
     assert_close_t(out, a.reference(causal=True)[0], *tol(torch.bfloat16), "graph replay, first batch")
     md = metadata(bb)  # fewer requests, other lengths and pages: staged by the builder
     q[:4] = bb.q
-    out.zero_()
-    torch.cuda.synchronize()
-    graph.replay()
-    torch.cuda.synchronize()
+    replayed(graph, out)
     assert_close_t(out[:4], bb.reference(causal=True)[0], *tol(torch.bfloat16), "graph replay after a rebuild")
 
 
@@ -739,26 +738,14 @@ def test_cuda_flashinfer_prefill_graph_replays_after_replan():
 
     plan(a)
     w.run(q, a.kv_cache, out=out)  # eager: makes the plan's device copy
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(graph, stream=s):
-            w.run(q, a.kv_cache, out=out)
-    torch.cuda.synchronize()
-    out.zero_()
-    graph.replay()
-    torch.cuda.synchronize()
+    graph = captured(lambda s: w.run(q, a.kv_cache, out=out))
+    replayed(graph, out)
     assert_close_t(out, a.reference(causal=True)[0], *tol(torch.bfloat16), "prefill graph replay, first plan")
     plan(bb)
     tb = bb.q.shape[0]
     assert tb <= T
     q[:tb] = bb.q
-    out.zero_()
-    torch.cuda.synchronize()
-    graph.replay()
-    torch.cuda.synchronize()
+    replayed(graph, out)
     assert_close_t(out[:tb], bb.reference(causal=True)[0], *tol(torch.bfloat16), "prefill graph replay after re-plan")
 
 

@@ -408,6 +408,19 @@ void Problem::run_gpu_reference(const std::vector<RefRow>& rows, std::vector<flo
                      params_on(true), rows, std::max(1, c_.max_seq_len()), out, lse);
 }
 
+void Problem::gather_rows(const Result& r, const std::vector<RefRow>& rows, std::vector<float>& out,
+                          std::vector<float>& lse) const {
+  const int H = c_.num_heads(), D = c_.head_size;
+  const int64_t T = c_.num_tokens();
+  out.assign(rows.size() * D, 0.f);
+  lse.assign(r.lse.empty() ? 0 : rows.size(), 0.f);
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const int64_t base = (static_cast<int64_t>(rows[k].token) * H + rows[k].head) * D;
+    std::copy(r.out.begin() + base, r.out.begin() + base + D, out.begin() + static_cast<int64_t>(k) * D);
+    if (!r.lse.empty()) lse[k] = r.lse[static_cast<int64_t>(rows[k].head) * T + rows[k].token];
+  }
+}
+
 std::vector<RefRow> Problem::sample_rows(int random_tokens, uint64_t seed) const {
   std::mt19937_64 rng(seed);
   std::vector<RefRow> rows;

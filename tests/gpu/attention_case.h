@@ -101,6 +101,9 @@ class Problem {
   // Rows to check on shapes too large for the CPU: every head of the first, the last and
   // `random_tokens` random tokens of every request.
   std::vector<RefRow> sample_rows(int random_tokens, uint64_t seed) const;
+  // The rows' output ([rows, head_size]) and LSE ([rows]; left empty when r has none) of a run.
+  void gather_rows(const Result& r, const std::vector<RefRow>& rows, std::vector<float>& out,
+                   std::vector<float>& lse) const;
 
   const std::vector<int32_t>& cu_seqlens() const { return cu_; }
   const std::vector<int32_t>& seq_lens() const { return seq_; }

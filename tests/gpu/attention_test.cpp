@@ -272,14 +272,9 @@ TEST_P(VarlenLargeGrid, SampledRowsMatchGpuReference) {
   const std::vector<RefRow> rows = p.sample_rows(2, c.seed);
   std::vector<float> ref_out, ref_lse;
   p.run_gpu_reference(rows, ref_out, ref_lse);
-  const int H = c.num_heads(), D = c.head_size;
-  const int64_t T = c.num_tokens();
-  std::vector<float> out(rows.size() * D), lse(rows.size());
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const int64_t base = (static_cast<int64_t>(rows[i].token) * H + rows[i].head) * D;
-    std::copy(got.out.begin() + base, got.out.begin() + base + D, out.begin() + i * D);
-    if (c.want_lse) lse[i] = got.lse[static_cast<int64_t>(rows[i].head) * T + rows[i].token];
-  }
+  const int D = c.head_size;
+  std::vector<float> out, lse;
+  p.gather_rows(got, rows, out, lse);
   const int64_t n = static_cast<int64_t>(rows.size());
   EXPECT_TRUE(outputs_match(c.dtype, out, ref_out, {n, D})) << "(sampled row index, dim)";
   if (c.want_lse) EXPECT_TRUE(lse_match(lse, ref_lse, {n})) << "(sampled row index)";

@@ -305,14 +305,9 @@ TEST_P(PlannedDecodeLargeGrid, SampledRowsMatchGpuReference) {
   const std::vector<RefRow> rows = p.sample_rows(0, c.seed);
   std::vector<float> ref_out, ref_lse;
   p.run_gpu_reference(rows, ref_out, ref_lse);
-  const int H = c.num_heads(), D = c.head_size;
-  const int64_t T = c.num_tokens();
-  std::vector<float> out(rows.size() * D), lse(rows.size());
-  for (size_t k = 0; k < rows.size(); ++k) {
-    const int64_t base = (static_cast<int64_t>(rows[k].token) * H + rows[k].head) * D;
-    std::copy(run.result.out.begin() + base, run.result.out.begin() + base + D, out.begin() + k * D);
-    lse[k] = run.result.lse[static_cast<int64_t>(rows[k].head) * T + rows[k].token];
-  }
+  const int D = c.head_size;
+  std::vector<float> out, lse;
+  p.gather_rows(run.result, rows, out, lse);
   const int64_t m = static_cast<int64_t>(rows.size());
   SCOPED_TRACE(std::string(run.split ? "split" : "unsplit") + " plan, tile_q " + std::to_string(run.tile_q));
   EXPECT_TRUE(outputs_match(c.dtype, out, ref_out, {m, D})) << "(sampled row index, dim)";
