@@ -79,15 +79,19 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
                      "paged KV, block 16" + (args.num_splits > 1 ? ", splits " + std::to_string(args.num_splits) : std::string())});
             // The hopper launcher's choices, each way in the same run: one CTA per SM looping
             // over the items vs one CTA per item, and (persistent, up to 4k keys) one vs two Q
-            // buffers.
-            if (hd == 128 && causal && args.num_splits == 1 && flash_attn::hopper_kernels_available()) {
+            // buffers (head size 128); K/V by TMA vs by cp.async, timed in turns (64 and 128).
+            if ((hd == 128 || hd == 64) && causal && args.num_splits == 1 && flash_attn::hopper_kernels_available() &&
+                flash_attn::choose_launch(flash_attn::varlen_launch_facts(args)).generation ==
+                    flash_attn::Generation::hopper) {
               const int sms = cuda::current_device_props().sm_count;
               struct GridChoice {
                 const char* name;
                 int ctas, q_buffers;
               };
-              std::vector<GridChoice> choices = {{"persistent", sms, 0}, {"per-item", INT_MAX, 0}};
-              if (seqlen <= 4096) choices.insert(choices.end(), {{"persistent 1 Q", sms, 1}, {"persistent 2 Q", sms, 2}});
+              std::vector<GridChoice> choices;
+              if (hd == 128) choices = {{"persistent", sms, 0}, {"per-item", INT_MAX, 0}};
+              if (hd == 128 && seqlen <= 4096)
+                choices.insert(choices.end(), {{"persistent 1 Q", sms, 1}, {"persistent 2 Q", sms, 2}});
               for (const auto& [name, ctas, q_buffers] : choices) {
                 flash_attn::LaunchTuning tuning;
                 tuning.max_ctas = ctas;
@@ -97,6 +101,19 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
                          std::string(name) + " launch (LaunchTuning::max_ctas " + std::to_string(ctas) +
                              ", q_buffers " + std::to_string(q_buffers) + ")"});
               }
+              flash_attn::LaunchTuning cp_async;
+              cp_async.cp_async_fill = true;
+              const std::vector<double> fills =
+                  eager_in_turns({[&](int) { flash_attn::run_varlen_attention(args); },
+                                  [&](int) { flash_attn::run_varlen_attention(args, cp_async); }},
+                                 3, stream);
+              char ratio[32];
+              std::snprintf(ratio, sizeof ratio, "%.3f", fills[1] / fills[0]);
+              rec.add({"prefill-grid", "hopper fill " + key + " tma", "attnkit", "TFLOP/s", flops / fills[0] / 1e9,
+                       fills[0], "K/V by TMA (the rule's fill), in turns with cp.async: " +
+                                     std::string(ratio) + "x"});
+              rec.add({"prefill-grid", "hopper fill " + key + " cp.async", "attnkit", "TFLOP/s",
+                       flops / fills[1] / 1e9, fills[1], "K/V by cp.async (LaunchTuning::cp_async_fill)"});
             }
           } catch (const std::exception& e) {
             rec.fail("prefill", key, e.what());

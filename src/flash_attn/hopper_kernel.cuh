@@ -5,8 +5,9 @@
 // shared memory by descriptor) and the epilogue (straight from registers: without split
 // partials there is nothing to merge across warps).
 //
-// Warp-specialised: a producer warpgroup copies Q and the K/V tiles through the block table
-// (cp.async into two rings of stages, K and V apart, signalled by mbarriers); two consumer
+// Warp-specialised: a producer warpgroup copies Q (cp.async) and the K/V tiles through the page
+// map (TMA boxes or cp.async: hopper_fill.cuh) into two rings of stages, K and V apart,
+// signalled by mbarriers; two consumer
 // warpgroups of 64 rows take turns at the tensor cores (every ring a cuda::Pipeline):
 //
 //   step j:  wait V_{j-1}, K_j; S_j = Q K_j^T; O += P_{j-1} V_{j-1}  (both async)
@@ -33,6 +34,7 @@
 #include "cuda/pipeline_sm90.h"
 #include "cuda/sync_sm90.h"
 #include "cuda/wgmma_sm90.h"
+#include "flash_attn/hopper_fill.cuh"
 #include "flash_attn/hopper_traits.h"
 #include "flash_attn/launch_plan.h"
 #include "flash_attn/varlen_schedule.cuh"
@@ -83,20 +85,20 @@ __device__ __forceinline__ void register_epilogue(const VarlenKernelParams& p, c
 
 }  // namespace detail
 
-// PageMap: where the K/V rows are (cuda/paged_kv_tile.h: the block table, FlashInfer's page
-// table or contiguous rows). Sched: where the work items come from (varlen_schedule.cuh:
-// PersistentScheduler over the launch's grid, or PlanWalk over a FlashInfer-style plan).
-template <class Tr, class PageMap, class Sched>
-__global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const VarlenKernelParams p, const Sched items) {
+// Fill: how the producer fills the K / V stages (hopper_fill.cuh: cp.async through any page map,
+// or TMA boxes through a block-table row). Sched: where the work items come from
+// (varlen_schedule.cuh: PersistentScheduler over the launch's grid, or PlanWalk over a
+// FlashInfer-style plan).
+template <class Tr, class Fill, class Sched>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    hopper_varlen_kernel(const __grid_constant__ VarlenKernelParams p, const Sched items) {
 #if ATTNKIT_HAS_WGMMA
   using namespace attnkit::cuda;
   using T = typename Tr::Elem;
   constexpr int kS = Tr::kStages;
-  using Loader =
-      PagedKVTileLoader<Tr::kBlockN, 2 * Tr::kHeadDim, Swizzle128Tile<Tr::kBlockN>, Tr::kProducerThreads, PageMap>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // Two rings of kS stages, one of K tiles and one of V tiles, each stage with a "full" barrier
-  // (the 128 producer threads' copies landed: cp.async arrivals) and an "empty" one (the 256
+  // (the producer's copies landed: cp.async arrivals or TMA bytes) and an "empty" one (the 256
   // consumer threads no longer read it). K and V are separate so that a K stage frees as soon as
   // S = Q K^T is done, while V is still needed for O += P V one step later. The rings run on
   // across the CTA's work items (their PipelineStates); so does the ring of Q buffers (one or two).
@@ -118,9 +120,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
   auto tile_key = [](const WorkItem& w, int t) { return w.first_key + t * Tr::kBlockN; };
 
   if (tid == 0) {
-    k_pipe.init(Tr::kProducerThreads, Tr::kConsumerThreads);
-    v_pipe.init(Tr::kProducerThreads, Tr::kConsumerThreads);
+    k_pipe.init(Fill::kFullArrivals, Tr::kConsumerThreads);
+    v_pipe.init(Fill::kFullArrivals, Tr::kConsumerThreads);
     q_pipe.init(Tr::kProducerThreads, Tr::kConsumerThreads);
+    fence_mbarrier_init();  // (TMA completes on them)
   }
   __syncthreads();  // the last CTA-wide barrier: producer and consumers part here
   pdl_launch_dependents();  // the next kernel's CTAs may take SM slots as this grid frees them
@@ -132,33 +135,26 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
     // Producer: per item, V of tile t - 1, then K of tile t (with Q after K of tile 0, once the
     // consumers are done with the previous item's Q): each into its stage once the consumers
     // released the tile kS before it. The producer never waits for its own copies: the full
-    // barriers complete when they land. K and V have the same strides here (the dispatcher's
-    // rule), so V reuses the page offsets computed for K a step earlier; block-table entries
-    // are read one tile ahead.
-    regs_dec<Tr::kProducerRegs>();
+    // barriers complete when they land. Block-table entries are read one tile ahead (the fill).
+    regs_dec<Fill::kProducerRegs>();
     const int ptid = tid - Tr::kConsumerThreads;
+    if (ptid == 0) Fill::prefetch_maps(p);
     Pos k_at, v_at;  // the next K tile's stage; the next V tile's (one tile behind)
     typename Pipeline<kQB>::State q_at;
     WorkItem w;
     for (int64_t r = 0; next_item(r, w); ++r) {
       const int n = w.tile_end - w.tile_begin;
       if (n == 0) continue;  // nothing to load: the consumers write the empty result
-      const Loader loader = kv_loader_for<Loader>(p, w);
-      typename Loader::Offsets prev{};
-      typename Loader::Pages pages = loader.pages(tile_key(w, 0), ptid);
+      Fill fill(p, w, n, ptid);
       auto load_v = [&](int t) {
         v_pipe.acquire(v_at);
-        loader.copy_side(loader.v.head_base, prev, tile_key(w, t), v_stage(v_at), ptid);
-        v_pipe.commit_cp_async(v_at);
+        fill.v(t, v_stage(v_at), v_pipe, v_at);
         v_at.advance();
       };
       for (int t = 0; t < n; ++t) {
         if (t >= 1) load_v(t - 1);
-        prev = loader.offsets(loader.k, tile_key(w, t), pages, ptid);
-        if (t + 1 < n) pages = loader.pages(tile_key(w, t + 1), ptid);
         k_pipe.acquire(k_at);
-        loader.copy_side(loader.k.head_base, prev, tile_key(w, t), k_stage(k_at), ptid);
-        k_pipe.commit_cp_async(k_at);
+        fill.k(t, k_stage(k_at), k_pipe, k_at);
         k_at.advance();
         if (t == 0) {
           q_pipe.acquire(q_at);  // the Q of kQB items back is no longer read
@@ -172,7 +168,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
     cp_async_wait<0>();
     return;
   }
-  regs_inc<Tr::kConsumerRegs>();
+  regs_inc<Fill::kConsumerRegs>();
 
   // Consumers: two warpgroups of 64 rows take turns at the tensor cores (named barriers 1, 2),
   // across items too. Step j of a warpgroup issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1},
@@ -266,6 +262,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) hopper_varlen_kernel(const Va
       q_pipe.release(q_at);  // every S of the item is done: the producer may reuse it
       q_at.advance();
       v_pipe.wait(prev_at);
+      Fill::fix_tail_v(smem + (v_stage(prev_at) - s_base), w.seq_len - tile_key(w, n - 1), wg, tid & 127);
       fence_proxy_async_smem();
       wgmma_fence();
       issue_pv(prev_at);
@@ -289,29 +286,36 @@ void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStre
   const char* where = "flash_attn varlen attention (hopper)";
   ATTNKIT_REQUIRE(p.num_splits == 1, where, "num_splits", p.num_splits,
                   "must be 1 (split launches run the mma_sync kernels)");
-  auto launch = [&]<TileId kTile, class PageMap>() {
+  auto launch = [&]<TileId kTile, template <class, class> class Fill, class PageMap>() {
     using Tr = HopperTraits<Elem, kHeadDim, kTile>;
     dim3 grid;
     if (!varlen_grid(p, plan, Tr::kSmemBytes, where, grid)) return;
     const PersistentScheduler<Tr::kBlockM, Tr::kBlockN> items{static_cast<int>(grid.x), static_cast<int>(grid.y),
                                                               static_cast<int>(grid.z), plan.grid_ctas};
     ATTNKIT_REQUIRE(plan.ctas <= 0x7fffffff, where, "work items", plan.ctas, "must fit one grid dimension");
-    auto kernel = hopper_varlen_kernel<Tr, PageMap, PersistentScheduler<Tr::kBlockM, Tr::kBlockN>>;
+    auto kernel = hopper_varlen_kernel<Tr, Fill<Tr, PageMap>, PersistentScheduler<Tr::kBlockM, Tr::kBlockN>>;
     ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
     cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(plan.ctas)), dim3(Tr::kThreads), Tr::kSmemBytes, stream,
                         plan.pdl, dim3(1, 1, 1), p, items);
   };
-  const bool contiguous = p.cu_seqlens_k != nullptr;  // (contiguous K/V rows, else the block table)
-  if (plan.tile == TileId::hopper_short && contiguous) launch.template operator()<TileId::hopper_short, cuda::ContiguousPages>();
-  else if (plan.tile == TileId::hopper_short) launch.template operator()<TileId::hopper_short, cuda::BlockTablePages>();
-  else if (plan.tile == TileId::hopper && contiguous) launch.template operator()<TileId::hopper, cuda::ContiguousPages>();
-  else if (plan.tile == TileId::hopper) launch.template operator()<TileId::hopper, cuda::BlockTablePages>();
+  // Contiguous K/V rows by cp.async; the block table by TMA where the plan says so (the maps are
+  // in p), else by cp.async.
+  const bool contiguous = p.cu_seqlens_k != nullptr;
+  const bool tma = plan.config.fill == KvFill::tma;
+  ATTNKIT_REQUIRE(!(contiguous && tma), where, "fill", "tma", "reads a block table, not contiguous K/V");
+  auto with_tile = [&]<TileId kTile>() {
+    if (contiguous) launch.template operator()<kTile, HopperCpAsyncFill, cuda::ContiguousPages>();
+    else if (tma) launch.template operator()<kTile, HopperTmaFill, cuda::BlockTablePages>();
+    else launch.template operator()<kTile, HopperCpAsyncFill, cuda::BlockTablePages>();
+  };
+  if (plan.tile == TileId::hopper_short) with_tile.template operator()<TileId::hopper_short>();
+  else if (plan.tile == TileId::hopper) with_tile.template operator()<TileId::hopper>();
   else fail(where, "tile", plan.config.name, "is not a hopper tile");
 }
 
 // A planned launch (FlashInfer-style prefill part, unsplit plan) on the hopper tile: one CTA per
 // planned item slot (grid_items, the plan's capacity: slots past the plan's count exit) and KV
-// head, the page table as the page map.
+// head, the page table as the page map (TMA or cp.async fills, as the plan says).
 template <class Elem, int kHeadDim>
 void launch_hopper_planned(const VarlenKernelParams& p, const LaunchPlan& plan, int64_t grid_items,
                            cudaStream_t stream) {
@@ -323,10 +327,14 @@ void launch_hopper_planned(const VarlenKernelParams& p, const LaunchPlan& plan, 
   const int64_t ctas = grid_items * p.num_kv_heads;  // (PlanScheduler: item-major, KV heads inner)
   ATTNKIT_REQUIRE(grid_items > 0 && ctas <= 0x7fffffff, where, "plan item capacity x num_kv_heads", ctas,
                   "must be in [1, 2^31) (one grid dimension)");
-  auto kernel = hopper_varlen_kernel<Tr, cuda::PageTablePages, PlanWalk<Tr::kBlockM, Tr::kBlockN>>;
-  ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
-  cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(ctas)), dim3(Tr::kThreads), Tr::kSmemBytes, stream, plan.pdl,
-                      dim3(1, 1, 1), p, PlanWalk<Tr::kBlockM, Tr::kBlockN>{});
+  auto launch = [&]<class Fill>() {
+    auto kernel = hopper_varlen_kernel<Tr, Fill, PlanWalk<Tr::kBlockM, Tr::kBlockN>>;
+    ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+    cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(ctas)), dim3(Tr::kThreads), Tr::kSmemBytes, stream, plan.pdl,
+                        dim3(1, 1, 1), p, PlanWalk<Tr::kBlockM, Tr::kBlockN>{});
+  };
+  if (plan.config.fill == KvFill::tma) launch.template operator()<HopperTmaFill<Tr, cuda::PageTablePages>>();
+  else launch.template operator()<HopperCpAsyncFill<Tr, cuda::PageTablePages>>();
 }
 
 }  // namespace attnkit::flash_attn

@@ -38,6 +38,11 @@ struct HopperTraits {
   // producer holds two tiles' page numbers and spilled 16 bytes at 72 registers, nothing at 88;
   // the consumers fit 208 without spills.
   static constexpr int kProducerRegs = 88, kConsumerRegs = 208;
+  // With TMA fills (hopper_fill.cuh) the producer issues boxes from one warp and loads Q, and
+  // the consumers get the registers: (2 x 224 + 56) x 128 = 168 x 384. ptxas 13.0, head size
+  // 128, persistent: consumers at 208 spilled 80 bytes, at 216 56; the producer at 56 spills
+  // 12-16 bytes (a few per item, off the tensor cores' path), at 40 over 80.
+  static constexpr int kProducerRegsTma = 56, kConsumerRegsTma = 224;
   static constexpr int kBlockM = 64 * kWarpGroups;
   static_assert(kBlockM == kConfig.rows, "64 rows per consumer warpgroup");
   static constexpr int kBlockN = kConfig.keys;

@@ -219,6 +219,19 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
       plan.reason += t.q_buffers > 0 ? ", two Q buffers (tuning)" : ", items <= 1k keys: two Q buffers";
     }
     plan.pdl = t.pdl;
+  }
+  if (plan.generation == Generation::hopper) {
+    // K/V by TMA wherever the cache's sides encode as maps: one thread per box of a 16-key page
+    // group's 128-byte segment, where cp.async spent the producer's issue slots on addresses
+    // (DECISIONS.md: Hopper K/V by TMA). A head size padded to its kernel's has no such boxes.
+    if (!t.cp_async_fill && f.tma_geometry && plan.head_dim == f.head_size && tma_rows(plan.head_dim, f.cache)) {
+      plan.config.fill = KvFill::tma;
+      plan.reason += "; K/V by TMA";
+    } else {
+      plan.reason += t.cp_async_fill                  ? "; K/V by cp.async (tuning)"
+                     : plan.head_dim != f.head_size ? "; K/V by cp.async (a padded head size has no whole-row boxes)"
+                                                    : "; K/V by cp.async (no TMA map for these K/V)";
+    }
   } else {
     plan.pdl = t.pdl && f.cc_major >= 9 && pdl_for_grid(plan.grid_ctas, plan.cta_slots, plan.config.transposed);
     plan.l2_prefetch = plan.pdl && t.l2_prefetch && f.planned_items == 0;  // (a planned item is read from the plan)

@@ -1,0 +1,142 @@
+// How the hopper kernel's producer fills its K and V stages (the tile's KvFill, launch_plan.cpp):
+// two policies of one interface, so the producer loop (hopper_kernel.cuh) is the same for both.
+//
+//   Fill f(p, w, n, ptid);       all 128 producer threads, per work item of n tiles
+//   f.k(t, dst, pipe, at);       K of tile t -> stage dst, completing the full barrier `at`
+//   f.v(t, dst, pipe, at);       V of tile t (called after k(t), before k(t + 1))
+//   Fill::kFullArrivals          arrivals that complete a full barrier (its init count)
+//   Fill::kProducerRegs, ...     the warpgroups' registers after setmaxnreg (hopper_traits.h)
+//   Fill::fix_tail_v(...)        consumers, the item's last V tile: rows past seq_len -> 0
+//
+// CpAsyncFill: every producer thread copies 16-byte chunks (cuda/paged_kv_tile.h), resolving
+// pages through any page map (block table, page table, contiguous rows); rows past seq_len are
+// zero-filled by the copies themselves. TmaFill: lanes of the producer's warp 0 each own one
+// (16-key page group, 128-byte segment) of a tile and copy it as one TMA box (cuda/tensor_map.h,
+// boxes of one segment: the stage is [segment][128 keys][128 bytes], the layout wgmma reads);
+// the other producer threads only load Q. Groups past seq_len are copied from block -1, which
+// the map's bounds turn into zeros without a read; so does a block id outside the cache, which
+// is how a bad block table stays inside the cache. The group holding seq_len's end brings its
+// block's slots past it, which the consumers zero in V (fix_tail_v; K's are masked).
+#pragma once
+#include <cstdint>
+
+#include "cuda/fast_divmod.h"
+#include "cuda/paged_kv_tile.h"
+#include "cuda/pipeline_sm90.h"
+#include "cuda/sync_sm90.h"
+#include "cuda/tma_sm90.h"
+#include "flash_attn/varlen_schedule.cuh"
+
+namespace attnkit::flash_attn {
+
+template <class Tr, class PageMap>
+struct HopperCpAsyncFill {
+  using Loader = cuda::PagedKVTileLoader<Tr::kBlockN, 2 * Tr::kHeadDim, cuda::Swizzle128Tile<Tr::kBlockN>,
+                                         Tr::kProducerThreads, PageMap>;
+  using Pipe = cuda::Pipeline<Tr::kStages>;
+  using Pos = typename Pipe::State;
+  static constexpr uint32_t kFullArrivals = Tr::kProducerThreads;
+  static constexpr int kProducerRegs = Tr::kProducerRegs, kConsumerRegs = Tr::kConsumerRegs;
+
+  Loader loader;
+  typename Loader::Pages pages;  // tile t + 1's, once k(t) ran
+  typename Loader::Offsets prev{};  // tile t's, for v(t): K and V share strides (launch rule)
+  int first_key, n, ptid;
+
+  __device__ __forceinline__ HopperCpAsyncFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid_)
+      : loader(kv_loader_for<Loader>(p, w)), first_key(w.first_key), n(n_), ptid(ptid_) {
+    pages = loader.pages(first_key, ptid);
+  }
+  __device__ __forceinline__ static void prefetch_maps(const VarlenKernelParams&) {}
+  __device__ __forceinline__ int key(int t) const { return first_key + t * Tr::kBlockN; }
+  __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
+    prev = loader.offsets(loader.k, key(t), pages, ptid);
+    if (t + 1 < n) pages = loader.pages(key(t + 1), ptid);  // (its latency hides under the next waits)
+    loader.copy_side(loader.k.head_base, prev, key(t), dst, ptid);
+    pipe.commit_cp_async(at);
+  }
+  __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
+    loader.copy_side(loader.v.head_base, prev, key(t), dst, ptid);
+    pipe.commit_cp_async(at);
+  }
+  __device__ __forceinline__ static void fix_tail_v(unsigned char*, int, int, int) {}  // (zero-filled)
+};
+
+template <class Tr, class PageMap>
+struct HopperTmaFill {
+  static_assert(std::is_base_of_v<cuda::BlockTablePages, PageMap>, "TMA fills read a block-table row");
+  using Pipe = cuda::Pipeline<Tr::kStages>;
+  using Pos = typename Pipe::State;
+  static constexpr uint32_t kFullArrivals = 1;  // lane 0's arrive.expect_tx; the bytes do the rest
+  static constexpr int kProducerRegs = Tr::kProducerRegsTma, kConsumerRegs = Tr::kConsumerRegsTma;
+  static constexpr int kSegments = Tr::kHeadDim / 64;  // 128-byte segments of a 16-bit row
+  static constexpr int kGroups = Tr::kBlockN / 16;
+  static constexpr int kBoxes = kGroups * kSegments;  // per tile and side, one lane each
+  static constexpr uint32_t kBoxBytes = 16 * 128;
+  static_assert(kBoxes <= 32, "one lane of warp 0 per box");
+
+  const cuda::TmaDesc* k_map;
+  const cuda::TmaDesc* v_map;
+  const int32_t* block_row;
+  cuda::FastDivmod block_size;
+  int seq_len, kv_head, first_key, n;
+  bool warp0, issuer;           // warp 0 of the producers; a lane of it that owns a box
+  int group, segment;           // this lane's box of a tile
+  int32_t page_prev = -1, page_cur = -1;  // its group's block in tile t (for v) and t + 1 (for k)
+
+  __device__ __forceinline__ HopperTmaFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid)
+      : k_map(&p.k_map), v_map(&p.v_map), block_row(page_map_for<PageMap>(p, w).row), block_size(p.block_size),
+        seq_len(w.seq_len), kv_head(w.kv_head), first_key(w.first_key), n(n_), warp0(ptid < 32),
+        issuer(ptid < kBoxes), group(ptid / kSegments), segment(ptid % kSegments) {
+    if (issuer) page_cur = page(0);
+  }
+  // The descriptors' first fetch, off the first copies (one producer thread).
+  __device__ __forceinline__ static void prefetch_maps(const VarlenKernelParams& p) {
+    cuda::prefetch_tensor_map(&p.k_map);
+    cuda::prefetch_tensor_map(&p.v_map);
+  }
+  __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
+    copy(k_map, page_cur, t, dst, pipe, at);
+    page_prev = page_cur;
+    if (issuer && t + 1 < n) page_cur = page(t + 1);
+  }
+  __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
+    copy(v_map, page_prev, t, dst, pipe, at);
+  }
+  // Rows [rows_left, next multiple of 16) of the item's last V tile: its block's slots past
+  // seq_len, which a box brought in. By each consumer warpgroup (its 128 threads, wg_tid) before
+  // its own P V reads the tile (zeros written twice are still zeros); then that warpgroup's
+  // barrier (3 + wg) and the proxy fence make them visible to its wgmma.
+  __device__ __forceinline__ static void fix_tail_v(unsigned char* v_tile, int rows_left, int wg, int wg_tid) {
+    if (rows_left >= Tr::kBlockN || rows_left % 16 == 0) return;  // (uniform across the CTA)
+    constexpr int kChunksPerRow = Tr::kHeadDim / 8;
+    const int rows = 16 - rows_left % 16;
+    for (int i = wg_tid; i < rows * kChunksPerRow; i += 128) {
+      const int row = rows_left + i / kChunksPerRow;
+      *reinterpret_cast<uint4*>(v_tile + cuda::Swizzle128Tile<Tr::kBlockN>::offset(row, i % kChunksPerRow)) =
+          make_uint4(0, 0, 0, 0);
+    }
+    cuda::fence_proxy_async_smem();
+    cuda::named_bar_sync(3 + wg, 128);
+  }
+
+ private:
+  // This lane's group's block in tile t; -1 (no block: zeros) past seq_len.
+  __device__ __forceinline__ int32_t page(int t) const {
+    const int key = first_key + t * Tr::kBlockN + 16 * group;
+    return key < seq_len ? __ldg(block_row + block_size.div(key)) : -1;
+  }
+  __device__ __forceinline__ void copy(const cuda::TmaDesc* map, int32_t blk, int t, uint32_t dst, const Pipe& pipe,
+                                       const Pos& at) const {
+    if (!warp0) return;
+    if (group == 0 && segment == 0) pipe.expect_bytes(at, kBoxes * kBoxBytes);  // (lane 0)
+    __syncwarp();
+    if (!issuer) return;
+    const int key = first_key + t * Tr::kBlockN + 16 * group;
+    const int slot = key - block_size.div(key) * block_size.divisor;
+    cuda::tma_load_5d(dst + segment * (Tr::kBlockN * 128) + group * kBoxBytes, map, pipe.full(at), 0, slot, segment,
+                      kv_head, blk);
+  }
+};
+
+}  // namespace attnkit::flash_attn
