@@ -181,39 +181,43 @@ TEST(ChooseLaunch, Table) {
   }
 }
 
-// The hopper kernel's K/V fill: TMA boxes wherever the cache's sides encode as maps and the head
-// size is its kernel's, cp.async otherwise (and when the tuning forces it).
+// The hopper kernel's K/V fill: cp.async by the rule; TMA boxes when the tuning asks, where the
+// cache's sides encode as maps and the head size is its kernel's (cp.async otherwise, and when
+// cp_async_fill forces it).
 TEST(ChooseLaunch, HopperKvFill) {
   struct Case {
     const char* why;
     LaunchFacts facts;
-    bool cp_async_forced;
+    bool tma_asked, cp_async_forced;
     TileId tile;
     KvFill fill;
   };
-  LaunchFacts contiguous = h200(4, 4096, 4096);
-  contiguous.tma_geometry = false;  // (contiguous K/V rows, or strides a map cannot express)
+  LaunchFacts no_map = h200(4, 4096, 4096);
+  no_map.tma_geometry = false;  // (contiguous K/V rows, or strides a map cannot express)
   LaunchFacts planned = h200(4, 4096, 4096);
   planned.planned_items = 128;
   planned.plan_tile_q = 128;
   planned.planned_unsplit = true;
   const Case cases[] = {
-      {"hd 128, 4 x 4k", h200(4, 4096, 4096), false, TileId::hopper, KvFill::tma},
-      {"hd 64, 32 x 512 (two Q buffers)", h200(32, 512, 512, 64), false, TileId::hopper_short, KvFill::tma},
-      {"hd 128, cp.async forced", h200(4, 4096, 4096), true, TileId::hopper, KvFill::cp_async},
-      {"no TMA map", contiguous, false, TileId::hopper, KvFill::cp_async},
-      {"planned part", planned, false, TileId::hopper, KvFill::tma},
-      {"hd 120 padded to 128: no whole-row boxes", h200(4, 4096, 4096, 120), false, TileId::hopper, KvFill::cp_async},
+      {"the rule: cp.async", h200(4, 4096, 4096), false, false, TileId::hopper, KvFill::cp_async},
+      {"hd 128, 4 x 4k, TMA asked", h200(4, 4096, 4096), true, false, TileId::hopper, KvFill::tma},
+      {"hd 64, 32 x 512 (two Q buffers), TMA asked", h200(32, 512, 512, 64), true, false, TileId::hopper_short,
+       KvFill::tma},
+      {"TMA asked, cp.async forced", h200(4, 4096, 4096), true, true, TileId::hopper, KvFill::cp_async},
+      {"TMA asked, no map", no_map, true, false, TileId::hopper, KvFill::cp_async},
+      {"planned part, TMA asked", planned, true, false, TileId::hopper, KvFill::tma},
+      {"hd 120 padded to 128: no whole-row boxes", h200(4, 4096, 4096, 120), true, false, TileId::hopper,
+       KvFill::cp_async},
   };
   for (const Case& c : cases) {
     LaunchTuning t;
+    t.hopper_tma_fill = c.tma_asked;
     t.cp_async_fill = c.cp_async_forced;
     const LaunchPlan plan = choose_launch(c.facts, t);
     EXPECT_EQ(plan.tile, c.tile) << c.why << ": " << plan.reason;
     EXPECT_EQ(plan.config.fill, c.fill) << c.why << ": " << plan.reason;
-    if (plan.generation == Generation::hopper)
-      EXPECT_NE(plan.reason.find(c.fill == KvFill::tma ? "K/V by TMA" : "K/V by cp.async"), std::string::npos)
-          << c.why << ": " << plan.reason;
+    EXPECT_NE(plan.reason.find(c.fill == KvFill::tma ? "K/V by TMA" : "K/V by cp.async"), std::string::npos)
+        << c.why << ": " << plan.reason;
   }
 }
 

@@ -221,16 +221,18 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
     plan.pdl = t.pdl;
   }
   if (plan.generation == Generation::hopper) {
-    // K/V by TMA wherever the cache's sides encode as maps: one thread per box of a 16-key page
-    // group's 128-byte segment, where cp.async spent the producer's issue slots on addresses
-    // (DECISIONS.md: Hopper K/V by TMA). A head size padded to its kernel's has no such boxes.
-    if (!t.cp_async_fill && f.tma_geometry && plan.head_dim == f.head_size && tma_rows(plan.head_dim, f.cache)) {
+    // K/V by TMA (one box per 16-key page group and 128-byte segment, issued by one producer
+    // warp, where cp.async spends the producer's issue slots on addresses) when the tuning asks
+    // and the cache's sides encode as maps; else cp.async (DECISIONS.md: Hopper K/V by TMA).
+    // A head size padded to its kernel's has no whole-row boxes.
+    const bool tma_serves = f.tma_geometry && plan.head_dim == f.head_size && tma_rows(plan.head_dim, f.cache);
+    if (t.hopper_tma_fill && !t.cp_async_fill && tma_serves) {
       plan.config.fill = KvFill::tma;
-      plan.reason += "; K/V by TMA";
+      plan.reason += "; K/V by TMA (tuning)";
     } else {
-      plan.reason += t.cp_async_fill                  ? "; K/V by cp.async (tuning)"
-                     : plan.head_dim != f.head_size ? "; K/V by cp.async (a padded head size has no whole-row boxes)"
-                                                    : "; K/V by cp.async (no TMA map for these K/V)";
+      plan.reason += !t.hopper_tma_fill || t.cp_async_fill ? "; K/V by cp.async"
+                     : plan.head_dim != f.head_size       ? "; K/V by cp.async (a padded head size has no whole-row boxes)"
+                                                          : "; K/V by cp.async (no TMA map for these K/V)";
     }
   } else {
     plan.pdl = t.pdl && f.cc_major >= 9 && pdl_for_grid(plan.grid_ctas, plan.cta_slots, plan.config.transposed);

@@ -161,15 +161,15 @@ Case random_planned_decode_case(uint64_t seed, bool nvfp4 = false) {
   return c;
 }
 
-void check_planned(const Case& c, int slots) {
-  SCOPED_TRACE(c.describe() + ", slots " + std::to_string(slots));
+void check_planned(const Case& c, int slots, const flash_attn::LaunchTuning& tuning = {}) {
+  SCOPED_TRACE(c.describe() + ", slots " + std::to_string(slots) + (tuning.hopper_tma_fill ? ", hopper TMA K/V" : ""));
   Problem p(c);
   const Result ref = p.run_cpu_reference();
   const int64_t T = c.num_tokens();
   const int H = c.num_heads();
   for (PlanKernel k : {PlanKernel::TensorCore, PlanKernel::CudaCoreDecode}) {
     if (k == PlanKernel::CudaCoreDecode && c.max_query_len() > 1) continue;
-    const PlannedRun run = run_planned(p, k, slots);
+    const PlannedRun run = run_planned(p, k, slots, tuning);
     SCOPED_TRACE(std::string(k == PlanKernel::TensorCore ? "tensor-core plan" : "cuda-core plan") + ", tile_q " +
                  std::to_string(run.tile_q) + (run.split ? ", split" : ", unsplit"));
     EXPECT_TRUE(outputs_match(c.dtype, run.result.out, ref.out, {T, H, c.head_size}));
@@ -230,8 +230,11 @@ INSTANTIATE_TEST_SUITE_P(Seeds, PlannedPrefillGrid, ::testing::Range(0, 84));
 // Unsplit prefill plans of 128-row tiles on the hopper kernel (PlanWalk over the plan's items,
 // the page table or ragged K/V's contiguous view): head sizes 64 / 128 (and 112, padded),
 // bf16 / f16, NHD / HND, pages 16 / 128, causal and not, window, softcap, sinks; few CTA slots so
-// the plan does not split. The launch decision is asked too: these parts take the hopper kernel.
+// the plan does not split; K/V by cp.async and (LaunchTuning::hopper_tma_fill) by TMA. The launch
+// decision is asked too: these parts take the hopper kernel.
 TEST(PlannedPrefillHopper, UnsplitPlansMatchTheReference) {
+  flash_attn::LaunchTuning tma;
+  tma.hopper_tma_fill = true;
   for (int i = 0; i < 16; ++i) {
     Case c;
     c.seed = 3000 + i;
@@ -249,6 +252,7 @@ TEST(PlannedPrefillHopper, UnsplitPlansMatchTheReference) {
     c.q_lens = {300, 64, 257, 33};
     c.seq_lens = {300, 1200, 900, 33};
     check_planned(c, 2);
+    check_planned(c, 2, tma);
     if (!flash_attn::hopper_kernels_available() || c.contiguous_kv) continue;
     Problem p(c);
     // (the facts read no buffer contents: a placeholder output of the right alignment serves)
