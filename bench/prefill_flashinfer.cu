@@ -227,6 +227,8 @@ void run_prefill_flashinfer(Recorder& rec, cudaStream_t stream, bool quick) {
         impls.push_back(be.make_impl(s.cfg));
         AttentionImpl* impl = impls.back().get();
         const BackendMetadata* md = mds.back().get();
+        s.dev.emplace_back(std::max<size_t>(impl->workspace_bytes_for(*md), 16));  // (the caller's)
+        impl->set_workspace(s.dev.back().get(), s.dev.back().bytes());
         AttentionParams params;
         params.causal = true;
         launches.push_back(

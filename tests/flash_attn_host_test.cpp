@@ -534,6 +534,8 @@ TEST(FlashAttnImpl, ValidatesThenLaunches) {
                                       {"causal"})) << "causal mismatch";
 }
 
+// The split partials' workspace is the caller's: without one, or with too small a one, a split
+// forward is an Error before any launch (the impl allocates none, in either build).
 TEST(FlashAttnImpl, SplitLaunchNeedsWorkspace) {
   FakeGpuCall c({4000, 3000, 6});
   FlashAttnMetadataBuilder builder(c.cfg);  // splits allowed: 3 requests leave SMs idle
@@ -542,10 +544,18 @@ TEST(FlashAttnImpl, SplitLaunchNeedsWorkspace) {
   FlashAttnImpl impl(c.cfg);
   EXPECT_THROW(impl.set_workspace(nullptr, 64), Error);
   EXPECT_EQ(impl.max_workspace_bytes(4096), varlen_workspace_bytes(4096, c.cfg.num_heads, c.cfg.head_size, kMaxSplits));
-#ifndef ATTNKIT_WITH_CUDA
-  // A CPU build has no allocator: the caller must provide the workspace.
+  ASSERT_GT(impl.workspace_bytes_for(md), 0u);
+  EXPECT_EQ(impl.workspace_bytes_for(md), md.workspace_bytes);
+  EXPECT_LE(impl.workspace_bytes_for(md), impl.workspace_bytes(c.batch.md.num_actual_tokens));
   EXPECT_TRUE(test::throws_error_with([&] { impl.forward(c.qv, {}, {}, c.cv, md, {}, c.ov); },
-                                      {"set_workspace"})) << "no workspace";
+                                      {"set_workspace", std::to_string(md.workspace_bytes), "KV splits"}))
+      << "no workspace";
+  std::vector<uint8_t> small(md.workspace_bytes - 1);
+  impl.set_workspace(small.data(), small.size());
+  EXPECT_TRUE(test::throws_error_with([&] { impl.forward(c.qv, {}, {}, c.cv, md, {}, c.ov); },
+                                      {"workspace bytes", std::to_string(small.size())}))
+      << "small workspace";
+#ifndef ATTNKIT_WITH_CUDA
   std::vector<uint8_t> ws(md.workspace_bytes + 16);
   impl.set_workspace(ws.data(), ws.size());
   try {
@@ -555,12 +565,11 @@ TEST(FlashAttnImpl, SplitLaunchNeedsWorkspace) {
     EXPECT_EQ(e.where(), "flash_attn varlen attention") << e.what();
   }
 #endif
-  if (md.workspace_bytes > 0) {  // CUDA builds size the partials; too small a buffer throws
-    std::vector<uint8_t> small(md.workspace_bytes - 1);
-    impl.set_workspace(small.data(), small.size());
-    EXPECT_TRUE(test::throws_error_with([&] { impl.forward(c.qv, {}, {}, c.cv, md, {}, c.ov); },
-                                        {"max_workspace_bytes"})) << "small workspace";
-  }
+  // An unsplit batch needs none.
+  FakeGpuCall one;
+  FlashAttnMetadataBuilder b1(one.cfg);
+  const FlashAttnMetadata md1 = b1.build_flash(one.batch.md);
+  if (md1.split.num_splits == 1) EXPECT_EQ(FlashAttnImpl(one.cfg).workspace_bytes_for(md1), 0u);
 }
 
 TEST(FlashAttnImpl, DeclaredFeaturesPass) {

@@ -211,6 +211,7 @@ TEST(FlashInferImpl, ValidatesMixedBatchesBeforeTheKernels) {
   FlashInferMetadataBuilder builder(fc.cfg, small_limits());
   auto md = builder.build(make_batch({1, 40}, {100, 200}, 16, rng));
   auto impl = flashinfer_backend().make_impl(fc.cfg);
+  impl->set_workspace(fake(), impl->workspace_bytes(1));  // (the caller's; never read here)
   auto run = [&](const ForwardCase& c, const BackendMetadata& m) {
     impl->forward(c.q, c.k, c.v, c.cache, m, c.params, c.out);
   };
@@ -293,6 +294,7 @@ TEST(FlashInferImpl, ValidatesMixedBatchesBeforeTheKernels) {
     FlashInferMetadataBuilder b4(cfg, small_limits());
     auto md4 = b4.build(make_batch({1, 40}, {100, 200}, 16, rng));
     auto impl4 = flashinfer_backend().make_impl(cfg);
+    impl4->set_workspace(fake(), impl4->workspace_bytes(1));
     ForwardCase c = fc;
     c.cache = TensorView(fake(), DType::u8, {64, 2, 16, 2, 72}, Device::CUDA);
     expect_passes_checks([&] { impl4->forward(c.q, c.k, c.v, c.cache, *md4, c.params, c.out); });
@@ -305,6 +307,7 @@ TEST(FlashInferImpl, ValidatesMixedBatchesBeforeTheKernels) {
     AttentionConfig cfg = fc.cfg;
     cfg.features.lse = cfg.features.sinks = cfg.features.softcap = true;
     auto full = flashinfer_backend().make_impl(cfg);
+    full->set_workspace(fake(), full->workspace_bytes(1));
     ForwardCase c = fc;
     c.q = TensorView(fake(), DType::bf16, {64, 8, 128}, Device::CUDA);
     c.out = c.q;
@@ -315,6 +318,28 @@ TEST(FlashInferImpl, ValidatesMixedBatchesBeforeTheKernels) {
   }
   builder.build(make_batch({1}, {5}, 16, rng));
   EXPECT_TRUE(test::throws_error_with([&] { run(fc, *md); }, {"re-planned"}));
+}
+
+// A GPU forward takes the caller's workspace or none: without one, or with one smaller than
+// workspace_bytes_for(metadata), an Error before any launch (the impl allocates nothing).
+TEST(FlashInferImpl, ForwardNeedsTheCallersWorkspace) {
+  std::mt19937_64 rng(9);
+  ForwardCase fc(1 + 40);
+  FlashInferMetadataBuilder builder(fc.cfg, small_limits());
+  auto md = builder.build(make_batch({1, 40}, {100, 200}, 16, rng));
+  auto impl = flashinfer_backend().make_impl(fc.cfg);
+  const size_t need = impl->workspace_bytes_for(*md);
+  ASSERT_GT(need, 0u);
+  EXPECT_LE(need, impl->workspace_bytes(1));
+  auto run = [&] { impl->forward(fc.q, fc.k, fc.v, fc.cache, *md, fc.params, fc.out); };
+  EXPECT_TRUE(test::throws_error_with(run, {"flashinfer forward", "set_workspace", std::to_string(need)}));
+  impl->set_workspace(fake(), need - 16);
+  EXPECT_TRUE(test::throws_error_with(run, {"workspace bytes", std::to_string(need - 16)}));
+  impl->set_workspace(fake(), need);
+  expect_passes_checks(run);
+  struct OtherMetadata : BackendMetadata {};
+  EXPECT_TRUE(test::throws_error_with([&] { (void)impl->workspace_bytes_for(OtherMetadata{}); },
+                                      {"another backend's metadata"}));
 }
 
 // The caller-owned workspace (AttentionImpl::workspace_bytes / set_workspace): the size covers

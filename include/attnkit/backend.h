@@ -117,14 +117,20 @@ class AttentionImpl {
                        const AttentionParams& params, const TensorView& out,
                        void* stream = nullptr) = 0;
   // Device memory for the impl's GPU launches (split-KV or plan partials), owned by the caller:
-  // workspace_bytes(max_tokens) is what any batch of up to max_tokens query tokens can need (0:
-  // none; a backend whose plans lay partials out for its builder's capacity, as flashinfer's
-  // do, returns that capacity's size), set_workspace hands it over before the forwards that use it. A forward that needs
-  // more than it was given is an Error before any launch. Without it, the impl allocates its
-  // own at the first GPU forward that needs one (an Error inside a CUDA-graph capture). Impls
-  // that run on one stream may share one buffer.
+  // the impl never allocates it. workspace_bytes(max_tokens) is what any batch of up to
+  // max_tokens query tokens can need (0: none; a backend whose plans lay partials out for its
+  // builder's capacity, as flashinfer's do, returns that capacity's size);
+  // workspace_bytes_for(metadata) is what the GPU forward of that batch needs. set_workspace
+  // hands the buffer over before the forwards that use it (an engine: once, sized by
+  // workspace_bytes for its largest batch, so CUDA-graph replays reuse it). A GPU forward that
+  // needs more than it was given is an Error before any launch. Impls that run on one stream
+  // may share one buffer.
   virtual size_t workspace_bytes(int64_t max_tokens) const {
     (void)max_tokens;
+    return 0;
+  }
+  virtual size_t workspace_bytes_for(const BackendMetadata& metadata) const {
+    (void)metadata;
     return 0;
   }
   virtual void set_workspace(void* device_ptr, size_t bytes) {

@@ -164,6 +164,8 @@ class AttentionLayer:
                  layout="NHD", *, sinks=False, alibi=False, softcap=False, sliding_window=False, non_causal=False,
                  lse=False, device="cpu", num_sms=0, backend=None):
         self._device = device
+        self._workspace = None  # the caller's (set_workspace)
+        self._own_workspace = None  # else the layer's, made by _ensure_workspace
         self._native = _C.Layer(int(num_heads), int(num_kv_heads), int(head_size), str(dtype), str(kv_cache_dtype),
                                 int(block_size), str(layout), bool(sinks), bool(alibi), bool(softcap),
                                 bool(sliding_window), bool(non_causal), bool(lse), _device_cc(device),
@@ -178,12 +180,28 @@ class AttentionLayer:
         max_tokens query tokens (split-KV or plan partials; 0: none)."""
         return self._native.workspace_bytes(int(max_tokens))
 
+    def workspace_bytes_for(self, metadata):
+        """Device workspace bytes the GPU forward of this batch needs (0: none)."""
+        return self._native.workspace_bytes_for(metadata._native)
+
     def set_workspace(self, workspace):
-        """Hand the layer a CUDA buffer of at least workspace_bytes(max_tokens) bytes (None: the
-        layer allocates its own at the first forward that needs one, never inside a CUDA-graph
-        capture). Keep the buffer alive while the layer runs; layers on one stream may share it."""
+        """Hand the layer a CUDA buffer of at least workspace_bytes(max_tokens) bytes; a forward
+        that needs more raises. None: the layer allocates one through PyTorch (the caching
+        allocator: a graph capture takes it from the graph's pool) when a forward needs more than
+        it holds. Keep the buffer alive while the layer runs; layers on one stream may share it."""
         self._workspace = workspace
+        self._own_workspace = None
         self._native.set_workspace(workspace)
+
+    def _ensure_workspace(self, like, metadata):
+        # The C++ impl never allocates: without the caller's buffer this layer holds its own.
+        if self._workspace is not None:
+            return
+        need = self._native.workspace_bytes_for(metadata._native)
+        have = 0 if self._own_workspace is None else int(self._own_workspace.numel())
+        if need > have:
+            self._own_workspace = A.empty(like, (need,), "uint8")
+            self._native.set_workspace(self._own_workspace)
 
     def kv_cache_shape(self, num_blocks):
         """The backend's logical cache shape (num_blocks, 2, block_size, num_kv_heads, row)."""
@@ -230,6 +248,8 @@ class AttentionLayer:
         lse = A.empty(q, (q.shape[1], q.shape[0]), "float32") if return_lse else None
         left, right = (int(w) for w in window_size)
         with A.device_guard(q):
+            if A.is_cuda(q):
+                self._ensure_workspace(q, metadata)
             self._native.forward(q, k, v, kv_cache, metadata._native, out, 0.0 if scale is None else float(scale),
                                  left, right, float(softcap or 0.0), A.as_float32(alibi_slopes, where, "alibi_slopes"),
                                  A.as_float32(sinks, where, "sinks"), A.scale_like(k_scale, kv_cache, where, "k_scale"),

@@ -60,8 +60,9 @@ class Layer {
   }
   int reorder_batch_threshold() const { return builder_->reorder_batch_threshold(); }
   size_t workspace_bytes(int64_t max_tokens) const { return impl_->workspace_bytes(max_tokens); }
-  // The caller's device workspace (a CUDA array of at least workspace_bytes bytes; None: the
-  // impl's own again). The array must outlive the forwards that use it.
+  size_t workspace_bytes_for(const Metadata& md) const { return impl_->workspace_bytes_for(*md.backend_md); }
+  // The caller's device workspace (a CUDA array of at least workspace_bytes bytes; None: none).
+  // The array must outlive the forwards that use it.
   void set_workspace(const OptIn& workspace) {
     constexpr std::string_view where = "AttentionLayer.set_workspace";
     if (!workspace) {
@@ -183,6 +184,7 @@ void register_layer(nb::module_& m) {
       .def_prop_ro("variant", &Layer::variant)
       .def_prop_ro("reorder_batch_threshold", &Layer::reorder_batch_threshold)
       .def("workspace_bytes", &Layer::workspace_bytes, nb::arg("max_tokens"))
+      .def("workspace_bytes_for", &Layer::workspace_bytes_for, nb::arg("metadata"))
       .def("set_workspace", &Layer::set_workspace, nb::arg("workspace").none())
       .def("kv_cache_shape", &Layer::kv_cache_shape, nb::arg("num_blocks"))
       .def("kv_cache_stride_order", &Layer::kv_cache_stride_order)

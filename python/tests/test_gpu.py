@@ -636,9 +636,15 @@ def test_cuda_layer_caller_workspace(backend):
     md = layer.build_metadata(b.cu_seqlens_q, b.seqused_k, b.block_table, last_token_slots(b, bs))
     out, lse = layer.forward(b.q, None, None, b.kv_cache.contiguous(), md, return_lse=True)
     check(b, (out, lse), b.reference(causal=True), f"{backend} with the caller's workspace")
+    assert 0 <= layer.workspace_bytes_for(md) <= ws.numel()
     layer.set_workspace(torch.empty(16, dtype=torch.uint8, device="cuda"))
-    with pytest.raises(attnkit.AttnkitError, match="workspace"):
-        layer.forward(b.q, None, None, b.kv_cache.contiguous(), md)
+    if layer.workspace_bytes_for(md) > 16:
+        with pytest.raises(attnkit.AttnkitError, match="workspace"):
+            layer.forward(b.q, None, None, b.kv_cache.contiguous(), md)
+    # None: the Python layer holds one through PyTorch, sized by the batch's need.
+    layer.set_workspace(None)
+    out, lse = layer.forward(b.q, None, None, b.kv_cache.contiguous(), md, return_lse=True)
+    check(b, (out, lse), b.reference(causal=True), f"{backend} with the layer's own workspace")
 
 
 @needs_cuda

@@ -64,6 +64,9 @@ def test_workspace_api():
     layer = attnkit.AttentionLayer(4, 2, 32, "float32")
     assert layer.workspace_bytes(4096) == 0
     layer.set_workspace(None)
+    md = layer.build_metadata(np.array([0, 1], np.int32), np.array([5], np.int32), np.array([[0]], np.int32),
+                              np.array([4], np.int64))
+    assert layer.workspace_bytes_for(md) == 0
     # (the FlashInfer-style backend serves GPU configurations where its kernels are built)
     for backend in ("flash_attn", "flashinfer") if attnkit.cuda_built else ("flash_attn",):
         gpu = attnkit.AttentionLayer(32, 8, 128, "bfloat16", device="sm90", backend=backend)

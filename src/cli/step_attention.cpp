@@ -14,6 +14,14 @@ void StepAttention::run(const StepTensors& t, const CommonAttentionMetadata& md,
   AttentionParams p = params;
   p.causal = md.causal;
   const auto metadata = builder_->build(md);
+  if (t.q.device == Device::CUDA) {
+    const size_t need = impl_->workspace_bytes_for(*metadata);
+    if (need > workspace_.bytes()) {
+      cuda_stream_synchronize(stream);  // (the old buffer may still be read)
+      workspace_ = CudaMemory(need);
+      impl_->set_workspace(workspace_.get(), workspace_.bytes());
+    }
+  }
   impl_->forward(t.q, t.k, t.v, t.kv_cache, *metadata, p, t.out, stream);
 }
 

@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "attnkit/backend.h"
+#include "attnkit/device.h"
 #include "attnkit/metadata.h"
 #include "attnkit/params.h"
 #include "attnkit/selector.h"
@@ -25,7 +26,8 @@ class StepAttention {
   // Runs the selector (Error when `preferred` cannot serve cfg or nothing can).
   StepAttention(const AttentionConfig& cfg, std::optional<std::string_view> preferred);
   const Selection& selection() const { return selection_; }
-  // Builds the backend's metadata for the step and runs its impl (stream: cudaStream_t).
+  // Builds the backend's metadata for the step and runs its impl (stream: cudaStream_t). A GPU
+  // step whose launches need device workspace gets it from here (grown as steps need more).
   void run(const StepTensors& t, const CommonAttentionMetadata& md, const AttentionParams& params,
            void* stream);
 
@@ -33,6 +35,7 @@ class StepAttention {
   Selection selection_;
   std::unique_ptr<MetadataBuilder> builder_;
   std::unique_ptr<AttentionImpl> impl_;
+  CudaMemory workspace_;  // the impl's (AttentionImpl::set_workspace)
 };
 
 }  // namespace attnkit::cli

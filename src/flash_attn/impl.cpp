@@ -5,9 +5,6 @@
 #include "flash_attn/flash_attn_backend.h"
 #include "flash_attn/metadata_builder.h"
 #include "flash_attn/varlen_launch.h"
-#ifdef ATTNKIT_WITH_CUDA
-#include "cuda/device_buffer.h"
-#endif
 
 namespace attnkit::flash_attn {
 
@@ -16,14 +13,6 @@ namespace {
 constexpr std::string_view kWhere = "flash_attn forward";
 
 }  // namespace
-
-#ifdef ATTNKIT_WITH_CUDA
-struct FlashAttnImpl::OwnedWorkspace {
-  cuda::DeviceBuffer buffer;
-};
-#else
-struct FlashAttnImpl::OwnedWorkspace {};
-#endif
 
 FlashAttnImpl::FlashAttnImpl(const AttentionConfig& cfg) : cfg_(cfg) {
   require_servable(cfg, "flash_attn impl");
@@ -37,25 +26,11 @@ size_t FlashAttnImpl::max_workspace_bytes(int64_t max_tokens) const {
   return varlen_workspace_bytes(max_tokens, cfg_.num_heads, cfg_.head_size, kMaxSplits);
 }
 
-FlashAttnImpl::Workspace FlashAttnImpl::workspace_for(size_t bytes, int num_splits) {
-  if (workspace_ != nullptr) {
-    ATTNKIT_REQUIRE(workspace_bytes_ >= bytes, kWhere, "workspace bytes", workspace_bytes_,
-                    "a launch with " + std::to_string(num_splits) + " KV splits needs " +
-                        std::to_string(bytes) + " bytes (see max_workspace_bytes)");
-    return {workspace_, workspace_bytes_};
-  }
-#ifdef ATTNKIT_WITH_CUDA
-  if (!owned_) owned_ = std::make_unique<OwnedWorkspace>();
-  if (owned_->buffer.bytes() < bytes) {
-    owned_->buffer.resize(bytes);  // a new allocation: its counters need zeroing
-    workspace_ready_ = false;
-  }
-  return {owned_->buffer.get(), owned_->buffer.bytes()};
-#else
-  fail(kWhere, "workspace", "none",
-       "a launch with " + std::to_string(num_splits) + " KV splits needs " + std::to_string(bytes) +
-           " bytes of device workspace: call FlashAttnImpl::set_workspace (or build with max_splits = 1)");
-#endif
+size_t FlashAttnImpl::workspace_bytes_for(const BackendMetadata& metadata) const {
+  const auto* md = dynamic_cast<const FlashAttnMetadata*>(&metadata);
+  ATTNKIT_REQUIRE(md != nullptr, "flash_attn workspace_bytes_for", "metadata", "another backend's metadata",
+                  "must come from the flash_attn builder");
+  return md->split.num_splits > 1 ? md->workspace_bytes : 0;
 }
 
 void FlashAttnImpl::set_workspace(void* device_ptr, size_t bytes) {
@@ -88,12 +63,21 @@ void FlashAttnImpl::forward(const TensorView& q, const TensorView& k, const Tens
   AttentionParams p = params;
   p.lse = views.lse;
   p.validate(kWhere, cfg_.num_heads, cfg_.num_kv_heads, md->num_actual_tokens, Device::CUDA);
-  Workspace ws;
-  if (md->split.num_splits > 1) ws = workspace_for(md->workspace_bytes, md->split.num_splits);
+  // The split partials' workspace: the caller's (set_workspace), checked before any launch.
+  const size_t need = workspace_bytes_for(metadata);
+  if (need > 0) {
+    ATTNKIT_REQUIRE(workspace_ != nullptr, kWhere, "workspace", "none",
+                    "a launch with " + std::to_string(md->split.num_splits) + " KV splits needs " +
+                        std::to_string(need) + " bytes of device workspace: call set_workspace with workspace_bytes("
+                        "max_tokens) bytes (the impl allocates none)");
+    ATTNKIT_REQUIRE(workspace_bytes_ >= need, kWhere, "workspace bytes", workspace_bytes_,
+                    "a launch with " + std::to_string(md->split.num_splits) + " KV splits needs " +
+                        std::to_string(need) + " bytes (see workspace_bytes / max_workspace_bytes)");
+  }
   if (md->num_actual_tokens == 0) return;  // e.g. an all-padding CUDA-graph batch
 #ifdef ATTNKIT_WITH_CUDA
-  if (ws.ptr != nullptr && !workspace_ready_) {  // (a CPU build throws at the launch below)
-    varlen_workspace_init(ws.ptr, ws.bytes, stream);
+  if (need > 0 && !workspace_ready_) {  // (a CPU build throws at the launch below)
+    varlen_workspace_init(workspace_, workspace_bytes_, stream);
     workspace_ready_ = true;
   }
 #endif
@@ -113,8 +97,8 @@ void FlashAttnImpl::forward(const TensorView& q, const TensorView& k, const Tens
   a.params = p;
   a.num_splits = md->split.num_splits;
   a.generation = generation_;
-  a.workspace = ws.ptr;
-  a.workspace_bytes = ws.bytes;
+  a.workspace = need > 0 ? workspace_ : nullptr;
+  a.workspace_bytes = need > 0 ? workspace_bytes_ : 0;
   a.stream = stream;
   run_varlen_attention(a);
 }

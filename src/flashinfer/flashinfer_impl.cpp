@@ -1,5 +1,6 @@
 #include "flashinfer/flashinfer_impl.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -42,6 +43,16 @@ class FlashInferImpl final : public AttentionImpl {
     const BuilderLimits limits;
     return max_tokens > 0 ? plan_workspace_bytes(cfg_, limits, limits.max_tokens) : 0;
   }
+  // The larger of the two parts' (they run one after the other and share the buffer).
+  size_t workspace_bytes_for(const BackendMetadata& metadata) const override {
+    const auto* md = dynamic_cast<const FlashInferMetadata*>(&metadata);
+    ATTNKIT_REQUIRE(md != nullptr && md->state, "flashinfer workspace_bytes_for", "metadata",
+                    "another backend's metadata", "must come from the flashinfer builder (make_builder(cfg).build)");
+    size_t need = 0;
+    if (md->num_decodes > 0) need = std::max(need, md->state->decode_plan.workspace_bytes());
+    if (md->num_prefills > 0) need = std::max(need, md->state->prefill_plan.workspace_bytes());
+    return need;
+  }
   void set_workspace(void* device_ptr, size_t bytes) override {
     ATTNKIT_REQUIRE(device_ptr != nullptr || bytes == 0, "flashinfer set_workspace", "bytes", bytes,
                     "a workspace of > 0 bytes needs a device pointer");
@@ -80,6 +91,14 @@ class FlashInferImpl final : public AttentionImpl {
     ATTNKIT_REQUIRE(window_within(params.window_right, md->window_right), kWhere,
                     "params.window_right", params.window_right,
                     "must lie within the planned window_right = " + std::to_string(md->window_right));
+    // The partials' workspace: the caller's (set_workspace), checked before any launch.
+    const size_t need = workspace_bytes_for(metadata);
+    ATTNKIT_REQUIRE(need == 0 || caller_ws_ != nullptr, kWhere, "workspace", "none",
+                    "the batch's plans need " + std::to_string(need) +
+                        " bytes of device workspace for their partials: call set_workspace with workspace_bytes("
+                        "max_tokens) bytes (the impl allocates none)");
+    ATTNKIT_REQUIRE(caller_ws_bytes_ >= need, kWhere, "workspace bytes", caller_ws_bytes_,
+                    "must hold the plans' partials: " + std::to_string(need) + " bytes (see workspace_bytes)");
     const PlanState& st = *md->state;
     if (md->num_decodes > 0)
       run_part(views, kv_cache, st.decode_plan, st.decode_pages, st.decode_batch(), st.device, 0, p, stream);
@@ -91,9 +110,9 @@ class FlashInferImpl final : public AttentionImpl {
  private:
   // One planned part on the planned kernels, over its tokens [token0, token0 + the part's
   // tokens) of q / out / lse: the plan's device copy (the builder's state holds it: made here
-  // once, then staged by every build and copied by the first forward after it) and the split
-  // partials' workspace (sized for the plan's capacity, at the first forward; the parts run one
-  // after the other on the stream and share it). On a stream capturing a CUDA graph the launches
+  // once, then staged by every build and copied by the first forward after it) and the caller's
+  // workspace for the split partials (the parts run one after the other on the stream and
+  // share it). On a stream capturing a CUDA graph the launches
   // serve every plan of the capacity, so the graph replays the builder's later batches (of the
   // same query lengths).
   void run_part(const ForwardViews& views, const TensorView& kv_cache, const PlanBuffers& plan,
@@ -106,22 +125,6 @@ class FlashInferImpl final : public AttentionImpl {
       device = std::make_unique<DevicePlan>(plan.capacity, plan.config.group_size, pages.max_pages());
       device->stage(plan, pages, batch);
     }
-    void* ws = caller_ws_;
-    size_t ws_bytes = caller_ws_bytes_;
-    if (ws != nullptr) {  // (the caller's: set_workspace)
-      ATTNKIT_REQUIRE(ws_bytes >= plan.workspace_bytes(), kWhere, "workspace bytes", ws_bytes,
-                      "must hold the plan's partials: " + std::to_string(plan.workspace_bytes()) +
-                          " bytes (see workspace_bytes)");
-    } else {
-      if (workspace_.bytes() < plan.workspace_bytes()) {
-        ATTNKIT_REQUIRE(!capturing, kWhere, "stream", "capturing a CUDA graph",
-                        "must not be capturing at the impl's first GPU forward without set_workspace (it allocates the "
-                        "workspace of " + std::to_string(plan.workspace_bytes()) + " bytes)");
-        workspace_ = CudaMemory(plan.workspace_bytes());
-      }
-      ws = workspace_.get();
-      ws_bytes = workspace_.bytes();
-    }
     device->copy_staged(stream);
     const KVCacheSpec spec = cache_spec_of(kv_cache, cfg_, kWhere);
     const int64_t tokens = plan.num_tokens;
@@ -131,8 +134,8 @@ class FlashInferImpl final : public AttentionImpl {
     a.cache = spec.view(kv_cache);
     a.params = p;
     if (p.lse.defined()) a.params.lse = lse_columns(p.lse, token0, tokens);
-    a.workspace = ws;
-    a.workspace_bytes = ws_bytes;
+    a.workspace = caller_ws_;
+    a.workspace_bytes = caller_ws_bytes_;
     a.stream = stream;
     a.graph_safe = capturing;
     run_planned_part(*device, plan, pages, batch, a);
@@ -151,7 +154,6 @@ class FlashInferImpl final : public AttentionImpl {
   }
 
   AttentionConfig cfg_;
-  CudaMemory workspace_;       // the own one (no set_workspace)
   void* caller_ws_ = nullptr;  // set_workspace's
   size_t caller_ws_bytes_ = 0;
 };
