@@ -3,6 +3,7 @@
 // CUDA, cuda_device_count() is 0 and the rest throws Error.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "attnkit/backend.h"
@@ -25,6 +26,32 @@ void cuda_stream_synchronize(void* stream);
 // A non-blocking stream of the current device (never the legacy default stream).
 void* cuda_stream_create();
 void cuda_stream_destroy(void* stream) noexcept;
+
+// What GPU kernels found wrong in the metadata they were given, since the last read (on the
+// current device): a block id outside the cache, a key count past its block-table row or
+// negative, query offsets that decrease or run past the batch, a query longer than
+// max_seqlen_q; and the write_kv tokens dropped for out-of-range slots. The kernels read no
+// memory outside their buffers and write NaN to the rows a violation affects (the rows past
+// max_seqlen_q are not computed at all); this record says which and why. Only the first
+// violation's details are kept.
+struct DeviceErrors {
+  int64_t faults = 0;         // kernel violations (0: none)
+  std::string first;          // the first one, in words
+  int request = -1;           // ... its request
+  int64_t value = 0;          // ... and offending value
+  int64_t dropped_kv_tokens = 0;  // write_kv tokens dropped for a slot outside the cache
+  bool any() const { return faults > 0 || dropped_kv_tokens > 0; }
+  std::string describe() const;  // one line ("none" when !any())
+};
+// Reads and clears the record of the current device: one small copy on `stream`
+// (cudaStream_t), then a wait for it; the caller chooses when (e.g. once per engine step). A
+// build without CUDA returns an empty record.
+DeviceErrors device_errors(void* stream = nullptr);
+// Debug mode: every GPU entry point (attention, planned parts, write_kv) reads the record after
+// its launches and throws Error if it holds anything (not on a stream that is capturing a CUDA
+// graph). Off by default; ATTNKIT_CHECK_DEVICE_ERRORS=1 in the environment turns it on too.
+void set_check_device_errors(bool on);
+bool check_device_errors_enabled();
 
 // Owning device allocation for host programs (move-only).
 class CudaMemory {

@@ -41,6 +41,9 @@ void cuda_copy_to_host(void*, const void*, size_t, void*) { no_cuda_runtime("cud
 void cuda_stream_synchronize(void*) { no_cuda_runtime("cuda_stream_synchronize"); }
 void* cuda_stream_create() { no_cuda_runtime("cuda_stream_create"); }
 void cuda_stream_destroy(void*) noexcept {}
+DeviceErrors device_errors(void*) { return {}; }  // (no kernel ever ran)
+void set_check_device_errors(bool) {}
+bool check_device_errors_enabled() { return false; }
 
 }  // namespace attnkit
 

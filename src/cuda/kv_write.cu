@@ -13,6 +13,7 @@
 #include "core/cuda_dispatch.h"
 #include "cuda/convert.cuh"
 #include "cuda/cuda_check.h"
+#include "cuda/device_errors.h"
 #include "cuda/device_guard.h"
 #include "cuda/device_props.h"
 #include "cuda/kv_write.h"
@@ -303,6 +304,7 @@ void write_kv(const TensorView& key, const TensorView& value, const PagedKV& cac
       fail(kWhere, "cache.dtype", dtype_name(cache.dtype),
            "must be one of f32, f16, bf16, fp8_e4m3, fp8_e5m2, nvfp4");
   }
+  check_device_errors_after("write_kv (cuda)", stream);
 }
 
 int64_t write_kv_dropped_tokens(int device, void* stream) {

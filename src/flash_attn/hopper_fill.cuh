@@ -7,6 +7,7 @@
 //   Fill::kFullArrivals          arrivals that complete a full barrier (its init count)
 //   Fill::kProducerRegs, ...     the warpgroups' registers after setmaxnreg (hopper_traits.h)
 //   Fill::fix_tail_v(...)        consumers, the item's last V tile: rows past seq_len -> 0
+//   f.pages_fault(p, req)        the block-id guard over the item's pages (metadata_guard.cuh)
 //
 // CpAsyncFill: every producer thread copies 16-byte chunks (cuda/paged_kv_tile.h), resolving
 // pages through any page map (block table, page table, contiguous rows); rows past seq_len are
@@ -21,6 +22,7 @@
 #include <cstdint>
 
 #include "cuda/fast_divmod.h"
+#include "cuda/metadata_guard.cuh"
 #include "cuda/paged_kv_tile.h"
 #include "cuda/pipeline_sm90.h"
 #include "cuda/sync_sm90.h"
@@ -29,8 +31,9 @@
 
 namespace attnkit::flash_attn {
 
-template <class Tr, class PageMap>
+template <class Tr, class PageMap_>
 struct HopperCpAsyncFill {
+  using PageMap = PageMap_;
   using Loader = cuda::PagedKVTileLoader<Tr::kBlockN, 2 * Tr::kHeadDim, cuda::Swizzle128Tile<Tr::kBlockN>,
                                          Tr::kProducerThreads, PageMap>;
   using Pipe = cuda::Pipeline<Tr::kStages>;
@@ -60,10 +63,16 @@ struct HopperCpAsyncFill {
     pipe.commit_cp_async(at);
   }
   __device__ __forceinline__ static void fix_tail_v(unsigned char*, int, int, int) {}  // (zero-filled)
+  // The block-id guard over the item's n tiles (cuda/metadata_guard.cuh), this thread's share.
+  __device__ __forceinline__ bool pages_fault(const VarlenKernelParams& p, int req) const {
+    return cuda::pages_fault(loader.page_map, loader.block_size, first_key, key(n), loader.seq_len, req, p.errors, ptid,
+                             Tr::kProducerThreads);
+  }
 };
 
-template <class Tr, class PageMap>
+template <class Tr, class PageMap_>
 struct HopperTmaFill {
+  using PageMap = PageMap_;
   static_assert(std::is_base_of_v<cuda::BlockTablePages, PageMap>, "TMA fills read a block-table row");
   using Pipe = cuda::Pipeline<Tr::kStages>;
   using Pos = typename Pipe::State;
@@ -107,6 +116,14 @@ struct HopperTmaFill {
   // seq_len, which a box brought in. By each consumer warpgroup (its 128 threads, wg_tid) before
   // its own P V reads the tile (zeros written twice are still zeros); then that warpgroup's
   // barrier (3 + wg) and the proxy fence make them visible to its wgmma.
+  // The block-id guard over the item's n tiles (cuda/metadata_guard.cuh), this thread's share.
+  __device__ __forceinline__ bool pages_fault(const VarlenKernelParams& p, int req) const {
+    PageMap pages{};
+    pages.row = block_row;
+    pages.num_blocks = static_cast<uint32_t>(p.num_blocks);
+    return cuda::pages_fault(pages, block_size, first_key, first_key + n * Tr::kBlockN, seq_len, req, p.errors,
+                             static_cast<int>(threadIdx.x % 128), 128);
+  }
   __device__ __forceinline__ static void fix_tail_v(unsigned char* v_tile, int rows_left, int wg, int wg_tid) {
     if (rows_left >= Tr::kBlockN || rows_left % 16 == 0) return;  // (uniform across the CTA)
     constexpr int kChunksPerRow = Tr::kHeadDim / 8;

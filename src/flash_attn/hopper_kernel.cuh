@@ -107,6 +107,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   using Pos = typename Pipe::State;
   __shared__ PipelineBarriers<kS> k_bars, v_bars;
   __shared__ PipelineBarriers<kQB> q_bars;
+  // The metadata guards' verdict on an item (cuda/metadata_guard.cuh), by the stage of its last V
+  // tile: the producer writes it before its own arrival on that tile's full barrier, the
+  // consumers read it after waiting for it (so the scan costs them no registers).
+  __shared__ bool s_fault[kS];
 
   pdl_wait();  // everything below may read what the previous kernel wrote (metadata, q, cache)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -121,7 +125,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   if (tid == 0) {
     k_pipe.init(Fill::kFullArrivals, Tr::kConsumerThreads);
-    v_pipe.init(Fill::kFullArrivals, Tr::kConsumerThreads);
+    v_pipe.init(Fill::kFullArrivals + (kDeviceGuards ? 1 : 0), Tr::kConsumerThreads);  // (+ the guard's: below)
     q_pipe.init(Tr::kProducerThreads, Tr::kConsumerThreads);
     fence_mbarrier_init();  // (TMA completes on them)
   }
@@ -146,9 +150,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       const int n = w.tile_end - w.tile_begin;
       if (n == 0) continue;  // nothing to load: the consumers write the empty result
       Fill fill(p, w, n, ptid);
+      // V of tile t; after the last one's copies, the guards' verdict on the item (its metadata,
+      // and every page it loaded: a block outside the cache) into s_fault, released by producer
+      // thread 0's arrival on that tile's full barrier (before any other tile's: at once).
       auto load_v = [&](int t) {
         v_pipe.acquire(v_at);
         fill.v(t, v_stage(v_at), v_pipe, v_at);
+        if constexpr (kDeviceGuards) {
+          if (t == n - 1) {
+            const bool fault = named_bar_or(6, Tr::kProducerThreads, w.fault || fill.pages_fault(p, w.req));
+            if (ptid == 0) s_fault[v_at.stage] = fault;
+          }
+          if (ptid == 0) mbar_arrive(v_pipe.full(v_at));
+        }
         v_at.advance();
       };
       for (int t = 0; t < n; ++t) {
@@ -252,6 +266,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (wg == 1) named_bar_arrive(1, Tr::kConsumerThreads);  // warpgroup 0 goes first
   for (int64_t r = 0; next_item(r, w); ++r) {
     const int n = w.tile_end - w.tile_begin;
+    bool fault = w.fault;  // (an item with tiles: the producer's verdict, s_fault)
     softmax.init();
 #pragma unroll
     for (int f = 0; f < Tr::kOFrags; ++f) o[f] = FragC{};
@@ -262,6 +277,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       q_pipe.release(q_at);  // every S of the item is done: the producer may reuse it
       q_at.advance();
       v_pipe.wait(prev_at);
+      if constexpr (kDeviceGuards) fault = s_fault[prev_at.stage];
       Fill::fix_tail_v(smem + (v_stage(prev_at) - s_base), w.seq_len - tile_key(w, n - 1), wg, tid & 127);
       fence_proxy_async_smem();
       wgmma_fence();
@@ -271,6 +287,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       wgmma_hold(pa);
       v_pipe.release(prev_at);
     }
+    if (fault) fill_nan(o);  // (the metadata guards: NaN rows)
     if (warp_row0 < w.rows) detail::register_epilogue<Tr>(p, w, o, softmax, unit, warp_row0, lane);
   }
   // Warpgroup 1 handed warpgroup 0 one more turn than warpgroup 0 took: take it, so no arrival

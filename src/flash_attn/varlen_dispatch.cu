@@ -9,6 +9,7 @@
 #include "attnkit/error.h"
 #include "core/cuda_archs.h"
 #include "cuda/cuda_check.h"
+#include "cuda/device_errors.h"
 #include "cuda/fp8_dequant.h"
 #include "cuda/device_props.h"
 #include "cuda/split_kv_combine.h"
@@ -194,6 +195,9 @@ VarlenKernelParams varlen_kernel_params(const VarlenArgs& a) {
                  p.v_bscale_stride_block, p.v_bscale_stride_slot, p.v_bscale_stride_head);
   }
   p.block_size = cuda::FastDivmod(c.block_size);
+  // (block ids are int32: a block past 2^31 - 1 cannot be named, so the guards' bound fits 32 bits)
+  ATTNKIT_REQUIRE(c.num_blocks >= 0 && c.num_blocks <= 0x7fffffff, kWhere, "cache.num_blocks", c.num_blocks,
+                  "must be in [0, 2^31) (block ids are int32)");
   p.num_blocks = c.num_blocks;
   p.fp8_format = static_cast<int>(c.dtype == DType::fp8_e5m2 ? cuda::Fp8Format::e5m2 : cuda::Fp8Format::e4m3);
   p.cu_seqlens_q = a.cu_seqlens_q;
@@ -388,6 +392,7 @@ void run_planned_attention(const VarlenArgs& args, const PlannedLaunch& planned,
   p.page_indptr = planned.page_indptr;
   p.plan_part_o = planned.part_o;
   p.plan_part_lse = planned.part_lse;
+  p.errors = cuda::device_error_record();
   LaunchFacts facts = varlen_launch_facts(args, p);
   facts.planned_items = planned.planned_items;
   facts.plan_tile_q = planned.tile_q;
@@ -397,6 +402,7 @@ void run_planned_attention(const VarlenArgs& args, const PlannedLaunch& planned,
   for_elem<true>(args.q.dtype, facts.cache, [&]<class Elem, CacheKind kCache>() {
     launch_planned_head_dim<Elem, kCache>(p, plan, planned.grid_items, stream);
   });
+  cuda::check_device_errors_after(where, args.stream);
 }
 
 void run_varlen_attention(const VarlenArgs& args, const LaunchTuning& tuning) {
@@ -404,11 +410,13 @@ void run_varlen_attention(const VarlenArgs& args, const LaunchTuning& tuning) {
                   "is read by the FlashInfer-style planned decode only (run_planned_attention)");
   VarlenKernelParams p = varlen_kernel_params(args);
   if (p.num_tokens == 0 || args.num_reqs == 0) return;
+  p.errors = cuda::device_error_record();
   const LaunchFacts facts = varlen_launch_facts(args, p);
   const LaunchPlan plan = plan_with_maps(p, facts, tuning);
   const cudaStream_t stream = cuda::as_stream(args.stream);
   for_elem<false>(args.q.dtype, facts.cache,
                   [&]<class Elem, CacheKind kCache>() { launch_head_dim<Elem, kCache>(p, plan, stream); });
+  cuda::check_device_errors_after(kWhere, args.stream);
 }
 
 }  // namespace attnkit::flash_attn

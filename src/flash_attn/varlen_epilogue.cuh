@@ -70,7 +70,7 @@ __device__ __forceinline__ void combine_splits_if_last(const VarlenKernelParams&
   __shared__ int s_last;
   const int tid = threadIdx.x;
   WorkItem w;
-  schedule_work<Tr::kBlockM, Tr::kBlockN, false, Tr::kOSliceCols>(p, w);  // (true: this CTA has a tile)
+  schedule_work<Tr::kBlockM, Tr::kBlockN, false, Tr::kOSliceCols>(p, w, /*record=*/false);  // (true: this CTA has a tile)
   __syncthreads();  // every thread's partials are written before thread 0 releases them
   if (tid == 0) {
     unsigned int* counter =
@@ -113,7 +113,7 @@ __device__ __forceinline__ void merge_splits_in_cluster(const VarlenKernelParams
   cluster_sync();  // every split's partials are in its shared memory
   if (cluster_rank() == 0) {
     WorkItem w;
-    schedule_work<Tr::kBlockM, Tr::kBlockN, false, Tr::kOSliceCols>(p, w);  // (taken again: see combine_splits_if_last)
+    schedule_work<Tr::kBlockM, Tr::kBlockN, false, Tr::kOSliceCols>(p, w, /*record=*/false);  // (taken again: see combine_splits_if_last)
     const int tid = threadIdx.x;
     const uint32_t parts = smem_addr(smem + Tr::kClusterPartOffset);
     for (int m = tid >> 5; m < w.rows; m += Tr::kThreads / 32) {

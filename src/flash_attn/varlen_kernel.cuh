@@ -64,6 +64,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
   cta_trace_mark(p.cta_trace, kTraceReleased);
   WorkItem w;
   if (!Scheduler::take(p, w)) return;
+  // (the metadata guards' verdict waits in shared memory: a register live across the main loop
+  // spilled the register-bound prefill tiles more)
+  __shared__ bool s_fault;
+  if (threadIdx.x == 0) s_fault = w.fault;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp % Tr::kWarpsM, warp_n = warp / Tr::kWarpsM;
@@ -112,7 +116,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
   }
 
   kv.drain();
-  __syncthreads();
+  // The metadata guards (cuda/metadata_guard.cuh): an item whose metadata broke a rule, or whose
+  // pages hold a block outside the cache, writes NaN rows. (The barrier the epilogue needs.)
+  if (__syncthreads_or(item_pages_fault<typename Source::PageMap>(p, w, kv.tile_key(n_tiles), tid, Tr::kThreads)) ||
+      (kDeviceGuards && s_fault))
+    fill_nan(math.o);
   cta_trace_mark(p.cta_trace, kTraceLoopDone);
   Epilogue::run(p, w, smem, math, unit, warp_active, warp_m, warp_n, tid);
   cta_trace_mark(p.cta_trace, kTraceEpilogue);

@@ -5,6 +5,7 @@
 
 #include "cuda/fast_divmod.h"
 #include "cuda/split_kv_combine.h"
+#include "cuda/device_errors.h"
 #include "cuda/tma_sm90.h"
 
 namespace attnkit::flash_attn {
@@ -99,6 +100,10 @@ struct VarlenKernelParams {
   const int32_t* page_indptr = nullptr;
   float* plan_part_o = nullptr;
   float* plan_part_lse = nullptr;
+
+  // The device error record (cuda/device_errors.h; set by the launcher): where the kernels'
+  // metadata guards (cuda/metadata_guard.cuh) report; nullptr = nowhere (the guards still hold).
+  cuda::DeviceErrorRecord* errors = nullptr;
 
   // Diagnostics: per-CTA timestamps (cuda/cta_trace.h), [grid CTAs][kCtaTraceSlots]; nullptr = off.
   uint64_t* cta_trace = nullptr;

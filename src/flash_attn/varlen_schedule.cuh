@@ -14,6 +14,7 @@
 #include "cuda/cp_async.h"
 #include "cuda/device_props.h"
 #include "cuda/kv_source.cuh"
+#include "cuda/metadata_guard.cuh"
 #include "cuda/paged_kv_tile.h"
 #include "flash_attn/launch_plan.h"
 #include "flash_attn/varlen_params.h"
@@ -30,6 +31,7 @@ struct WorkItem {
   int full_lo, full_hi;        // keys visible to every row of the tile: [full_lo, full_hi)
   int o_col0;                  // the first output column this CTA computes (tiles with o_slices)
   int num_chunks, partial_base;  // planned items (PlanScheduler): chunks of the tile, its partial rows
+  bool fault;                  // its metadata broke a rule (cuda/metadata_guard.cuh): NaN rows
 };
 
 // A metadata read; kL2Only bypasses L1 (reads before the PDL wait: a line cached then could be
@@ -55,12 +57,64 @@ __device__ __forceinline__ void tile_row_keys(const VarlenKernelParams& p, const
   last = vis.of(cuda::query_position(w.seq_len, w.q_len, i_last));
 }
 
+// The keys request `req`'s table row holds: its block-table width, page-table row or contiguous
+// rows (the bound of the key-count guard).
+__device__ __forceinline__ int64_t key_capacity(const VarlenKernelParams& p, int req) {
+  if (p.page_indptr != nullptr)
+    return int64_t{__ldg(p.page_indptr + req + 1) - __ldg(p.page_indptr + req)} * p.block_size.divisor;
+  if (p.cu_seqlens_k != nullptr) return __ldg(p.cu_seqlens_k + req + 1) - __ldg(p.cu_seqlens_k + req);
+  return int64_t{p.max_blocks_per_req} * p.block_size.divisor;
+}
+
+// v in [lo, hi] (hi >= lo; v fits an int once clamped).
+__device__ __forceinline__ int clamp_to(int64_t v, int64_t lo, int64_t hi) {
+  return static_cast<int>(v < lo ? lo : v > hi ? hi : v);
+}
+
+// The guards of a work item (cuda/metadata_guard.cuh) on the lengths its scheduler read: query
+// rows inside the batch's tokens and at most grid_rows (the packed rows the launch covers, from
+// max_seqlen_q), a key count in [0, the request's table row]. They clamp w.q_len / w.seq_len
+// and set w.fault; `reporter`: this CTA records the request's violations (one per request).
+// The checks are inline; what a violation does is out of line (valid metadata pays compares).
+namespace guard_detail {
+__device__ __noinline__ int clamp_query_rows(cuda::DeviceErrorRecord* errors, int64_t num_tokens, int req, int q_start,
+                                             int q_len, bool reporter) {
+  if (reporter) cuda::record_fault(errors, cuda::DeviceFault::query_rows, req, int64_t{q_start} + q_len);
+  return (q_start < 0 || q_start > num_tokens) ? 0 : clamp_to(q_len, 0, num_tokens - q_start);
+}
+__device__ __noinline__ void report(cuda::DeviceErrorRecord* errors, cuda::DeviceFault kind, int req, int value,
+                                    bool reporter) {
+  if (reporter) cuda::record_fault(errors, kind, req, value);
+}
+}  // namespace guard_detail
+
+__device__ __forceinline__ void guard_queries(const VarlenKernelParams& p, WorkItem& w, int64_t grid_rows,
+                                              bool reporter) {
+  if (w.q_len < 0 || w.q_start < 0 || int64_t{w.q_start} + w.q_len > p.num_tokens) {
+    w.fault = true;
+    w.q_len = guard_detail::clamp_query_rows(p.errors, p.num_tokens, w.req, w.q_start, w.q_len, reporter);
+  }
+  if (int64_t{w.q_len} * p.group > grid_rows) {
+    w.fault = true;
+    guard_detail::report(p.errors, cuda::DeviceFault::query_len_past_max, w.req, w.q_len, reporter);
+  }
+}
+__device__ __forceinline__ void guard_keys(const VarlenKernelParams& p, WorkItem& w, bool reporter) {
+  const int64_t cap = key_capacity(p, w.req);
+  if (w.seq_len < 0 || w.seq_len > cap) {
+    w.fault = true;
+    guard_detail::report(p.errors, cuda::DeviceFault::seq_len, w.req, w.seq_len, reporter);
+    w.seq_len = clamp_to(w.seq_len, 0, cap);
+  }
+}
+
 // The work item at grid coordinates (x, y, z); false when x is past the request's row tiles.
 // kOSliceCols > 0: the tile's items have output-column slices of that width, the slice outermost
 // in y (y = (slice x kv heads + kv_head) x splits + split: a cluster of one item's splits stays
 // contiguous in y).
 template <int kBlockM, int kBlockN, bool kL2Only = false, int kOSliceCols = 0>
-__device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, int x, int y, int z, WorkItem& w) {
+__device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, int x, int y, int z, int grid_row_tiles,
+                                              WorkItem& w, bool record = true) {
   w.o_col0 = 0;
   if constexpr (kOSliceCols > 0) {
     const int per_slice = p.num_kv_heads * p.num_splits;
@@ -73,12 +127,18 @@ __device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, int x
   w.split = y % p.num_splits;
   w.q_start = load_meta<kL2Only>(p.cu_seqlens_q + w.req);
   w.q_len = load_meta<kL2Only>(p.cu_seqlens_q + w.req + 1) - w.q_start;
-  const int rows_total = w.q_len * p.group;
+  // (the guards: not before the PDL wait, when the lengths may be stale; not without guards)
+  constexpr bool kGuard = !kL2Only && cuda::kDeviceGuards;
+  const bool reporter = record && x == 0 && y == 0;
+  w.fault = false;
+  if constexpr (kGuard) guard_queries(p, w, int64_t{grid_row_tiles} * kBlockM, reporter);
+  const int rows_total = max(w.q_len, 0) * p.group;
   const int num_row_tiles = (rows_total + kBlockM - 1) / kBlockM;
   if (x >= num_row_tiles) return false;
   w.m0 = (num_row_tiles - 1 - x) * kBlockM;
   w.rows = min(kBlockM, rows_total - w.m0);
   w.seq_len = load_meta<kL2Only>(p.seqused_k + w.req);
+  if constexpr (kGuard) guard_keys(p, w, reporter);
 
   cuda::KeyRange first, last;
   tile_row_keys(p, w, first, last);
@@ -103,8 +163,9 @@ __device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, int x
 
 // The work item of this CTA in a grid of one CTA per item.
 template <int kBlockM, int kBlockN, bool kL2Only = false, int kOSliceCols = 0>
-__device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, WorkItem& w) {
-  return schedule_work<kBlockM, kBlockN, kL2Only, kOSliceCols>(p, blockIdx.x, blockIdx.y, blockIdx.z, w);
+__device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, WorkItem& w, bool record = true) {
+  return schedule_work<kBlockM, kBlockN, kL2Only, kOSliceCols>(p, blockIdx.x, blockIdx.y, blockIdx.z,
+                                                               static_cast<int>(gridDim.x), w, record);
 }
 
 // The grid scheduler: the CTA's item is its grid coordinates.
@@ -152,6 +213,7 @@ struct PlanScheduler {
     w.full_lo = max(last.lo, kv_begin);
     w.full_hi = min(first.hi, kv_end);
     w.first_key = w.key_lo & ~15;
+    w.fault = false;  // (its lengths and offsets are the host plan's, checked there; block ids: the scan)
     w.tile_begin = 0;
     w.tile_end = w.key_hi > w.key_lo ? (w.key_hi - w.first_key + kBlockN - 1) / kBlockN : 0;
     return true;
@@ -189,12 +251,16 @@ struct PersistentScheduler {
       if (i >= total) continue;
       const int64_t yz = i / nx;
       if (schedule_work<kBlockM, kBlockN>(p, static_cast<int>(i - yz * nx), static_cast<int>(yz % ny),
-                                          static_cast<int>(yz / ny), w))
+                                          static_cast<int>(yz / ny), nx, w))
         return true;
     }
     return false;
   }
 };
+
+// The cache's block count as a page map bounds ids (< 2^31: varlen_kernel_params checks; read
+// straight from the parameters, so the loaders may reload it rather than hold a register).
+__device__ __forceinline__ uint32_t cache_blocks(const VarlenKernelParams& p) { return static_cast<uint32_t>(p.num_blocks); }
 
 // The page map (cuda/paged_kv_tile.h) of the work item's request: its block-table row, its
 // page-table row, or its first row of contiguous K/V (cu_seqlens_k; kL2Only: a read before the
@@ -204,10 +270,19 @@ __device__ __forceinline__ PageMap page_map_for(const VarlenKernelParams& p, con
   if constexpr (std::is_same_v<PageMap, cuda::ContiguousPages>) {
     return {load_meta<kL2Only>(p.cu_seqlens_k + w.req)};
   } else if constexpr (std::is_same_v<PageMap, cuda::PageTablePages>) {
-    return {{p.block_table + load_meta<kL2Only>(p.page_indptr + w.req)}};
+    return {{p.block_table + load_meta<kL2Only>(p.page_indptr + w.req), cache_blocks(p)}};
   } else {
-    return {p.block_table + static_cast<int64_t>(w.req) * p.max_blocks_per_req};
+    return {p.block_table + static_cast<int64_t>(w.req) * p.max_blocks_per_req, cache_blocks(p)};
   }
+}
+
+// The block-id guard of a work item (cuda/metadata_guard.cuh pages_fault) over its tiles' keys
+// [w.first_key, key_end).
+template <class PageMap>
+__device__ __forceinline__ bool item_pages_fault(const VarlenKernelParams& p, const WorkItem& w, int key_end, int tid,
+                                                 int nthreads) {
+  return cuda::pages_fault(page_map_for<PageMap>(p, w), p.block_size, w.first_key, key_end, w.seq_len, w.req, p.errors,
+                           tid, nthreads);
 }
 
 // A paged K/V tile loader (cuda/paged_kv_tile.h) over the work item's request and KV head.
