@@ -10,7 +10,9 @@
 #   SANITIZER_FILTER   gtest filter for memcheck (default '*Sanitizer*:*KvWrite*')
 #   GPU_TEST_FILTER    gtest filter for the GPU tests (default '*')
 #   STEPS              comma list of build,cpu,gpu,sanitizer,demo,python,bench (default: all)
-#                      and, on request only, profile: Nsight Compute on one kernel of the bench,
+#                      and, on request only, soak: with python, the engine-path soak at
+#                      SOAK_BATCHES (default 10000) batches; guards: the bench with and without the device
+#                      guards in turns (build-noguards/; $LOG/guards.md), profile: Nsight Compute on one kernel of the bench,
 #                      and sm80: the GPU tests on a build of compute_80 code (build-sm80/,
 #                      compiled for sm_90; SM80_TEST_FILTER, default GPU_TEST_FILTER; T_SM80)
 #   PROFILE_KERNEL     profile: kernel name regex (default hopper_varlen)
@@ -218,6 +220,15 @@ if want python; then
       cat "$LOG/py.tmp" >>"$LOG/tests.log"
     fi
     rm -f "$LOG/py.tmp"
+    # On request: the soak (python/tests/test_gpu.py test_cuda_soak_engine_path) at SOAK_BATCHES
+    # random mixed batches (default 10,000; the pytest run above does 300).
+    if [[ ",$STEPS," == *",soak,"* ]]; then
+      : >"$LOG/py.tmp"
+      step soak "${T_SOAK:-600}" "$LOG/py.tmp" env ATTNKIT_SOAK="${SOAK_BATCHES:-10000}" python3 -m pytest -q -s \
+        -p no:cacheprovider python/tests/test_gpu.py -k soak || FAILED=1
+      SUMMARY+=("  soak: $(grep -E '^soak:' "$LOG/py.tmp" | tail -1) $(pytest_result "$LOG/py.tmp")")
+      cat "$LOG/py.tmp" >>"$LOG/tests.log"; rm -f "$LOG/py.tmp"
+    fi
   elif [ -f pyproject.toml ] && [ -d python/tests ]; then
     step python-build "${T_PYTHON:-420}" "$LOG/tests.log" python3 -m pip install -q --disable-pip-version-check \
       --no-build-isolation --no-deps -C cmake.define.ATTNKIT_CUDA="${PY_CUDA:-ON}" \
@@ -251,6 +262,31 @@ if want bench; then
     python3 bench/report.py "$LOG/bench.jsonl" "$LOG/peers.jsonl" --commit "$COMMIT" --out "$LOG/table.md" >/dev/null
     echo; echo "---- benchmark table (also $LOG/table.md) ----"
     sed -n '/^| section/,/^$/p' "$LOG/table.md"
+  fi
+fi
+
+# ---- on request: the cost of the device-side guards (src/cuda/metadata_guard.cuh) ------------------
+# A second bench built with -DATTNKIT_DEVICE_GUARDS=OFF (build-noguards/), both run twice in turns
+# on BENCH_ARGS / BENCH_MATCH; tools/bench_ab.py prints each row's cost (issue 22: at most 1%).
+if [[ ",$STEPS," == *",guards,"* ]] && [ -x "$BUILD/bench/attnkit_bench" ]; then
+  if step configure-noguards "${T_BUILD:-420}" "$LOG/build.log" cmake -S . -B build-noguards -G Ninja \
+       -DCMAKE_BUILD_TYPE=Release -DATTNKIT_CUDA=ON -DATTNKIT_TESTS=OFF -DATTNKIT_BENCH=ON -DATTNKIT_DEVICE_GUARDS=OFF \
+       -DATTNKIT_CUDA_ARCHS=90a -DCMAKE_CUDA_ARCHITECTURES=90a &&
+     step build-noguards "${T_BUILD:-420}" "$LOG/build.log" cmake --build build-noguards -j "$JOBS" --target attnkit_bench; then
+    for turn in 1 2; do
+      for side in noguards guards; do
+        bin=$BUILD/bench/attnkit_bench
+        [ $side = noguards ] && bin=build-noguards/bench/attnkit_bench
+        # shellcheck disable=SC2086
+        step "bench $side $turn" "${T_BENCH:-240}" "$LOG/ab.log" "$bin" --json "$LOG/ab-$side-$turn.jsonl" ${BENCH_ARGS:-} \
+          ${BENCH_MATCH:+--match "$BENCH_MATCH"}
+      done
+    done
+    python3 tools/bench_ab.py "$LOG/ab-noguards-1.jsonl,$LOG/ab-noguards-2.jsonl" \
+      "$LOG/ab-guards-1.jsonl,$LOG/ab-guards-2.jsonl" >"$LOG/guards.md" 2>&1
+    SUMMARY+=("  guards cost: $(tail -1 "$LOG/guards.md")")
+  else
+    FAILED=1
   fi
 fi
 

@@ -11,7 +11,9 @@ PyTorch version.
   merge_state_in_place (module attnkit.flashinfer also has merge_states)
 - native API: backends, select, KVCacheSpec, kv_cache_shape, kv_cache_stride_order, write_kv,
   merge_states (natural-log LSE), AttentionLayer (selector + builder + impl: the engine path)
-- errors: AttnkitError (a ValueError) carrying the library's message
+- errors: AttnkitError (a ValueError) carrying the library's message; device_errors /
+  check_device_errors: what the GPU kernels found wrong in the metadata (set_check_device_errors:
+  check after every call)
 """
 
 from ._attnkit import AttnkitError, cuda_archs, cuda_built
@@ -20,7 +22,7 @@ from .flashinfer import (BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPag
                          BatchPrefillWithRaggedKVCacheWrapper, merge_state, merge_state_in_place)
 from .native import (AttentionLayer, KVCacheSpec, LayerMetadata, Refusal, Selection, backends, kv_cache_shape,
                      kv_cache_stride_order, merge_states, select, write_kv, split_decodes_and_prefills,
-                     decode_first_order)
+                     decode_first_order, device_errors, check_device_errors, set_check_device_errors)
 
 __version__ = "0.1.0"
 
@@ -30,5 +32,6 @@ __all__ = [
     "BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper", "merge_state", "merge_state_in_place", "KVCacheSpec",
     "Refusal", "Selection", "backends", "kv_cache_shape", "kv_cache_stride_order", "merge_states",
-    "select", "write_kv", "split_decodes_and_prefills", "decode_first_order",
+    "select", "write_kv", "split_decodes_and_prefills", "decode_first_order", "device_errors",
+    "check_device_errors", "set_check_device_errors",
 ]

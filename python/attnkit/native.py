@@ -276,3 +276,40 @@ def _device_int(x, host, target):
     import torch
 
     return torch.from_numpy(host).to(target)
+
+
+def _default_stream(stream):
+    if stream is not None:
+        return A.resolve_stream(stream)
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return int(torch.cuda.current_stream().cuda_stream)
+    except ImportError:
+        pass
+    return 0
+
+
+def device_errors(stream=None):
+    """What the GPU kernels found wrong in the metadata they were given since the last read (on
+    the current device), and clears it: a dict with faults (count), first (the first violation
+    in words), request, value, dropped_kv_tokens (write_kv slots outside the cache) and message.
+    The kernels read nothing outside their buffers and write NaN to the rows a violation
+    affects. One small copy and a wait on `stream` (default: PyTorch's current stream); a build
+    without CUDA reports nothing."""
+    return _C.device_errors(_default_stream(stream))
+
+
+def check_device_errors(stream=None):
+    """device_errors(stream), raising AttnkitError with its message when it holds anything."""
+    e = device_errors(stream)
+    if e["faults"] or e["dropped_kv_tokens"]:
+        raise _C.AttnkitError(e["message"])
+    return e
+
+
+def set_check_device_errors(on):
+    """Debug mode: every GPU call checks the record after its launches and raises (not inside a
+    CUDA-graph capture). Also on with ATTNKIT_CHECK_DEVICE_ERRORS=1 in the environment."""
+    _C.set_check_device_errors(bool(on))

@@ -341,6 +341,80 @@ def test_cuda_contiguous_kv(name):
 
 
 @needs_cuda
+@pytest.mark.parametrize("fault", ["block id past the cache", "negative block id", "seqused_k past the table",
+                                   "max_seqlen_q too small"])
+def test_cuda_device_guards(fault):
+    # Bad metadata on the device (what the host cannot check without a copy): no memory outside
+    # the buffers is read (memcheck runs this file's siblings; here: no CUDA error), the
+    # affected request's rows are NaN, the others right, and the device error record says what
+    # and where; reading it clears it.
+    H, Hkv, D, bs = 8, 2, 128, 16
+    b = TorchBatch([1, 1, 5, 1], [300, 40, 200, 90], H, Hkv, D, bs, torch.bfloat16, "cuda", seed=91)
+    attnkit.device_errors()  # (start from a clear record)
+    exp = b.reference(causal=True)
+    bad, max_q = 2, b.max_seqlen_q
+    if fault == "block id past the cache":
+        b.block_table[bad, 3] = 50_000_000
+    elif fault == "negative block id":
+        b.block_table[bad, 0] = -7
+    elif fault == "seqused_k past the table":
+        b.seqused_k[bad] = 4000
+    else:
+        max_q = 1  # request 2 has 5 query tokens
+    k, v = b.views()
+    out, lse = attnkit.flash_attn_varlen_func(b.q, k, v, max_q, b.cu_seqlens_q, b.max_seqlen_k, seqused_k=b.seqused_k,
+                                              block_table=b.block_table, return_softmax_lse=True, causal=True)
+    torch.cuda.synchronize()
+    e = attnkit.device_errors()
+    assert e["faults"] >= 1 and e["request"] == bad, e
+    want = {"block id past the cache": "block id", "negative block id": "block id",
+            "seqused_k past the table": "key count", "max_seqlen_q too small": "max_seqlen_q"}[fault]
+    assert want in e["first"], e
+    assert attnkit.device_errors()["faults"] == 0  # (read clears it)
+    rows = b.cu_seqlens_q.tolist()
+    bad_rows = out[rows[bad]:rows[bad + 1]].float()
+    if fault == "max_seqlen_q too small":
+        assert torch.isnan(bad_rows[-1]).all()  # (the rows the grid covers; the others are not written)
+    else:
+        assert torch.isnan(bad_rows).all()
+    good = [r for r in range(4) if r != bad]
+    for r in good:
+        sl = slice(rows[r], rows[r + 1])
+        assert_close_t(out[sl], exp[0][sl], *tol(torch.bfloat16), f"request {r} next to a bad one")
+
+
+@needs_cuda
+def test_cuda_device_error_checks_after_every_call():
+    # Debug mode: the call itself raises, naming the violation.
+    b = TorchBatch([1, 1], [300, 40], 8, 2, 128, 16, torch.bfloat16, "cuda", seed=92)
+    b.block_table[1, 0] = 1 << 30
+    attnkit.device_errors()
+    attnkit.set_check_device_errors(True)
+    try:
+        with pytest.raises(attnkit.AttnkitError, match="block id"):
+            b.run(causal=True)
+    finally:
+        attnkit.set_check_device_errors(False)
+    attnkit.device_errors()
+    b.block_table[1, 0] = 0
+    b.run(causal=True)
+    assert attnkit.check_device_errors()["faults"] == 0
+
+
+@needs_cuda
+def test_cuda_write_kv_dropped_slots_join_the_record():
+    H, Hkv, D, bs = 8, 2, 64, 16
+    cache = torch.zeros(4, 2, bs, Hkv, D, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(3, Hkv, D, device="cuda").to(torch.bfloat16)
+    attnkit.device_errors()
+    attnkit.reshape_and_cache_flash(k, k, cache[:, 0], cache[:, 1], torch.tensor([0, 10_000, 5], device="cuda"),
+                                    "auto")
+    e = attnkit.device_errors()
+    assert e["dropped_kv_tokens"] == 1 and e["faults"] == 0, e
+    assert "dropped 1 token" in e["message"]
+
+
+@needs_cuda
 def test_cuda_mixed_devices_are_refused():
     b = TorchBatch([1], [16], 2, 2, 64, 16, torch.float16, "cuda")
     k, v = b.views()
@@ -868,3 +942,129 @@ def test_cuda_num_splits_rule_and_scheduler_metadata():
     other = attnkit.get_scheduler_metadata(len(q_lens), b.max_seqlen_q, b.max_seqlen_k, 8, 1, 128, b.seqused_k)
     with pytest.raises(attnkit.AttnkitError, match="num_kv_heads"):
         b.run(causal=True, scheduler_metadata=other)
+
+
+# ---- soak: many random mixed batches through the engine path ------------------------------------
+
+SOAK_LAYERS = [  # (heads, kv heads, head size, dtype, kv cache dtype, block size, backend)
+    (32, 8, 128, "bfloat16", "auto", 16, "flash_attn"),
+    (32, 8, 128, "bfloat16", "auto", 16, "flashinfer"),
+    (16, 16, 64, "float16", "auto", 32, "flash_attn"),
+    (8, 1, 256, "bfloat16", "auto", 16, "flash_attn"),
+    (32, 8, 128, "bfloat16", "fp8_e4m3", 16, "flash_attn"),
+    (8, 2, 128, "float16", "auto", 64, "flashinfer"),
+    (12, 4, 96, "bfloat16", "auto", 16, "flash_attn"),
+    (32, 4, 128, "bfloat16", "auto", 128, "flashinfer"),
+]
+
+
+def _rss_bytes():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+@needs_cuda
+def test_cuda_soak_engine_path():
+    # Random mixed batches (decodes first, prefills, chunked prefills; GQA ratios, head sizes,
+    # fp8 and 16-bit caches, block sizes 16..128, both GPU backends) through
+    # AttentionLayer.build_metadata / forward, two sampled requests of each checked against the
+    # float64 reference; zero failures, an empty device error record, and no growth of device
+    # memory (PyTorch's allocated bytes, the driver's free bytes) or of the host's resident set
+    # between the end of a warm-up and the end. ATTNKIT_SOAK=N batches (default 300;
+    # tools/gpu-check.sh's soak step runs 10,000).
+    import gc
+    import os
+    import random
+
+    n_batches = int(os.environ.get("ATTNKIT_SOAK", "300"))
+    rnd = random.Random(2026)
+    g = torch.Generator(device="cuda").manual_seed(2026)
+    max_tokens, max_reqs = 2048 * 8, 12
+    layers = []
+    for H, Hkv, D, dtype, cache_dtype, bs, backend in SOAK_LAYERS:
+        layer = attnkit.AttentionLayer(H, Hkv, D, dtype, kv_cache_dtype=cache_dtype, block_size=bs, device="cuda",
+                                       backend=backend)
+        num_blocks = max_tokens // bs + max_reqs
+        shape = layer.kv_cache_physical_shape(num_blocks)
+        cache = torch.randn(shape, generator=g, device="cuda")
+        cache = cache.to(torch.float8_e4m3fn) if cache_dtype == "fp8_e4m3" else cache.to(getattr(torch, dtype))
+        layers.append((layer, cache, H, Hkv, D, getattr(torch, dtype), bs, num_blocks))
+    attnkit.device_errors()
+    failures, checked = [], 0
+    warmup = min(50, n_batches // 2)
+    before = None
+    for i in range(n_batches):
+        if i == warmup:
+            gc.collect()
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            before = (torch.cuda.memory_allocated(), torch.cuda.mem_get_info()[0], _rss_bytes())
+        layer, cache, H, Hkv, D, dt, bs, num_blocks = layers[rnd.randrange(len(layers))]
+        n = rnd.randint(1, max_reqs)
+        q_lens, kv_lens = [], []
+        for _ in range(n):
+            kind = rnd.random()
+            if kind < 0.6:
+                q = 1
+                kv = rnd.randint(1, 2000)
+            elif kind < 0.8:
+                q = rnd.randint(2, 300)
+                kv = q
+            else:
+                q = rnd.randint(2, 200)
+                kv = q + rnd.randint(1, 1500)
+            q_lens.append(q)
+            kv_lens.append(kv)
+        order = sorted(range(n), key=lambda r: q_lens[r] > 1)  # (decodes first)
+        q_lens = [q_lens[r] for r in order]
+        kv_lens = [kv_lens[r] for r in order]
+        blocks = [-(-kv // bs) for kv in kv_lens]
+        ids = torch.randperm(num_blocks, generator=g, device="cuda")[:sum(blocks)].to(torch.int32).cpu()
+        width = max(blocks)
+        table = torch.zeros(n, width, dtype=torch.int32)
+        at = 0
+        for r, nb in enumerate(blocks):
+            table[r, :nb] = ids[at:at + nb]
+            at += nb
+        cu = torch.tensor([0] + list(np.cumsum(q_lens)), dtype=torch.int32)
+        seq = torch.tensor(kv_lens, dtype=torch.int32)
+        slots = torch.cat([table[r, torch.arange(kv - q, kv) // bs].long() * bs + torch.arange(kv - q, kv) % bs
+                           for r, (q, kv) in enumerate(zip(q_lens, kv_lens))])
+        T = int(cu[-1])
+        qt = torch.randn(T, H, D, generator=g, device="cuda").to(dt)
+        try:
+            md = layer.build_metadata(cu, seq, table, slots)
+            out = layer.forward(qt, None, None, cache, md)
+            for r in rnd.sample(range(n), min(2, n)):
+                q0, q1 = int(cu[r]), int(cu[r + 1])
+                kc, vc = (cache[:, 0], cache[:, 1])
+                exp = torch_attention(qt[q0:q1], kc, vc, torch.tensor([0, q1 - q0], dtype=torch.int32), seq[r:r + 1],
+                                      table[r:r + 1].cuda(), causal=True)[0]
+                atol, rtol = tol(dt)
+                if kc.dtype == torch.float8_e4m3fn:
+                    atol, rtol = 2 * atol, 2 * rtol
+                a, e = out[q0:q1].double(), exp
+                if not torch.isfinite(a).all() or ((a - e).abs() > atol + rtol * e.abs()).any():
+                    worst = float((a - e).abs().max()) if torch.isfinite(a).all() else float("nan")
+                    failures.append(f"batch {i} ({layer.backend}, H {H}/{Hkv}, D {D}, {kc.dtype}, block {bs}) "
+                                    f"request {r} of q {q_lens} kv {kv_lens}: max |error| {worst}")
+                checked += 1
+        except Exception as ex:  # (an error is a failure too: every batch here is valid)
+            failures.append(f"batch {i}: {type(ex).__name__}: {ex}")
+        if len(failures) >= 5:
+            break
+    torch.cuda.synchronize()
+    errors = attnkit.device_errors()
+    gc.collect()
+    torch.cuda.empty_cache()
+    after = (torch.cuda.memory_allocated(), torch.cuda.mem_get_info()[0], _rss_bytes())
+    print(f"soak: {n_batches} batches, {checked} requests checked, {len(failures)} failures; device allocated "
+          f"{before[0]} -> {after[0]} B, driver free {before[1]} -> {after[1]} B, host RSS {before[2]} -> {after[2]} B")
+    assert not failures, "\n".join(failures)
+    assert errors["faults"] == 0 and errors["dropped_kv_tokens"] == 0, errors
+    assert after[0] <= before[0], "PyTorch's allocated device memory grew"
+    assert after[1] >= before[1] - (64 << 20), "the driver's free device memory fell by more than 64 MB"
+    assert after[2] <= before[2] + (64 << 20), "the host's resident set grew by more than 64 MB"

@@ -114,3 +114,15 @@ def test_layer_dcp_ranks_merge_to_the_unsharded_result(interleave):
     with pytest.raises(attnkit.AttnkitError, match="rank"):
         layer.build_metadata(qsl, np.array(kv_lens, np.int32), table, np.full(int(qsl[-1]), -1, np.int64),
                              dcp=(N, N, interleave))
+
+
+def test_device_errors_api():
+    # The device error record's API: nothing to report without CUDA; with a CUDA build it needs
+    # a GPU (python/tests/test_gpu.py runs the guards).
+    if attnkit.cuda_built:
+        pytest.skip("the record is read from a GPU (test_gpu.py)")
+    e = attnkit.device_errors()
+    assert e["faults"] == 0 and e["dropped_kv_tokens"] == 0 and e["message"] == "none"
+    assert attnkit.check_device_errors() == e
+    attnkit.set_check_device_errors(True)
+    attnkit.set_check_device_errors(False)

@@ -11,8 +11,8 @@
 //                  longer than the launch's max_seqlen_q: its rows past the grid are not
 //                  computed (both recorded once per request);
 //
-// A marked item writes NaN to its output rows (its accumulator is poisoned before the epilogue:
-// split partials then merge to NaN too), and the first violation goes to the device error
+// A marked item writes NaN to its output rows (the epilogue writes NaN values; a split part
+// keeps a finite LSE so the merge weighs its NaN in), and the first violation goes to the device error
 // record (cuda/device_errors.h), which the host reads with attnkit::device_errors. Valid
 // metadata takes none of the error paths: the cost is a compare per block id and per item.
 #pragma once

@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       wgmma_hold(pa);
       v_pipe.release(prev_at);
     }
-    if (fault) fill_nan(o);  // (the metadata guards: NaN rows)
+    if (fault) fill_nan(o);  // (the metadata guards: NaN rows; the epilogue multiplies, NaN x 0 = NaN)
     if (warp_row0 < w.rows) detail::register_epilogue<Tr>(p, w, o, softmax, unit, warp_row0, lane);
   }
   // Warpgroup 1 handed warpgroup 0 one more turn than warpgroup 0 took: take it, so no arrival

@@ -189,6 +189,9 @@ struct SplitKvEpilogue {
         sm[n] = st.y;
       }
       float lse = combine_row_parts<kN>(mx, sm, wt);
+      // A faulted item (cuda/metadata_guard.cuh): NaN values below; a split part keeps a finite
+      // LSE so that the merge gives it weight and its NaN reaches the output.
+      if (w.fault) lse = split ? (lse > -INFINITY ? lse : 0.f) : __int_as_float(0x7fffffff);
       const int gm = w.m0 + m;
       const int64_t token = w.q_start + gm / p.group;
       const int head = w.kv_head * p.group + gm % p.group;
@@ -225,6 +228,9 @@ struct SplitKvEpilogue {
         v[0] += wn * a.x; v[1] += wn * a.y; v[2] += wn * a.z; v[3] += wn * a.w;
         v[4] += wn * b.x; v[5] += wn * b.y; v[6] += wn * b.z; v[7] += wn * b.w;
       }
+      if (w.fault)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = __int_as_float(0x7fffffff);
       const int gm = w.m0 + m;
       const int64_t token = w.q_start + gm / p.group;
       const int head = w.kv_head * p.group + gm % p.group;

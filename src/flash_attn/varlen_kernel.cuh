@@ -117,10 +117,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
 
   kv.drain();
   // The metadata guards (cuda/metadata_guard.cuh): an item whose metadata broke a rule, or whose
-  // pages hold a block outside the cache, writes NaN rows. (The barrier the epilogue needs.)
-  if (__syncthreads_or(item_pages_fault<typename Source::PageMap>(p, w, kv.tile_key(n_tiles), tid, Tr::kThreads)) ||
-      (kDeviceGuards && s_fault))
-    fill_nan(math.o);
+  // pages hold a block outside the cache, writes NaN rows (the epilogue, w.fault). (The barrier
+  // the epilogue needs.)
+  w.fault = __syncthreads_or(item_pages_fault<typename Source::PageMap>(p, w, kv.tile_key(n_tiles), tid, Tr::kThreads)) ||
+            (kDeviceGuards && s_fault);
   cta_trace_mark(p.cta_trace, kTraceLoopDone);
   Epilogue::run(p, w, smem, math, unit, warp_active, warp_m, warp_n, tid);
   cta_trace_mark(p.cta_trace, kTraceEpilogue);

@@ -77,12 +77,12 @@ __device__ __forceinline__ int clamp_to(int64_t v, int64_t lo, int64_t hi) {
 // and set w.fault; `reporter`: this CTA records the request's violations (one per request).
 // The checks are inline; what a violation does is out of line (valid metadata pays compares).
 namespace guard_detail {
-__device__ __noinline__ int clamp_query_rows(cuda::DeviceErrorRecord* errors, int64_t num_tokens, int req, int q_start,
+static __device__ __noinline__ int clamp_query_rows(cuda::DeviceErrorRecord* errors, int64_t num_tokens, int req, int q_start,
                                              int q_len, bool reporter) {
   if (reporter) cuda::record_fault(errors, cuda::DeviceFault::query_rows, req, int64_t{q_start} + q_len);
   return (q_start < 0 || q_start > num_tokens) ? 0 : clamp_to(q_len, 0, num_tokens - q_start);
 }
-__device__ __noinline__ void report(cuda::DeviceErrorRecord* errors, cuda::DeviceFault kind, int req, int value,
+static __device__ __noinline__ void report(cuda::DeviceErrorRecord* errors, cuda::DeviceFault kind, int req, int value,
                                     bool reporter) {
   if (reporter) cuda::record_fault(errors, kind, req, value);
 }

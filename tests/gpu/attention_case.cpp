@@ -341,6 +341,15 @@ std::vector<Problem::Variant> Problem::launch_variants(int num_splits) const {
   return v;
 }
 
+void Problem::overwrite_device_metadata(const std::vector<int32_t>& cu, const std::vector<int32_t>& seq,
+                                        const std::vector<int32_t>& table) const {
+  if (cu.size() != cu_.size() || seq.size() != seq_.size() || table.size() != table_.size())
+    throw std::invalid_argument("overwrite_device_metadata: the sizes must stay");
+  ATTNKIT_CUDA_CHECK(cudaMemcpy(d_cu_.get(), cu.data(), cu.size() * 4, cudaMemcpyHostToDevice));
+  ATTNKIT_CUDA_CHECK(cudaMemcpy(d_seq_.get(), seq.data(), seq.size() * 4, cudaMemcpyHostToDevice));
+  if (!table.empty()) ATTNKIT_CUDA_CHECK(cudaMemcpy(d_table_.get(), table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+}
+
 Result Problem::run_kernel(int num_splits) const {
   const int64_t real = c_.num_tokens(), T = real + c_.pad_tokens;
   const int H = c_.num_heads(), D = c_.head_size;

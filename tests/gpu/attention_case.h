@@ -105,6 +105,12 @@ class Problem {
   void gather_rows(const Result& r, const std::vector<RefRow>& rows, std::vector<float>& out,
                    std::vector<float>& lse) const;
 
+  // Overwrites the device copies of the batch's metadata (cu_seqlens_q, seqused_k, the block
+  // table; same sizes) and leaves the host copies, which the references read: what the tests of
+  // the device-side guards corrupt.
+  void overwrite_device_metadata(const std::vector<int32_t>& cu, const std::vector<int32_t>& seq,
+                                 const std::vector<int32_t>& table) const;
+
   const std::vector<int32_t>& cu_seqlens() const { return cu_; }
   const std::vector<int32_t>& seq_lens() const { return seq_; }
   // The host block table [num_reqs, max_blocks()] (entries past a request's blocks are invalid ids).
