@@ -5,13 +5,16 @@
 // API (CommonAttentionMetadata's DCP shard, the reference backend's builder and impl).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "attnkit/backend.h"
 #include "attnkit/dcp.h"
+#include "flash_attn/metadata_builder.h"
 #include "attnkit/error.h"
 #include "attnkit/reference.h"
 #include "test_util.h"
@@ -244,8 +247,9 @@ TEST(DcpReference, BadInputIsAnErrorNamingTheValue) {
                                       {"outs.size() / lses.size()", "1 / 2"}));
 }
 
-// The engine API's DCP shard: bad shards and lengths name the value; the GPU backends' builders
-// refuse a shard (their kernels' global-position masks are not built), the reference's takes it.
+// The engine API's DCP shard: bad shards and lengths name the value; the reference's builder
+// takes any shard, the FlashAttention-style one the shards whose queries see all of the rank's
+// keys (its kernels have no global-position masks), the FlashInfer-style one none.
 TEST(DcpMetadata, ShardsAreCheckedAndOnlyTheReferenceTakesThem) {
   CommonAttentionMetadata md;
   md.query_start_loc = {0, 1, 3};
@@ -275,11 +279,61 @@ TEST(DcpMetadata, ShardsAreCheckedAndOnlyTheReferenceTakesThem) {
   cfg.num_kv_heads = 2;
   cfg.head_size = 128;
   cfg.device = DeviceSpec::Cuda(9, 0);
-  for (const char* name : {"flash_attn", "flashinfer"}) {
-    // (the device copies the flash_attn builder also asks for come after this check)
-    EXPECT_TRUE(test::throws_error_with([&] { backend(name).make_builder(cfg)->build(md); },
-                                        {"dcp_world_size", "2", "reference backend only"}))
-        << name;
+  // flashinfer refuses shards; flash_attn takes shards whose queries see all of the rank's keys
+  // (causal decodes, or no causal mask) and refuses longer causal queries.
+  EXPECT_TRUE(test::throws_error_with([&] { backend("flashinfer").make_builder(cfg)->build(md); },
+                                      {"dcp_world_size", "2", "reference backend runs any shard"}));
+  EXPECT_TRUE(test::throws_error_with([&] { backend("flash_attn").make_builder(cfg)->build(md); },
+                                      {"query_len of request 1", "2", "causal DCP shard"}));
+  {
+    CommonAttentionMetadata dec = md;
+    dec.query_start_loc = {0, 1, 2};
+    dec.slot_mapping = {-1, -1};
+    dec.finalize();
+    // (CUDA views over a fake address: the builder reads shapes only)
+    void* fake = reinterpret_cast<void*>(uintptr_t{0x10000});
+    dec.query_start_loc_dev = TensorView(fake, DType::i32, {3}, Device::CUDA);
+    dec.seq_lens_dev = TensorView(fake, DType::i32, {2}, Device::CUDA);
+    dec.block_table_dev = TensorView(fake, DType::i32, {2, 2}, Device::CUDA);
+    auto fa = backend("flash_attn").make_builder(cfg);
+    EXPECT_TRUE(test::throws_error_with([&] { fa->build(dec); }, {"dcp_local_seq_lens_dev", "undefined"}));
+    int32_t local_dev_marker = 0;
+    dec.dcp_local_seq_lens_dev = TensorView(&local_dev_marker, DType::i32, {2}, Device::CUDA);
+    const auto built = fa->build(dec);
+    const auto* m = dynamic_cast<const flash_attn::FlashAttnMetadata*>(built.get());
+    ASSERT_NE(m, nullptr);
+    EXPECT_EQ(m->dcp_world_size, 2);
+    EXPECT_EQ(m->seq_lens.data, dec.dcp_local_seq_lens_dev.data) << "the kernels read the rank's key counts";
+    const std::vector<int32_t> keys = dec.key_seq_lens();
+    EXPECT_EQ(m->max_seq_len, *std::max_element(keys.begin(), keys.end()));
+    EXPECT_EQ(m->max_decode_seq_len, m->max_seq_len);
+    // No causal mask: every query sees all of the rank's keys at any length.
+    CommonAttentionMetadata full = md;
+    full.causal = false;
+    full.query_start_loc_dev = dec.query_start_loc_dev;
+    full.seq_lens_dev = dec.seq_lens_dev;
+    full.block_table_dev = dec.block_table_dev;
+    full.dcp_local_seq_lens_dev = dec.dcp_local_seq_lens_dev;
+    EXPECT_NO_THROW(fa->build(full));
+    // The shard's forward: the partial and its LSE over every one of the rank's keys; a window,
+    // ALiBi or a sink (global positions / joins once) is refused, and so is a missing LSE.
+    AttentionConfig fcfg = cfg;
+    fcfg.features.sliding_window = fcfg.features.sinks = fcfg.features.alibi = fcfg.features.lse = true;
+    auto impl = backend("flash_attn").make_impl(fcfg);
+    const TensorView q(fake, DType::bf16, {2, 8, 128}, Device::CUDA), cache(fake, DType::bf16, {8, 2, 16, 2, 128}, Device::CUDA);
+    const TensorView lse(fake, DType::f32, {8, 2}, Device::CUDA), vec(fake, DType::f32, {8}, Device::CUDA);
+    const auto fwd = [&](const AttentionParams& pr) { impl->forward(q, {}, {}, cache, *built, pr, q); };
+    AttentionParams pr;
+    pr.lse = lse;
+    AttentionParams windowed = pr, alibi = pr, sinks = pr, no_lse = pr;
+    windowed.window_left = 8;
+    alibi.alibi_slopes = vec;
+    sinks.sinks = vec;
+    no_lse.lse = TensorView();
+    EXPECT_TRUE(test::throws_error_with([&] { fwd(windowed); }, {"params.window", "DCP shard"}));
+    EXPECT_TRUE(test::throws_error_with([&] { fwd(alibi); }, {"params.alibi_slopes", "DCP shard"}));
+    EXPECT_TRUE(test::throws_error_with([&] { fwd(sinks); }, {"params.sinks", "combine"}));
+    EXPECT_TRUE(test::throws_error_with([&] { fwd(no_lse); }, {"params.lse", "combine"}));
   }
   cfg.device = DeviceSpec::Cpu();
   cfg.dtype = cfg.cache_dtype = DType::f32;

@@ -49,6 +49,9 @@ struct CommonAttentionMetadata {
 
   // Device copies (kernels read these); undefined on the CPU path.
   TensorView query_start_loc_dev, seq_lens_dev, block_table_dev, slot_mapping_dev;
+  // With DCP on a GPU backend: the device copy of key_seq_lens() (int32 [num_reqs], vLLM's
+  // dcp_local_seq_lens), the keys the kernels read on this rank.
+  TensorView dcp_local_seq_lens_dev;
 
   int query_len(int r) const { return query_start_loc[r + 1] - query_start_loc[r]; }
   BatchView batch() const;

@@ -4,6 +4,8 @@ merge_states (natural-log LSE, [num_heads, num_tokens], as everywhere inside att
 from __future__ import annotations
 
 import re
+
+import numpy as np
 from dataclasses import dataclass, field
 
 from . import _arrays as A
@@ -218,7 +220,9 @@ class AttentionLayer:
         (then the host copies are made here). On a CUDA layer host arrays are copied to the
         device with PyTorch. dcp=(world_size, rank, interleave): this rank's shard of decode
         context parallelism (seq_lens global, block_table over the rank's cache; the forward
-        returns the rank's partial and LSE for the combine; the reference backend runs it)."""
+        returns the rank's partial and LSE for the combine; the reference backend runs any shard,
+        flash_attn on a GPU the shards whose queries see all of the rank's keys: causal decodes,
+        or causal=False)."""
         where = "AttentionLayer.build_metadata"
         given = (query_start_loc, seq_lens, block_table, slot_mapping)
         host = [A.host_int32(x, where, n) for x, n in zip(given[:3], ("query_start_loc", "seq_lens", "block_table"))]
@@ -232,7 +236,14 @@ class AttentionLayer:
                 (self._device if str(self._device).startswith("cuda") else "cuda")
             dev = [_device_int(x, h, target) for x, h in zip(given, host)]
         world, rank, interleave = (1, 0, 1) if dcp is None else (int(x) for x in dcp)
-        native = self._native.build(*host, bool(causal), *dev, world, rank, interleave)
+        local_dev = None
+        if world > 1 and dev[1] is not None:  # (a GPU shard reads the rank's key counts: their device copy)
+            lens = host[1].astype(np.int64)
+            base = (lens // max(interleave, 1) // world) * interleave
+            local = (base + np.clip(lens - base * world - rank * interleave, 0, interleave)).astype(np.int32)
+            local_dev = _device_int(None, local, dev[1].device)
+            dev.append(local_dev)
+        native = self._native.build(*host, bool(causal), *dev[:4], world, rank, interleave, local_dev)
         return LayerMetadata(native, dev)
 
     def forward(self, q, k, v, kv_cache, metadata, out=None, *, scale=None, window_size=(-1, -1), softcap=0.0,

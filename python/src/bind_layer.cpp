@@ -81,7 +81,7 @@ class Layer {
                                   bool causal, const OptIn& query_start_loc_dev,
                                   const OptIn& seq_lens_dev, const OptIn& block_table_dev,
                                   const OptIn& slot_mapping_dev, int dcp_world_size, int dcp_rank,
-                                  int dcp_interleave) {
+                                  int dcp_interleave, const OptIn& dcp_local_seq_lens_dev) {
     auto md = std::make_unique<Metadata>();
     CommonAttentionMetadata& c = md->common;
     const TensorView bt = to_view(block_table, kBuild, "block_table");
@@ -103,6 +103,7 @@ class Layer {
     c.seq_lens_dev = to_view(seq_lens_dev, kBuild, "seq_lens_dev");
     c.block_table_dev = to_view(block_table_dev, kBuild, "block_table_dev");
     c.slot_mapping_dev = to_view(slot_mapping_dev, kBuild, "slot_mapping_dev");
+    c.dcp_local_seq_lens_dev = to_view(dcp_local_seq_lens_dev, kBuild, "dcp_local_seq_lens_dev");
     md->backend_md = builder_->build(c);
     return md;
   }
@@ -192,7 +193,7 @@ void register_layer(nb::module_& m) {
            nb::arg("block_table"), nb::arg("slot_mapping"), nb::arg("causal"),
            nb::arg("query_start_loc_dev").none(), nb::arg("seq_lens_dev").none(),
            nb::arg("block_table_dev").none(), nb::arg("slot_mapping_dev").none(), nb::arg("dcp_world_size") = 1,
-           nb::arg("dcp_rank") = 0, nb::arg("dcp_interleave") = 1)
+           nb::arg("dcp_rank") = 0, nb::arg("dcp_interleave") = 1, nb::arg("dcp_local_seq_lens_dev").none() = nb::none())
       .def("forward", &Layer::forward, nb::arg("q"), nb::arg("k").none(), nb::arg("v").none(),
            nb::arg("kv_cache"), nb::arg("metadata"), nb::arg("out"), nb::arg("scale"),
            nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"),

@@ -1068,3 +1068,55 @@ def test_cuda_soak_engine_path():
     assert after[0] <= before[0], "PyTorch's allocated device memory grew"
     assert after[1] >= before[1] - (64 << 20), "the driver's free device memory fell by more than 64 MB"
     assert after[2] <= before[2] + (64 << 20), "the host's resident set grew by more than 64 MB"
+
+
+@needs_cuda
+@pytest.mark.parametrize("interleave", [1, 16])
+def test_cuda_dcp_decode_shards_merge_to_the_unsharded_result(interleave):
+    # Decode context parallelism on the GPU (flash_attn): two ranks each hold their shard of
+    # every request's keys (token t on rank (t // interleave) % 2, one of them empty for a short
+    # request) in their own cache; each rank's forward gives its partial and LSE; merge_states of
+    # the two is the unsharded attention.
+    H, Hkv, D, bs, N = 8, 2, 128, 16, 2
+    g = torch.Generator(device="cpu").manual_seed(interleave)
+    kv_lens = [300, 7, 1000, 33, 1]
+    keys = [torch.randn(n, Hkv, D, generator=g).to(torch.bfloat16).cuda() for n in kv_lens]
+    vals = [torch.randn(n, Hkv, D, generator=g).to(torch.bfloat16).cuda() for n in kv_lens]
+    n = len(kv_lens)
+    qsl = torch.arange(n + 1, dtype=torch.int32)
+    q = torch.randn(n, H, D, generator=g).to(torch.bfloat16).cuda()
+    parts = []
+    for rank in range(N):
+        layer = attnkit.AttentionLayer(H, Hkv, D, "bfloat16", block_size=bs, lse=True, device="cuda",
+                                       backend="flash_attn")
+        mine = [[t for t in range(m) if (t // interleave) % N == rank] for m in kv_lens]
+        blocks = [max(1, -(-len(m) // bs)) for m in mine]
+        table = torch.zeros(n, max(blocks), dtype=torch.int32)
+        at = 0
+        for r, b in enumerate(blocks):
+            table[r, :b] = torch.arange(at, at + b)
+            at += b
+        cache = torch.zeros(layer.kv_cache_physical_shape(at), dtype=torch.bfloat16, device="cuda")
+        for r, m in enumerate(mine):
+            if m:
+                slots = torch.tensor([int(table[r, j // bs]) * bs + j % bs for j in range(len(m))], dtype=torch.int64,
+                                     device="cuda")
+                idx = torch.tensor(m, device="cuda")
+                attnkit.write_kv(keys[r][idx], vals[r][idx], cache, slots, layout="NHD")
+        md = layer.build_metadata(qsl, torch.tensor(kv_lens, dtype=torch.int32), table,
+                                  torch.full((n,), -1, dtype=torch.int64), dcp=(N, rank, interleave))
+        parts.append(layer.forward(q, None, None, cache, md, return_lse=True))
+    out, lse = attnkit.merge_states(parts[0][0], parts[0][1], parts[1][0], parts[1][1])
+    for r in range(n):
+        K = keys[r].double().repeat_interleave(H // Hkv, dim=1).transpose(0, 1)  # [H, L, D]
+        V = vals[r].double().repeat_interleave(H // Hkv, dim=1).transpose(0, 1)
+        s = (q[r].double().unsqueeze(1) @ K.transpose(1, 2)).squeeze(1) / math.sqrt(D)  # [H, L]
+        exp_lse = torch.logsumexp(s, dim=1)
+        exp_out = (torch.softmax(s, dim=1).unsqueeze(1) @ V).squeeze(1)  # [H, D]
+        assert_close_t(out[r], exp_out, *tol(torch.bfloat16), f"dcp out, request {r}")
+        assert_close_t(lse[:, r], exp_lse, 2e-3, 2e-3, f"dcp lse, request {r}")
+    # A causal shard with a longer query: refused, saying why.
+    with pytest.raises(attnkit.AttnkitError, match="causal DCP shard"):
+        layer.build_metadata(torch.tensor([0, 2], dtype=torch.int32), torch.tensor([40], dtype=torch.int32),
+                             torch.zeros(1, 2, dtype=torch.int32), torch.full((2,), -1, dtype=torch.int64),
+                             dcp=(N, 0, interleave))

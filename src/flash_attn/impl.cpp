@@ -50,6 +50,20 @@ void FlashAttnImpl::forward(const TensorView& q, const TensorView& k, const Tens
   ATTNKIT_REQUIRE(params.causal == md->causal, kWhere, "params.causal", params.causal,
                   std::string("must equal the batch metadata's causal = ") + (md->causal ? "true" : "false"));
   require_declared_features(params, cfg_.features, kWhere);
+  if (md->dcp_world_size > 1) {
+    // A DCP shard's partial: over the rank's keys with every key visible (the builder's rule);
+    // a window or ALiBi would need global positions, a sink joins once in the combine.
+    const std::string shard = "in a DCP shard (dcp_world_size " + std::to_string(md->dcp_world_size) + ")";
+    ATTNKIT_REQUIRE(params.window_left < 0 && params.window_right < 0, kWhere, "params.window",
+                    std::to_string(params.window_left) + ", " + std::to_string(params.window_right),
+                    "must be unbounded " + shard + ": a window is of global positions, not built for a rank's keys");
+    ATTNKIT_REQUIRE(!params.alibi_slopes.defined(), kWhere, "params.alibi_slopes", "defined",
+                    "must be undefined " + shard + ": ALiBi distances are of global positions");
+    ATTNKIT_REQUIRE(!params.sinks.defined(), kWhere, "params.sinks", "defined",
+                    "must be undefined " + shard + ": the sink joins once, in the combine of the ranks' partials");
+    ATTNKIT_REQUIRE(params.lse.defined(), kWhere, "params.lse", "undefined",
+                    "must be given " + shard + ": the combine of the ranks' partials needs each one's LSE");
+  }
   const ForwardViews views = check_forward_tensors(q, k, v, out, params.lse, cfg_, md->num_actual_tokens,
                                                    Device::CUDA, /*out_same_dtype=*/true, kWhere);
   kv_cache.require_device(kWhere, "kv_cache", Device::CUDA);

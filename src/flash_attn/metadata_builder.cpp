@@ -34,20 +34,35 @@ FlashAttnMetadataBuilder::FlashAttnMetadataBuilder(const AttentionConfig& cfg, F
 
 FlashAttnMetadata FlashAttnMetadataBuilder::build_flash(const CommonAttentionMetadata& c) const {
   validate_for_builder(c, cfg_.block_size, kWhere);
-  require_no_dcp(c, kWhere, "a DCP shard runs on the reference backend only (the GPU kernels' masks of global positions over a rank's keys are not built)");
+  const bool dcp = c.dcp_world_size > 1;
+  if (dcp) {
+    // A rank's shard runs the plain kernel over its keys when every query sees all of them:
+    // causal decodes (the query is the last position) or no causal mask. A longer causal query
+    // sees a prefix of the global positions, which is no prefix of a rank's keys with the
+    // kernels' masks (they would need the global positions: not built).
+    for (int r = 0; r < c.num_reqs; ++r)
+      ATTNKIT_REQUIRE(!c.causal || c.query_len(r) <= 1, kWhere, "query_len of request " + std::to_string(r),
+                      c.query_len(r),
+                      "must be <= 1 in a causal DCP shard (dcp_world_size " + std::to_string(c.dcp_world_size) +
+                          "): longer causal queries need masks of global positions over a rank's keys, which the "
+                          "GPU kernels do not have (the reference backend runs them)");
+    require_device_copy(c.dcp_local_seq_lens_dev, "dcp_local_seq_lens_dev", c.num_reqs);
+  }
   require_device_copy(c.query_start_loc_dev, "query_start_loc_dev", c.num_reqs + 1);
   require_device_copy(c.seq_lens_dev, "seq_lens_dev", c.num_reqs);
   require_device_copy(c.block_table_dev, "block_table_dev",
                       static_cast<int64_t>(c.num_reqs) * c.max_blocks_per_req);
+  const std::vector<int32_t> keys = c.key_seq_lens();  // (the rank's, with DCP)
 
   FlashAttnMetadata m;
   m.num_reqs = c.num_reqs;
   m.num_actual_tokens = c.num_actual_tokens;
   m.max_query_len = c.max_query_len;
-  m.max_seq_len = c.max_seq_len;
+  m.max_seq_len = dcp ? (keys.empty() ? 0 : *std::max_element(keys.begin(), keys.end())) : c.max_seq_len;
   m.causal = c.causal;
+  m.dcp_world_size = c.dcp_world_size;
   m.query_start_loc = c.query_start_loc_dev;
-  m.seq_lens = c.seq_lens_dev;
+  m.seq_lens = dcp ? c.dcp_local_seq_lens_dev : c.seq_lens_dev;
   m.block_table = c.block_table_dev;
   m.max_blocks_per_req = c.max_blocks_per_req;
   m.max_block_id = max_block_id_read(c, cfg_.block_size);
@@ -56,7 +71,7 @@ FlashAttnMetadata FlashAttnMetadataBuilder::build_flash(const CommonAttentionMet
   bool seen_prefill = false;
   bool all_single = true;
   for (int r = 0; r < c.num_reqs; ++r) {
-    const int q = c.query_len(r), s = c.seq_lens[r];
+    const int q = c.query_len(r), s = keys[r];
     if (q == 0) continue;
     all_single = all_single && q == 1;
     if (q <= m.decode_threshold) {
@@ -76,7 +91,7 @@ FlashAttnMetadata FlashAttnMetadataBuilder::build_flash(const CommonAttentionMet
 
   SplitKVInput in;
   in.query_start_loc = c.query_start_loc;
-  in.seq_lens = c.seq_lens;
+  in.seq_lens = keys;
   in.num_heads = cfg_.num_heads;
   in.num_kv_heads = cfg_.num_kv_heads;
   in.num_sms = cfg_.device.sms_or_default();

@@ -33,6 +33,11 @@ struct FlashAttnMetadata : BackendMetadata {
   // (UNIFORM_SINGLE_TOKEN_DECODE) replays.
   bool uniform_single_token_decode = false;
 
+  // A DCP shard (CommonAttentionMetadata::dcp_world_size > 1): seq_lens are the rank's local
+  // key counts; every query sees all of them (decodes, or no causal mask), so the forward is
+  // the plain kernel over the rank's keys, returning its partial and LSE for the combine.
+  int dcp_world_size = 1;
+
   SplitKVDecision split;        // split.num_splits: 1 = no split
   size_t workspace_bytes = 0;   // split-KV partials the launch needs (varlen_workspace_bytes)
 };

@@ -106,7 +106,10 @@ FlashInferMetadataBuilder::FlashInferMetadataBuilder(const AttentionConfig& cfg,
 std::unique_ptr<BackendMetadata> FlashInferMetadataBuilder::build(const CommonAttentionMetadata& common) {
   // Block ids are checked against the cache by the impl (the builder does not know its size).
   validate_for_builder(common, cfg_.block_size, kWhere);
-  require_no_dcp(common, kWhere, "a DCP shard runs on the reference backend only (the GPU kernels' masks of global positions over a rank's keys are not built)");
+  require_no_dcp(common, kWhere,
+                 "the FlashInfer-style plans need every request's keys to cover its queries, which a rank's "
+                 "shard may not (the reference backend runs any shard; flash_attn the ones whose queries see "
+                 "all of the rank's keys)");
   ATTNKIT_REQUIRE(common.num_reqs <= limits_.max_reqs, kWhere, "num_reqs", common.num_reqs,
                   "must be <= the builder's max_reqs = " + std::to_string(limits_.max_reqs));
   ATTNKIT_REQUIRE(common.num_actual_tokens <= limits_.max_tokens, kWhere, "num_actual_tokens",
