@@ -24,6 +24,7 @@
 #include "cuda/cp_async.h"
 #include "cuda/fast_divmod.h"
 #include "cuda/kv_smem_layout.h"
+#include "cuda/metadata_guard.cuh"
 #include "cuda/paged_kv_tile.h"
 #include "cuda/pipeline_sm90.h"
 #include "cuda/tma_sm90.h"
@@ -183,6 +184,7 @@ struct TmaBlockTableSource {
   const TmaDesc* k_map;
   const TmaDesc* v_map;
   const int32_t* block_row;
+  uint32_t num_blocks;  // (an id outside the cache reads block 0: cuda/metadata_guard.cuh)
   FastDivmod block_size;
   int seq_len, kv_head, first_key, n_tiles, tid, lane;
   bool evict_first, issuer;  // issuer: warp 0
@@ -192,7 +194,8 @@ struct TmaBlockTableSource {
   int32_t page_cur = 0, page_next = 0;  // this lane's page group of the current / next batch
 
   __device__ __forceinline__ TmaBlockTableSource(const KvSourceArgs<PageMap>& a, Barriers& bars, int tid_)
-      : pipe(bars), k_map(a.k_map), v_map(a.v_map), block_row(a.pages.row), block_size(a.block_size),
+      : pipe(bars), k_map(a.k_map), v_map(a.v_map), block_row(a.pages.row), num_blocks(a.pages.num_blocks),
+        block_size(a.block_size),
         seq_len(a.seq_len), kv_head(a.kv_head), first_key(a.first_key), n_tiles(a.n_tiles), tid(tid_),
         lane(tid_ & 31), evict_first(a.evict_first), issuer(tid_ < 32),
         l2_policy(tid_ < 32 ? l2_policy_evict_first() : 0), stages(a.stages), stages_ptr(a.stages_ptr) {}
@@ -244,7 +247,9 @@ struct TmaBlockTableSource {
   // This lane's page of the batch whose first tile starts at key0 (0 past seq_len).
   __device__ __forceinline__ int32_t batch_page(int key0) const {
     const int key = key0 + 16 * lane;
-    return key < seq_len ? __ldg(block_row + block_size.div(key)) : 0;
+    if (key >= seq_len) return 0;
+    const int32_t blk = __ldg(block_row + block_size.div(key));
+    return kDeviceGuards && static_cast<uint32_t>(blk) >= num_blocks ? 0 : blk;
   }
   // This lane's page of tile t (t = 0, 1, ... in order, all of warp 0; 0 where it owns none).
   __device__ __forceinline__ int32_t page_of_tile(int t) {
@@ -256,8 +261,8 @@ struct TmaBlockTableSource {
     }
     return __shfl_sync(0xffffffffu, page_cur, (pos * kGroups + lane) & 31);
   }
-  // Tile t's boxes, by all of warp 0. A page id outside the cache reads as zeros (TMA bounds)
-  // and still completes its bytes: a bad block table cannot hang or fault the kernel.
+  // Tile t's boxes, by all of warp 0. (A page id outside the cache was replaced by block 0 when
+  // read; the kernel writes the item's rows as NaN: cuda/metadata_guard.cuh.)
   __device__ __forceinline__ void issue(int t) {
     const int32_t blk = page_of_tile(t);
     const int key0 = tile_key(t);

@@ -15,8 +15,8 @@
 // (16-key page group, 128-byte segment) of a tile and copy it as one TMA box (cuda/tensor_map.h,
 // boxes of one segment: the stage is [segment][128 keys][128 bytes], the layout wgmma reads);
 // the other producer threads only load Q. Groups past seq_len are copied from block -1, which
-// the map's bounds turn into zeros without a read; so does a block id outside the cache, which
-// is how a bad block table stays inside the cache. The group holding seq_len's end brings its
+// the map's bounds turn into zeros without a read; a block id outside the cache is read as
+// block 0 (the metadata guards then write the item's rows as NaN). The group holding seq_len's end brings its
 // block's slots past it, which the consumers zero in V (fix_tail_v; K's are masked).
 #pragma once
 #include <cstdint>
@@ -87,6 +87,7 @@ struct HopperTmaFill {
   const cuda::TmaDesc* k_map;
   const cuda::TmaDesc* v_map;
   const int32_t* block_row;
+  uint32_t num_blocks;
   cuda::FastDivmod block_size;
   int seq_len, kv_head, first_key, n;
   bool warp0, issuer;           // warp 0 of the producers; a lane of it that owns a box
@@ -94,7 +95,7 @@ struct HopperTmaFill {
   int32_t page_prev = -1, page_cur = -1;  // its group's block in tile t (for v) and t + 1 (for k)
 
   __device__ __forceinline__ HopperTmaFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid)
-      : k_map(&p.k_map), v_map(&p.v_map), block_row(page_map_for<PageMap>(p, w).row), block_size(p.block_size),
+      : k_map(&p.k_map), v_map(&p.v_map), block_row(page_map_for<PageMap>(p, w).row), num_blocks(cache_blocks(p)), block_size(p.block_size),
         seq_len(w.seq_len), kv_head(w.kv_head), first_key(w.first_key), n(n_), warp0(ptid < 32),
         issuer(ptid < kBoxes), group(ptid / kSegments), segment(ptid % kSegments) {
     if (issuer) page_cur = page(0);
@@ -120,7 +121,7 @@ struct HopperTmaFill {
   __device__ __forceinline__ bool pages_fault(const VarlenKernelParams& p, int req) const {
     PageMap pages{};
     pages.row = block_row;
-    pages.num_blocks = static_cast<uint32_t>(p.num_blocks);
+    pages.num_blocks = num_blocks;
     return cuda::pages_fault(pages, block_size, first_key, first_key + n * Tr::kBlockN, seq_len, req, p.errors,
                              static_cast<int>(threadIdx.x % 128), 128);
   }
@@ -138,10 +139,13 @@ struct HopperTmaFill {
   }
 
  private:
-  // This lane's group's block in tile t; -1 (no block: zeros) past seq_len.
+  // This lane's group's block in tile t; -1 (no block: zeros) past seq_len; block 0 for an id
+  // outside the cache (its item's rows are NaN: cuda/metadata_guard.cuh).
   __device__ __forceinline__ int32_t page(int t) const {
     const int key = first_key + t * Tr::kBlockN + 16 * group;
-    return key < seq_len ? __ldg(block_row + block_size.div(key)) : -1;
+    if (key >= seq_len) return -1;
+    const int32_t blk = __ldg(block_row + block_size.div(key));
+    return cuda::kDeviceGuards && static_cast<uint32_t>(blk) >= num_blocks ? 0 : blk;
   }
   __device__ __forceinline__ void copy(const cuda::TmaDesc* map, int32_t blk, int t, uint32_t dst, const Pipe& pipe,
                                        const Pos& at) const {
