@@ -355,3 +355,48 @@ TEST(DcpReference, EmptyShardsContributeNothing) {
 
 }  // namespace
 }  // namespace attnkit
+
+namespace attnkit {
+namespace {
+
+// The NCCL combine's checks and workspace (include/attnkit/dcp.h dcp_combine): bad arguments
+// name the value before any collective, in every build (a fake communicator is never used).
+TEST(DcpCombine, WorkspaceAndArgumentChecks) {
+  using P = DcpCombinePath;
+  // AG + RS: gathered LSEs N x H x T, the weighted partials T x H x D, the result T x H/N x D (f32,
+  // 256-byte sections); all-to-all: sent and received partials and LSEs.
+  EXPECT_EQ(dcp_combine_workspace_bytes(64, 32, 128, 2, P::all_gather_reduce_scatter),
+            size_t{4} * (2 * 32 * 64 + 64 * 32 * 128 + 64 * 16 * 128));
+  EXPECT_EQ(dcp_combine_workspace_bytes(64, 32, 128, 2, P::all_to_all), size_t{4} * 2 * (64 * 32 * 128 + 32 * 64));
+  EXPECT_EQ(dcp_combine_workspace_bytes(0, 32, 128, 4, P::all_to_all), 0u);
+  EXPECT_TRUE(test::throws_error_with([] { (void)dcp_combine_workspace_bytes(4, 6, 64, 4, P::all_to_all); },
+                                      {"num_heads", "6", "multiple of the world size 4"}));
+  void* fake = reinterpret_cast<void*>(uintptr_t{0x10000});
+  DcpCombineArgs a;
+  a.shard = {2, 0, 1};
+  a.partial_out = TensorView(fake, DType::bf16, {4, 8, 64}, Device::CUDA);
+  a.partial_lse = TensorView(fake, DType::f32, {8, 4}, Device::CUDA);
+  a.out = TensorView(fake, DType::bf16, {4, 4, 64}, Device::CUDA);
+  a.nccl_comm = fake;
+  a.workspace = fake;
+  a.workspace_bytes = 16;
+  EXPECT_TRUE(test::throws_error_with([&] { dcp_combine(a); }, {"workspace_bytes", "16"}));
+  DcpCombineArgs b = a;
+  b.partial_lse = TensorView(fake, DType::f32, {4, 8}, Device::CUDA);
+  EXPECT_TRUE(test::throws_error_with([&] { dcp_combine(b); }, {"partial_lse"}));
+  b = a;
+  b.out_lse = TensorView(fake, DType::f32, {8, 4}, Device::CUDA);
+  EXPECT_TRUE(test::throws_error_with([&] { dcp_combine(b); }, {"out_lse"}));
+  b = a;
+  b.partial_out = TensorView(fake, DType::i32, {4, 8, 64}, Device::CUDA);
+  EXPECT_TRUE(test::throws_error_with([&] { dcp_combine(b); }, {"partial_out.dtype", "i32"}));
+  b = a;
+  b.path = static_cast<P>(7);
+  EXPECT_TRUE(test::throws_error_with([&] { dcp_combine(b); }, {"path", "7"}));
+  b = a;
+  b.partial_out = TensorView(fake, DType::bf16, {4, 8, 64}, Device::CPU);
+  EXPECT_TRUE(test::throws_error_with([&] { dcp_combine(b); }, {"partial_out"}));
+}
+
+}  // namespace
+}  // namespace attnkit

@@ -55,4 +55,37 @@ void reference_attention_dcp_shard(const TensorView& q, const PagedKV& local_cac
 void dcp_combine_reference(std::span<const TensorView> outs, std::span<const TensorView> lses, const TensorView& sinks,
                            const TensorView& out, const TensorView& out_lse);
 
+// ---- the combine on GPUs, over NCCL ------------------------------------------------------------
+// Each rank holds its partial of every query head (out [T, H, D], LSE [H, T], natural log) and
+// gets the merged output of its head slice, heads [rank * H / N, (rank + 1) * H / N), by one of
+// vLLM's two paths: all-gather the LSEs and reduce-scatter the weighted outputs by head
+// (cp_lse_ag_out_rs), or exchange the head slices' partials and LSEs all-to-all and merge them
+// (dcp_a2a_lse_reduce). Both merge by the rule of dcp_combine_reference (empty shards, sinks).
+// The communicator and stream are the caller's; the workspace too.
+enum class DcpCombinePath : int { all_gather_reduce_scatter = 0, all_to_all = 1 };
+
+struct DcpCombineArgs {
+  TensorView partial_out;  // [T, H, D] this rank's partial, f16 / bf16 / f32, CUDA, last dim contiguous
+  TensorView partial_lse;  // f32 [H, T] contiguous, CUDA
+  TensorView out;          // [T, H / N, D] this rank's head slice, f16 / bf16 / f32, CUDA
+  TensorView out_lse;      // optional f32 [H / N, T] contiguous, CUDA
+  TensorView sinks;        // optional f32 [H] (joins once), CUDA
+  DcpShard shard;          // N ranks, this rank (the interleave plays no part here)
+  DcpCombinePath path = DcpCombinePath::all_gather_reduce_scatter;
+  void* nccl_comm = nullptr;  // ncclComm_t of the N ranks, this rank = shard.rank
+  void* workspace = nullptr;  // device, 16-byte aligned, >= dcp_combine_workspace_bytes
+  size_t workspace_bytes = 0;
+  void* stream = nullptr;     // cudaStream_t
+};
+
+// Device workspace of a combine of T tokens, H heads of size D over N ranks on `path`.
+size_t dcp_combine_workspace_bytes(int64_t num_tokens, int num_heads, int head_size, int world_size,
+                                   DcpCombinePath path);
+// Whether this build has the combine (CUDA and NCCL found by CMake).
+bool dcp_combine_available();
+// Error naming the value for bad arguments (shapes, dtypes, devices, H not a multiple of N, a
+// small workspace, a communicator whose size or rank is not the shard's) before any launch or
+// collective; Error in a build without CUDA or NCCL.
+void dcp_combine(const DcpCombineArgs& args);
+
 }  // namespace attnkit

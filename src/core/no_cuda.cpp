@@ -1,6 +1,8 @@
 // A build without CUDA: the GPU entry points exist and say why they cannot run.
 #ifndef ATTNKIT_WITH_CUDA
+#include "attnkit/dcp.h"
 #include "attnkit/device.h"
+#include "core/dcp_combine_check.h"
 #include "attnkit/error.h"
 #include "core/cuda_dispatch.h"
 #include "flash_attn/varlen_launch.h"
@@ -42,6 +44,11 @@ void cuda_stream_synchronize(void*) { no_cuda_runtime("cuda_stream_synchronize")
 void* cuda_stream_create() { no_cuda_runtime("cuda_stream_create"); }
 void cuda_stream_destroy(void*) noexcept {}
 DeviceErrors device_errors(void*) { return {}; }  // (no kernel ever ran)
+bool dcp_combine_available() { return false; }
+void dcp_combine(const DcpCombineArgs& a) {
+  (void)dcp_combine_check(a);  // (the same errors as a CUDA build's for bad arguments)
+  no_cuda_runtime("dcp_combine");
+}
 void set_check_device_errors(bool) {}
 bool check_device_errors_enabled() { return false; }
 
