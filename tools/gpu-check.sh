@@ -151,6 +151,8 @@ if want gpu; then
       HUNG="gpu-tests ran out of time (last test started: $(grep '^\[ RUN' "$LOG/gpu.tmp" | tail -1 | cut -c14-))"
     fi
     SUMMARY+=("  gpu-tests: $(gtest_counts "$LOG/gpu.tmp")")
+    # (the guards' fuzz counts; on a two-GPU machine the DCP combine's times: DcpTwoGpus)
+    while IFS= read -r line; do SUMMARY+=("  $line"); done < <(grep -hE '^\[ (DeviceGuards|dcp-bench)' "$LOG/gpu.tmp")
     grep '^\[  FAILED  \]' "$LOG/gpu.tmp" | head -20
     cat "$LOG/gpu.tmp" >>"$LOG/tests.log"; rm -f "$LOG/gpu.tmp"
   else
