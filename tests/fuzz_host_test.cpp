@@ -338,3 +338,39 @@ TEST(HostFuzz, Nvfp4ViewsAndCudaArchs) {
 
 }  // namespace
 }  // namespace attnkit
+
+namespace attnkit {
+namespace {
+
+// The DCP combine's host checks (dcp_combine) and its workspace size, on random shapes, dtypes,
+// devices and shards: an attnkit::Error or, for the workspace size, a value (never a crash). No
+// call may reach a collective: the communicator is always null, so every combine is refused.
+TEST(HostFuzz, DcpCombineChecks) {
+  Tally t;
+  Rng rng(77);
+  void* fake = reinterpret_cast<void*>(uintptr_t{0x10000});
+  constexpr DType kTypes[] = {DType::f32, DType::f16, DType::bf16, DType::i32};
+  for (int i = 0; i < 3000; ++i) {
+    const int N = pick(rng, 0, 9), T = pick(rng, -2, 70), H = pick(rng, 0, 33), D = pick(rng, 0, 130);
+    const auto path = static_cast<DcpCombinePath>(pick(rng, 0, 2));
+    t.run([&] { (void)dcp_combine_workspace_bytes(T, H, D, N, path); });
+    DcpCombineArgs a;
+    a.shard = {N, pick(rng, -1, N), 1};
+    a.path = path;
+    const Device dev = rng() % 8 == 0 ? Device::CPU : Device::CUDA;
+    const int hs = N > 0 ? H / N : H;
+    a.partial_out = TensorView(fake, kTypes[rng() % 4], {std::max(T, 0), H, D}, dev);
+    a.partial_lse = TensorView(fake, rng() % 6 ? DType::f32 : DType::f16, {H, std::max(T, 0) + (rng() % 6 == 0)}, Device::CUDA);
+    a.out = TensorView(fake, kTypes[rng() % 4], {std::max(T, 0), hs + (rng() % 8 == 0), D}, Device::CUDA);
+    if (rng() % 2) a.out_lse = TensorView(fake, DType::f32, {hs, std::max(T, 0)}, Device::CUDA);
+    if (rng() % 3 == 0) a.sinks = TensorView(fake, DType::f32, {H + (rng() % 5 == 0)}, Device::CUDA);
+    a.nccl_comm = nullptr;  // (never a collective)
+    a.workspace = rng() % 2 ? fake : nullptr;
+    a.workspace_bytes = rng() % 1000000;
+    if (t.run([&] { dcp_combine(a); })) ADD_FAILURE() << "case " << i << ": a null communicator was accepted";
+  }
+  t.report("dcp_combine");
+}
+
+}  // namespace
+}  // namespace attnkit
