@@ -27,7 +27,7 @@ inline constexpr TileId kAllTiles[] = {TileId::prefill,           TileId::decode
 
 enum class KvFill : uint8_t {
   cp_async,  // 16-byte cp.async copies by every (producer) thread, through the block table
-  tma,       // one TMA box per 16-key page group (sm90)
+  tma,       // TMA boxes per 16-key page group (sm90): decode tiles the whole row, hopper per 128-byte segment
 };
 
 // What a cache row holds, as the kernels see it: 16-bit values (the model's dtype), fp8 codes
