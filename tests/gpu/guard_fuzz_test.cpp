@@ -186,10 +186,12 @@ void fuzz_case(uint64_t seed, Tally& tally) {
         // Rows that read the block are NaN (the request's last one does), the others right.
         const int64_t t0 = p.cu_seqlens()[bad], t1 = p.cu_seqlens()[bad + 1];
         EXPECT_TRUE(row_is_nan(got, t1 - 1, row)) << "the last row of the request read the bad block";
-        for (int64_t t = t0; t < t1 - 1; ++t)
-          if (!row_is_nan(got, t, row))
+        for (int64_t t = t0; t < t1 - 1; ++t) {
+          if (!row_is_nan(got, t, row)) {
             EXPECT_TRUE(outputs_match(c.dtype, token_rows(got, t, t + 1, row), token_rows(ref.out, t, t + 1, row), {1, H, D}))
                 << "row " << t;
+          }
+        }
       } else if (f != Fault::cu_decreasing) {  // (every row of a hit request: NaN or, past the grid, its poison)
         for (int r : hit)
           for (int64_t t = p.cu_seqlens()[r]; t < p.cu_seqlens()[r + 1]; ++t)
@@ -197,9 +199,10 @@ void fuzz_case(uint64_t seed, Tally& tally) {
       }
       for (int r : untouched) {
         const int64_t t0 = p.cu_seqlens()[r], t1 = p.cu_seqlens()[r + 1];
-        if (t1 > t0)
+        if (t1 > t0) {
           EXPECT_TRUE(outputs_match(c.dtype, token_rows(got, t0, t1, row), token_rows(ref.out, t0, t1, row), {t1 - t0, H, D}))
               << "request " << r << ", next to the bad one";
+        }
       }
     }
     if (c.num_splits == 1) break;
