@@ -44,13 +44,16 @@ void nccl_ok(ncclResult_t r) { ASSERT_EQ(r, ncclSuccess) << ncclGetErrorString(r
 
 // One decode batch (b requests of `ctx` keys) on this rank: the full cache and the rank's blocks.
 struct Decode {
-  int b, ctx, blocks_per_req;
+  int b = 0, ctx = 0, blocks_per_req = 0;
   cuda::DeviceBuffer q, full, local, cu, seq_full, seq_local, table_full, table_local, out, lse;
   int64_t local_blocks = 0;
 };
 
 Decode make_decode(int b, int ctx, int rank, uint64_t seed) {
-  Decode d{b, ctx, (ctx + kBlock - 1) / kBlock};
+  Decode d;
+  d.b = b;
+  d.ctx = ctx;
+  d.blocks_per_req = (ctx + kBlock - 1) / kBlock;
   const int64_t block_bytes = int64_t{2} * kBlock * kHkv * kD * 2;  // [2][16][Hkv][D] bf16
   const int64_t blocks = int64_t{b} * d.blocks_per_req;
   d.q.resize(int64_t{b} * kH * kD * 2);
