@@ -396,6 +396,19 @@ TEST(DcpCombine, WorkspaceAndArgumentChecks) {
   b = a;
   b.partial_out = TensorView(fake, DType::bf16, {4, 8, 64}, Device::CPU);
   EXPECT_TRUE(test::throws_error_with([&] { dcp_combine(b); }, {"partial_out"}));
+  b = a;
+  b.partial_out = TensorView(fake, DType::bf16, {4, 7, 64}, Device::CUDA);
+  EXPECT_TRUE(test::throws_error_with([&] { dcp_combine(b); }, {"num_heads", "7", "multiple of the world size 2"}));
+  b = a;
+  b.out = TensorView(fake, DType::bf16, {4, 8, 64}, Device::CUDA);
+  EXPECT_TRUE(test::throws_error_with([&] { dcp_combine(b); }, {"out.shape"}));
+  b = a;
+  b.workspace_bytes = dcp_combine_workspace_bytes(4, 8, 64, 2, b.path);
+  b.nccl_comm = nullptr;
+  EXPECT_TRUE(test::throws_error_with([&] { dcp_combine(b); }, {"nccl_comm"}));
+  b = a;
+  b.shard = {2, 2, 1};
+  EXPECT_TRUE(test::throws_error_with([&] { dcp_combine(b); }, {"rank", "2"}));
 }
 
 }  // namespace

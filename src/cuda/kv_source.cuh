@@ -24,7 +24,6 @@
 #include "cuda/cp_async.h"
 #include "cuda/fast_divmod.h"
 #include "cuda/kv_smem_layout.h"
-#include "cuda/metadata_guard.cuh"
 #include "cuda/paged_kv_tile.h"
 #include "cuda/pipeline_sm90.h"
 #include "cuda/tma_sm90.h"
@@ -183,8 +182,7 @@ struct TmaBlockTableSource {
   Pipe pipe;
   const TmaDesc* k_map;
   const TmaDesc* v_map;
-  const int32_t* block_row;
-  uint32_t num_blocks;  // (an id outside the cache reads block 0: cuda/metadata_guard.cuh)
+  PageMap pages;  // the request's block-table row
   FastDivmod block_size;
   int seq_len, kv_head, first_key, n_tiles, tid, lane;
   bool evict_first, issuer;  // issuer: warp 0
@@ -194,8 +192,7 @@ struct TmaBlockTableSource {
   int32_t page_cur = 0, page_next = 0;  // this lane's page group of the current / next batch
 
   __device__ __forceinline__ TmaBlockTableSource(const KvSourceArgs<PageMap>& a, Barriers& bars, int tid_)
-      : pipe(bars), k_map(a.k_map), v_map(a.v_map), block_row(a.pages.row), num_blocks(a.pages.num_blocks),
-        block_size(a.block_size),
+      : pipe(bars), k_map(a.k_map), v_map(a.v_map), pages(a.pages), block_size(a.block_size),
         seq_len(a.seq_len), kv_head(a.kv_head), first_key(a.first_key), n_tiles(a.n_tiles), tid(tid_),
         lane(tid_ & 31), evict_first(a.evict_first), issuer(tid_ < 32),
         l2_policy(tid_ < 32 ? l2_policy_evict_first() : 0), stages(a.stages), stages_ptr(a.stages_ptr) {}
@@ -247,9 +244,7 @@ struct TmaBlockTableSource {
   // This lane's page of the batch whose first tile starts at key0 (0 past seq_len).
   __device__ __forceinline__ int32_t batch_page(int key0) const {
     const int key = key0 + 16 * lane;
-    if (key >= seq_len) return 0;
-    const int32_t blk = __ldg(block_row + block_size.div(key));
-    return kDeviceGuards && static_cast<uint32_t>(blk) >= num_blocks ? 0 : blk;
+    return key < seq_len ? pages.readable(pages.at(block_size.div(key))) : 0;
   }
   // This lane's page of tile t (t = 0, 1, ... in order, all of warp 0; 0 where it owns none).
   __device__ __forceinline__ int32_t page_of_tile(int t) {

@@ -4,8 +4,8 @@
 // at the request's first row). Tiles may cross page boundaries (any block size works, including
 // ones smaller than the tile); keys at or past seq_len are zero-filled and their pages are
 // never looked up, and so are the columns of a row past its cache bytes (a head size padded up
-// to the tile's head dim). A block id outside the cache (the page map's holds()) is read as
-// block 0, inside the cache; the kernel then writes the item's rows as NaN (cuda/metadata_guard.cuh).
+// to the tile's head dim). A block id outside the cache is read as block 0, inside it (the page
+// map's readable()); the kernel then writes the item's rows as NaN (cuda/metadata_guard.cuh).
 #pragma once
 #include <cstdint>
 
@@ -24,8 +24,8 @@ struct PagedSideBytes {
 // Page maps: `at(page)` is the block id of a request's page `page` (of block_size keys), read
 // through L1 (`at_l2`: L2 only, for reads before the PDL wait). A side's address of key j is
 // at(j / block_size) * stride_block + (j % block_size) * stride_slot.
-// `holds(blk)`: whether a block id read from the map lies inside the cache (the loaders copy
-// nothing from one that does not: cuda/metadata_guard.cuh).
+// `holds(blk)`: whether a block id read from the map lies inside the cache; `readable(blk)`: the
+// block a loader reads for it (cuda/metadata_guard.cuh).
 // vLLM's block table: one row of block ids per request.
 struct BlockTablePages {
   const int32_t* row;
@@ -39,6 +39,9 @@ struct BlockTablePages {
     return static_cast<uint32_t>(blk) < num_blocks;
 #endif
   }
+  // The block a loader reads for id blk: blk, or block 0 for one outside the cache (the kernel
+  // then writes the item's rows as NaN).
+  __device__ __forceinline__ int32_t readable(int32_t blk) const { return holds(blk) ? blk : 0; }
 };
 // FlashInfer's page table (indptr / indices): request r's pages are indices[indptr[r] ..], a
 // block-table row that starts at indptr[r].
@@ -52,6 +55,7 @@ struct ContiguousPages {
   __device__ __forceinline__ int32_t at(int page) const { return first_row + kPageKeys * page; }
   __device__ __forceinline__ int32_t at_l2(int page) const { return at(page); }
   __device__ __forceinline__ static constexpr bool holds(int32_t) { return true; }
+  __device__ __forceinline__ static constexpr int32_t readable(int32_t blk) { return blk; }
 };
 
 // Where 16-byte chunk `chunk` of tile row `row` lands in shared memory (bytes from the tile).
@@ -163,8 +167,7 @@ struct PagedKVTileLoader {
     for (int gi = 0; gi < kGroups; ++gi) {
       const int kc = group_key(first_key, r0, gi);  // block sizes are multiples of 16: one page
       const int slot0 = kc - block_size.div(kc) * block_size.divisor;
-      // (a block outside the cache reads block 0 instead: the item's rows are NaN anyway)
-      const int32_t blk = page_map.holds(pg.blk[gi]) ? pg.blk[gi] : 0;
+      const int32_t blk = page_map.readable(pg.blk[gi]);
       o.g[gi] = static_cast<int64_t>(blk) * side.stride_block + (slot0 * side.stride_slot + thread_off);
     }
     return o;
@@ -227,7 +230,7 @@ struct PagedKVTileLoader {
   __device__ __forceinline__ void copy_chunk(const PagedSideBytes& side, int row, int chunk, int32_t blk,
                                              int32_t slot, bool valid, uint32_t tile) const {
     const bool col = in_row(chunk);
-    const int32_t b = page_map.holds(blk) ? blk : 0;  // (outside the cache: block 0, the item's rows are NaN)
+    const int32_t b = page_map.readable(blk);
     const char* src =
         side.head_base + static_cast<int64_t>(b) * side.stride_block + (slot * side.stride_slot + (col ? chunk * kChunk : 0));
     cp_async_n<kChunk>(tile + chunk_at(row, chunk), src, valid && col);

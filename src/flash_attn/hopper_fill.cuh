@@ -86,8 +86,7 @@ struct HopperTmaFill {
 
   const cuda::TmaDesc* k_map;
   const cuda::TmaDesc* v_map;
-  const int32_t* block_row;
-  uint32_t num_blocks;
+  PageMap pages;  // the request's block-table row
   cuda::FastDivmod block_size;
   int seq_len, kv_head, first_key, n;
   bool warp0, issuer;           // warp 0 of the producers; a lane of it that owns a box
@@ -95,7 +94,7 @@ struct HopperTmaFill {
   int32_t page_prev = -1, page_cur = -1;  // its group's block in tile t (for v) and t + 1 (for k)
 
   __device__ __forceinline__ HopperTmaFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid)
-      : k_map(&p.k_map), v_map(&p.v_map), block_row(page_map_for<PageMap>(p, w).row), num_blocks(cache_blocks(p)), block_size(p.block_size),
+      : k_map(&p.k_map), v_map(&p.v_map), pages(page_map_for<PageMap>(p, w)), block_size(p.block_size),
         seq_len(w.seq_len), kv_head(w.kv_head), first_key(w.first_key), n(n_), warp0(ptid < 32),
         issuer(ptid < kBoxes), group(ptid / kSegments), segment(ptid % kSegments) {
     if (issuer) page_cur = page(0);
@@ -113,18 +112,15 @@ struct HopperTmaFill {
   __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
     copy(v_map, page_prev, t, dst, pipe, at);
   }
+  // The block-id guard over the item's n tiles (cuda/metadata_guard.cuh), this thread's share.
+  __device__ __forceinline__ bool pages_fault(const VarlenKernelParams& p, int req) const {
+    return cuda::pages_fault(pages, block_size, first_key, first_key + n * Tr::kBlockN, seq_len, req, p.errors,
+                             static_cast<int>(threadIdx.x % 128), 128);
+  }
   // Rows [rows_left, next multiple of 16) of the item's last V tile: its block's slots past
   // seq_len, which a box brought in. By each consumer warpgroup (its 128 threads, wg_tid) before
   // its own P V reads the tile (zeros written twice are still zeros); then that warpgroup's
   // barrier (3 + wg) and the proxy fence make them visible to its wgmma.
-  // The block-id guard over the item's n tiles (cuda/metadata_guard.cuh), this thread's share.
-  __device__ __forceinline__ bool pages_fault(const VarlenKernelParams& p, int req) const {
-    PageMap pages{};
-    pages.row = block_row;
-    pages.num_blocks = num_blocks;
-    return cuda::pages_fault(pages, block_size, first_key, first_key + n * Tr::kBlockN, seq_len, req, p.errors,
-                             static_cast<int>(threadIdx.x % 128), 128);
-  }
   __device__ __forceinline__ static void fix_tail_v(unsigned char* v_tile, int rows_left, int wg, int wg_tid) {
     if (rows_left >= Tr::kBlockN || rows_left % 16 == 0) return;  // (uniform across the CTA)
     constexpr int kChunksPerRow = Tr::kHeadDim / 8;
@@ -143,9 +139,7 @@ struct HopperTmaFill {
   // outside the cache (its item's rows are NaN: cuda/metadata_guard.cuh).
   __device__ __forceinline__ int32_t page(int t) const {
     const int key = first_key + t * Tr::kBlockN + 16 * group;
-    if (key >= seq_len) return -1;
-    const int32_t blk = __ldg(block_row + block_size.div(key));
-    return cuda::kDeviceGuards && static_cast<uint32_t>(blk) >= num_blocks ? 0 : blk;
+    return key < seq_len ? pages.readable(pages.at(block_size.div(key))) : -1;
   }
   __device__ __forceinline__ void copy(const cuda::TmaDesc* map, int32_t blk, int t, uint32_t dst, const Pipe& pipe,
                                        const Pos& at) const {

@@ -2,7 +2,7 @@
 // process: each rank's partial (random, some rows empty on some ranks: LSE -inf, +inf or NaN
 // with NaN values), the collectives done by copies (all-gather, reduce-scatter's sum,
 // all-to-all), both paths against dcp_combine_reference over N = 1..8, tokens, head sizes,
-// partial and output dtypes, with and without sinks. Also the argument checks of dcp_combine.
+// partial and output dtypes, with and without sinks (the argument checks: tests/dcp_test.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,7 +18,6 @@
 #include "cuda/dcp_combine.h"
 #include "cuda/device_buffer.h"
 #include "infra_test_util.h"
-#include "test_util.h"
 
 namespace attnkit::test {
 namespace {
@@ -184,32 +183,6 @@ TEST_P(DcpCombineGrid, SimulatedRanksMatchTheReference) {
   check_combine(c);
 }
 INSTANTIATE_TEST_SUITE_P(Seeds, DcpCombineGrid, ::testing::Range(0, 30));
-
-// The combine's argument checks, before any collective (a fake communicator is never used).
-TEST(DcpCombineArgs, BadArgumentsNameTheValue) {
-  void* fake = reinterpret_cast<void*>(uintptr_t{0x10000});
-  DcpCombineArgs a;
-  a.shard = {2, 1, 1};
-  a.partial_out = TensorView(fake, DType::bf16, {4, 8, 64}, Device::CUDA);
-  a.partial_lse = TensorView(fake, DType::f32, {8, 4}, Device::CUDA);
-  a.out = TensorView(fake, DType::bf16, {4, 4, 64}, Device::CUDA);
-  a.nccl_comm = fake;
-  a.workspace = fake;
-  a.workspace_bytes = dcp_combine_workspace_bytes(4, 8, 64, 2, a.path) - 1;
-  EXPECT_TRUE(throws_error_with([&] { dcp_combine(a); }, {"workspace_bytes", std::to_string(a.workspace_bytes)}));
-  DcpCombineArgs b = a;
-  b.partial_out = TensorView(fake, DType::bf16, {4, 7, 64}, Device::CUDA);
-  EXPECT_TRUE(throws_error_with([&] { dcp_combine(b); }, {"num_heads", "7", "multiple of the world size 2"}));
-  b = a;
-  b.out = TensorView(fake, DType::bf16, {4, 8, 64}, Device::CUDA);
-  EXPECT_TRUE(throws_error_with([&] { dcp_combine(b); }, {"out.shape"}));
-  b = a;
-  b.nccl_comm = nullptr;
-  EXPECT_TRUE(throws_error_with([&] { dcp_combine(b); }, {"nccl_comm"}));
-  b = a;
-  b.shard = {2, 2, 1};
-  EXPECT_TRUE(throws_error_with([&] { dcp_combine(b); }, {"rank", "2"}));
-}
 
 }  // namespace
 }  // namespace attnkit::test
