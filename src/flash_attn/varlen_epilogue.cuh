@@ -8,6 +8,8 @@
 // row after the loop; instantiating each separately would triple the decode kernels' compile
 // time for no measured gain).
 #pragma once
+#include <cfloat>
+
 #include "attnkit/detail/merge_rule.h"
 #include "cuda/atomic_order.h"
 #include "cuda/cluster_sm90.h"
@@ -189,9 +191,10 @@ struct SplitKvEpilogue {
         sm[n] = st.y;
       }
       float lse = combine_row_parts<kN>(mx, sm, wt);
-      // A faulted item (cuda/metadata_guard.cuh): NaN values below; a split part keeps a finite
-      // LSE so that the merge gives it weight and its NaN reaches the output.
-      if (w.fault) lse = split ? (lse > -INFINITY ? lse : 0.f) : __int_as_float(0x7fffffff);
+      // A faulted item (cuda/metadata_guard.cuh): NaN values below; a split part claims the
+      // largest finite LSE, so that the merge gives it all the weight (the other parts' weights
+      // round to 0, however far the scores) and its NaN reaches the output.
+      if (w.fault) lse = split ? FLT_MAX : __int_as_float(0x7fffffff);
       const int gm = w.m0 + m;
       const int64_t token = w.q_start + gm / p.group;
       const int head = w.kv_head * p.group + gm % p.group;
