@@ -199,7 +199,12 @@ TEST(ChooseLaunch, HopperKvFill) {
   planned.plan_tile_q = 128;
   planned.planned_unsplit = true;
   const Case cases[] = {
-      {"the rule: cp.async", h200(4, 4096, 4096), false, false, TileId::hopper, KvFill::cp_async},
+      {"the rule at hd 128 (two-segment rows): cp.async", h200(4, 4096, 4096), false, false, TileId::hopper,
+       KvFill::cp_async},
+      {"the rule at hd 64 (one-segment rows): TMA", h200(4, 4096, 4096, 64), false, false, TileId::hopper, KvFill::tma},
+      {"hd 64, cp.async forced", h200(4, 4096, 4096, 64), false, true, TileId::hopper, KvFill::cp_async},
+      {"hd 64, no map", [] { LaunchFacts f = h200(4, 4096, 4096, 64); f.tma_geometry = false; return f; }(), false,
+       false, TileId::hopper, KvFill::cp_async},
       {"hd 128, 4 x 4k, TMA asked", h200(4, 4096, 4096), true, false, TileId::hopper, KvFill::tma},
       {"hd 64, 32 x 512 (two Q buffers), TMA asked", h200(32, 512, 512, 64), true, false, TileId::hopper_short,
        KvFill::tma},

@@ -222,17 +222,20 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
   }
   if (plan.generation == Generation::hopper) {
     // K/V by TMA (one box per 16-key page group and 128-byte segment, issued by one producer
-    // warp, where cp.async spends the producer's issue slots on addresses) when the tuning asks
-    // and the cache's sides encode as maps; else cp.async (DECISIONS.md: Hopper K/V by TMA).
-    // A head size padded to its kernel's has no whole-row boxes.
+    // warp) where a K/V row is one segment (16-bit head size 64): there it beat cp.async at every
+    // length; at two segments per row (head size 128) cp.async was faster (DECISIONS.md: Hopper
+    // K/V by TMA at 128-byte rows). The cache's sides must encode as maps, and a head size
+    // padded to its kernel's has no whole-row boxes. The tuning may force either fill.
     const bool tma_serves = f.tma_geometry && plan.head_dim == f.head_size && tma_rows(plan.head_dim, f.cache);
-    if (t.hopper_tma_fill && !t.cp_async_fill && tma_serves) {
+    const bool one_segment = kv_row_bytes(plan.head_dim, f.cache) == 128;
+    if (tma_serves && !t.cp_async_fill && (t.hopper_tma_fill || one_segment)) {
       plan.config.fill = KvFill::tma;
-      plan.reason += "; K/V by TMA (tuning)";
+      plan.reason += t.hopper_tma_fill ? "; K/V by TMA (tuning)" : "; K/V by TMA (rows of one 128-byte segment)";
     } else {
-      plan.reason += !t.hopper_tma_fill || t.cp_async_fill ? "; K/V by cp.async"
-                     : plan.head_dim != f.head_size       ? "; K/V by cp.async (a padded head size has no whole-row boxes)"
-                                                          : "; K/V by cp.async (no TMA map for these K/V)";
+      plan.reason += t.cp_async_fill                  ? "; K/V by cp.async (tuning)"
+                     : plan.head_dim != f.head_size   ? "; K/V by cp.async (a padded head size has no whole-row boxes)"
+                     : !f.tma_geometry                ? "; K/V by cp.async (no TMA map for these K/V)"
+                                                      : "; K/V by cp.async (rows of two or more 128-byte segments)";
     }
   } else {
     plan.pdl = t.pdl && f.cc_major >= 9 && pdl_for_grid(plan.grid_ctas, plan.cta_slots, plan.config.transposed);

@@ -87,6 +87,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
   cp_async_commit();
   kv.start();
   pdl_launch_dependents();  // the next kernel's CTAs may take SM slots as this grid frees them
+  // The block-id guard (cuda/metadata_guard.cuh) over the item's pages, with the first tiles'
+  // copies in flight: its id reads go out with the loaders' and its barrier waits no longer than
+  // the first tile does. A bad id marks the item (s_fault); the loaders read block 0 for it.
+  if constexpr (kDeviceGuards && !std::is_same_v<typename Source::PageMap, cuda::ContiguousPages>) {
+    if (__syncthreads_or(item_pages_fault<typename Source::PageMap>(p, w, kv.tile_key(n_tiles), tid, Tr::kThreads)) &&
+        tid == 0)
+      s_fault = true;
+  }
 
   // Q: waited for before the loop when it is read into registers or converted (fp8 caches with
   // a bf16 Q run the GEMMs in f16; the factor keeps the tile in f16 range).
@@ -116,11 +124,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
   }
 
   kv.drain();
-  // The metadata guards (cuda/metadata_guard.cuh): an item whose metadata broke a rule, or whose
-  // pages hold a block outside the cache, writes NaN rows (the epilogue, w.fault). (The barrier
-  // the epilogue needs.)
-  w.fault = __syncthreads_or(item_pages_fault<typename Source::PageMap>(p, w, kv.tile_key(n_tiles), tid, Tr::kThreads)) ||
-            (kDeviceGuards && s_fault);
+  __syncthreads();
+  // The metadata guards' verdict (cuda/metadata_guard.cuh): an item whose metadata broke a rule,
+  // or whose pages hold a block outside the cache, writes NaN rows (the epilogue, w.fault).
+  w.fault = kDeviceGuards && s_fault;
   cta_trace_mark(p.cta_trace, kTraceLoopDone);
   Epilogue::run(p, w, smem, math, unit, warp_active, warp_m, warp_n, tid);
   cta_trace_mark(p.cta_trace, kTraceEpilogue);

@@ -73,38 +73,41 @@ __device__ __forceinline__ int clamp_to(int64_t v, int64_t lo, int64_t hi) {
 
 // The guards of a work item (cuda/metadata_guard.cuh) on the lengths its scheduler read: query
 // rows inside the batch's tokens and at most grid_rows (the packed rows the launch covers, from
-// max_seqlen_q), a key count in [0, the request's table row]. They clamp w.q_len / w.seq_len
-// and set w.fault; `reporter`: this CTA records the request's violations (one per request).
-// The checks are inline; what a violation does is out of line (valid metadata pays compares).
+// max_seqlen_q), a key count in [0, the request's table row]. Valid lengths cost one combined
+// compare inline; a violation takes the out-of-line path, which clamps w.q_len / w.seq_len,
+// sets w.fault and, in the `reporter` CTA, records the request's violations (one per request).
 namespace guard_detail {
-static __device__ __noinline__ int clamp_query_rows(cuda::DeviceErrorRecord* errors, int64_t num_tokens, int req, int q_start,
-                                             int q_len, bool reporter) {
-  if (reporter) cuda::record_fault(errors, cuda::DeviceFault::query_rows, req, int64_t{q_start} + q_len);
-  return (q_start < 0 || q_start > num_tokens) ? 0 : clamp_to(q_len, 0, num_tokens - q_start);
-}
-static __device__ __noinline__ void report(cuda::DeviceErrorRecord* errors, cuda::DeviceFault kind, int req, int value,
-                                    bool reporter) {
-  if (reporter) cuda::record_fault(errors, kind, req, value);
+struct Lengths {
+  int q_len, seq_len;
+};
+static __device__ __noinline__ Lengths repair(cuda::DeviceErrorRecord* errors, int64_t num_tokens, int group,
+                                              int64_t grid_rows, int64_t key_cap, int req, int q_start, int q_len,
+                                              int seq_len, bool reporter) {
+  Lengths l{q_len, seq_len};
+  if (q_len < 0 || q_start < 0 || int64_t{q_start} + q_len > num_tokens) {
+    if (reporter) cuda::record_fault(errors, cuda::DeviceFault::query_rows, req, int64_t{q_start} + q_len);
+    l.q_len = (q_start < 0 || q_start > num_tokens) ? 0 : clamp_to(q_len, 0, num_tokens - q_start);
+  }
+  if (int64_t{l.q_len} * group > grid_rows && reporter)
+    cuda::record_fault(errors, cuda::DeviceFault::query_len_past_max, req, l.q_len);
+  if (seq_len < 0 || seq_len > key_cap) {
+    if (reporter) cuda::record_fault(errors, cuda::DeviceFault::seq_len, req, seq_len);
+    l.seq_len = clamp_to(seq_len, 0, key_cap);
+  }
+  return l;
 }
 }  // namespace guard_detail
 
-__device__ __forceinline__ void guard_queries(const VarlenKernelParams& p, WorkItem& w, int64_t grid_rows,
+__device__ __forceinline__ void guard_lengths(const VarlenKernelParams& p, WorkItem& w, int64_t grid_rows,
                                               bool reporter) {
-  if (w.q_len < 0 || w.q_start < 0 || int64_t{w.q_start} + w.q_len > p.num_tokens) {
-    w.fault = true;
-    w.q_len = guard_detail::clamp_query_rows(p.errors, p.num_tokens, w.req, w.q_start, w.q_len, reporter);
-  }
-  if (int64_t{w.q_len} * p.group > grid_rows) {
-    w.fault = true;
-    guard_detail::report(p.errors, cuda::DeviceFault::query_len_past_max, w.req, w.q_len, reporter);
-  }
-}
-__device__ __forceinline__ void guard_keys(const VarlenKernelParams& p, WorkItem& w, bool reporter) {
   const int64_t cap = key_capacity(p, w.req);
-  if (w.seq_len < 0 || w.seq_len > cap) {
+  if (w.q_len < 0 || w.q_start < 0 || int64_t{w.q_start} + w.q_len > p.num_tokens ||
+      int64_t{w.q_len} * p.group > grid_rows || w.seq_len < 0 || w.seq_len > cap) {
+    const guard_detail::Lengths l = guard_detail::repair(p.errors, p.num_tokens, p.group, grid_rows, cap, w.req,
+                                                         w.q_start, w.q_len, w.seq_len, reporter);
+    w.q_len = l.q_len;
+    w.seq_len = l.seq_len;
     w.fault = true;
-    guard_detail::report(p.errors, cuda::DeviceFault::seq_len, w.req, w.seq_len, reporter);
-    w.seq_len = clamp_to(w.seq_len, 0, cap);
   }
 }
 
@@ -130,15 +133,14 @@ __device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, int x
   // (the guards: not before the PDL wait, when the lengths may be stale; not without guards)
   constexpr bool kGuard = !kL2Only && cuda::kDeviceGuards;
   const bool reporter = record && x == 0 && y == 0;
+  w.seq_len = load_meta<kL2Only>(p.seqused_k + w.req);
   w.fault = false;
-  if constexpr (kGuard) guard_queries(p, w, int64_t{grid_row_tiles} * kBlockM, reporter);
+  if constexpr (kGuard) guard_lengths(p, w, int64_t{grid_row_tiles} * kBlockM, reporter);
   const int rows_total = max(w.q_len, 0) * p.group;
   const int num_row_tiles = (rows_total + kBlockM - 1) / kBlockM;
   if (x >= num_row_tiles) return false;
   w.m0 = (num_row_tiles - 1 - x) * kBlockM;
   w.rows = min(kBlockM, rows_total - w.m0);
-  w.seq_len = load_meta<kL2Only>(p.seqused_k + w.req);
-  if constexpr (kGuard) guard_keys(p, w, reporter);
 
   cuda::KeyRange first, last;
   tile_row_keys(p, w, first, last);
