@@ -1003,6 +1003,7 @@ def test_cuda_soak_engine_path():
     before = None
     for i in range(n_batches):
         if i == warmup:
+            qt = md = out = exp = a = e = None  # (the previous batch's tensors: not a leak)
             gc.collect()
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
@@ -1066,6 +1067,7 @@ def test_cuda_soak_engine_path():
             break
     torch.cuda.synchronize()
     errors = attnkit.device_errors()
+    qt = md = out = exp = a = e = None  # (the last batch's tensors: not a leak)
     gc.collect()
     torch.cuda.empty_cache()
     after = (allocated(), torch.cuda.mem_get_info()[0], _rss_bytes())

@@ -3,7 +3,9 @@
 //
 //   block ids      a page map entry outside [0, num_blocks) reads inside the cache (cp.async
 //                  loaders: block 0 instead, paged_kv_tile.h holds(); TMA boxes: the map's
-//                  bounds give zeros) and marks the work item (item_pages_fault, after its tiles);
+//                  bounds give zeros) and marks the work item (item_pages_fault: one pass over
+//                  the item's ids, mma_sync kernels with the first tiles in flight, the hopper
+//                  producer after the item's last V copies);
 //   key counts     a request's seq_len < 0 or past its table row (block-table width, page-table
 //                  row, contiguous rows) is clamped into it and marks the item;
 //   query rows     cu_seqlens_q that decrease or run past the batch's tokens: the request's
@@ -12,7 +14,7 @@
 //                  computed (both recorded once per request);
 //
 // A marked item writes NaN to its output rows (the epilogue writes NaN values; a split part
-// keeps a finite LSE so the merge weighs its NaN in), and the first violation goes to the device error
+// claims the largest finite LSE so the merge gives its NaN all the weight), and the first violation goes to the device error
 // record (cuda/device_errors.h), which the host reads with attnkit::device_errors. Valid
 // metadata takes none of the error paths: the cost is a compare per block id and per item.
 #pragma once
@@ -58,10 +60,10 @@ __device__ __forceinline__ bool named_bar_or(int id, int count, bool pred) {
   return r != 0;
 }
 
-// The block-id guard of a work item, after its tiles: whether any page of keys [first_key,
-// min(key_end, seq_len)) holds a block outside the cache (pages.holds), each such page recorded
-// (ids read again, from L1 / L2: the loaders read them all). Threads tid of nthreads share the
-// pages; the caller ORs the results over them. Contiguous K/V read no ids.
+// The block-id guard of a work item: whether any page of keys [first_key, min(key_end,
+// seq_len)) holds a block outside the cache (pages.holds), each such page recorded (the same ids
+// the loaders read, so from L1 / L2). Threads tid of nthreads share the pages; the caller ORs
+// the results over them. Contiguous K/V read no ids.
 template <class PageMap>
 __device__ __forceinline__ bool pages_fault(const PageMap& pages, const FastDivmod& block_size, int first_key,
                                             int key_end, int seq_len, int req, DeviceErrorRecord* errors, int tid,
