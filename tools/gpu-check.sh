@@ -4,7 +4,9 @@
 # (when the package exists), then the benchmark (attnkit_bench + bench/peers.py, merged by
 # bench/report.py). Logs and the table go to $OUT when set (else build/gpu-check/). Exits
 # non-zero when the build or any test fails, but always runs the benchmark and prints what
-# happened: a short table last.
+# happened: a short table last. With $OUT set (the device tool), the logs beyond the first
+# few (summary.txt tests.log table.md guards.md bench.jsonl peers.jsonl) are packed into
+# $OUT/rest.tar.gz, since at most 8 files come back.
 #
 # Environment:
 #   SANITIZER_FILTER   gtest filter for memcheck (default '*Sanitizer*:*KvWrite*')
@@ -323,4 +325,17 @@ fi
   fi
   [ $FAILED = 0 ] && echo "RESULT: no failures in the steps run ($STEPS)" || echo "RESULT: FAILURES (see $LOG/tests.log, $LOG/build.log)"
 } | tee "$LOG/summary.txt"
+# The device tool brings back at most 8 files from $OUT: the ones read first stay as they are,
+# every other log goes into one archive (rest.tar.gz).
+if [ -n "${OUT:-}" ]; then
+  keep=" summary.txt tests.log table.md guards.md bench.jsonl peers.jsonl rest.tar.gz "
+  rest=()
+  for f in "$LOG"/*; do
+    [ -f "$f" ] || continue
+    [[ "$keep" == *" $(basename "$f") "* ]] || rest+=("$(basename "$f")")
+  done
+  if [ ${#rest[@]} -gt 0 ] && tar -czf "$LOG/rest.tar.gz" -C "$LOG" "${rest[@]}"; then
+    (cd "$LOG" && rm -f "${rest[@]}")
+  fi
+fi
 exit $FAILED
