@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,18 @@ struct HostBatch {
     md.block_table_dev = TensorView(table_dev.data(), DType::i32, {md.num_reqs, max_blocks}, Device::CUDA);
   }
 };
+
+#ifndef ATTNKIT_WITH_CUDA
+// A valid call gets through every check to the launch, which a CPU build cannot run.
+void expect_reaches_the_launch(const std::function<void()>& call) {
+  try {
+    call();
+    ADD_FAILURE() << "a CPU build launched a kernel";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.where(), "flash_attn varlen attention") << e.what();
+  }
+}
+#endif
 
 TEST(FlashAttnBuilder, DecodePrefillBookkeeping) {
   struct Case {
@@ -220,13 +233,7 @@ TEST(FlashAttnImpl, ValidatesThenLaunches) {
   EXPECT_EQ(impl.generation(), choose_generation(c.cfg).chosen);
   EXPECT_EQ(impl.generation() == Generation::hopper, hopper_generation_built() && c.cfg.device.cc() == 90);
 #ifndef ATTNKIT_WITH_CUDA
-  // A valid call gets through every check to the launch, which a CPU build cannot run.
-  try {
-    impl.forward(c.qv, {}, {}, c.cv, md, {}, c.ov);
-    ADD_FAILURE() << "a CPU build launched a kernel";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.where(), "flash_attn varlen attention") << e.what();
-  }
+  expect_reaches_the_launch([&] { impl.forward(c.qv, {}, {}, c.cv, md, {}, c.ov); });
 #endif
   struct Other : BackendMetadata {};
   EXPECT_TRUE(test::throws_error_with([&] { impl.forward(c.qv, {}, {}, c.cv, Other{}, {}, c.ov); },
@@ -299,12 +306,7 @@ TEST(FlashAttnImpl, SplitLaunchNeedsWorkspace) {
 #ifndef ATTNKIT_WITH_CUDA
   std::vector<uint8_t> ws(md.workspace_bytes + 16);
   impl.set_workspace(ws.data(), ws.size());
-  try {
-    impl.forward(c.qv, {}, {}, c.cv, md, {}, c.ov);
-    ADD_FAILURE() << "a CPU build launched a kernel";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.where(), "flash_attn varlen attention") << e.what();
-  }
+  expect_reaches_the_launch([&] { impl.forward(c.qv, {}, {}, c.cv, md, {}, c.ov); });
 #endif
   // An unsplit batch needs none.
   FakeGpuCall one;
@@ -331,12 +333,7 @@ TEST(FlashAttnImpl, DeclaredFeaturesPass) {
   p.sinks = TensorView(sinks.data(), DType::f32, {c.cfg.num_heads}, Device::CUDA);
   p.lse = TensorView(lse.data(), DType::f32, {c.cfg.num_heads, md.num_actual_tokens}, Device::CUDA);
 #ifndef ATTNKIT_WITH_CUDA
-  try {
-    impl.forward(c.qv, {}, {}, c.cv, md, p, c.ov);
-    ADD_FAILURE() << "a CPU build launched a kernel";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.where(), "flash_attn varlen attention") << e.what();
-  }
+  expect_reaches_the_launch([&] { impl.forward(c.qv, {}, {}, c.cv, md, p, c.ov); });
 #endif
   p.lse = TensorView(lse.data(), DType::f32, {c.cfg.num_heads, md.num_actual_tokens - 1}, Device::CUDA);
   EXPECT_TRUE(test::throws_error_with([&] { impl.forward(c.qv, {}, {}, c.cv, md, p, c.ov); },
