@@ -998,16 +998,9 @@ def test_cuda_soak_engine_path():
         held = sum(int(w.numel()) for w in (lay[0]._own_workspace for lay in layers) if w is not None)
         return torch.cuda.memory_allocated() - held
 
-    failures, checked = [], 0
-    warmup = min(50, n_batches // 2)
-    before = None
-    for i in range(n_batches):
-        if i == warmup:
-            qt = md = out = exp = a = e = None  # (the previous batch's tensors: not a leak)
-            gc.collect()
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            before = (allocated(), torch.cuda.mem_get_info()[0], _rss_bytes())
+    def one_batch(i):
+        """Batch i: a random mixed batch through the layer, two sampled requests against the
+        reference. Returns (requests checked, failures); its tensors die with the call."""
         layer, cache, H, Hkv, D, dt, bs, num_blocks = layers[rnd.randrange(len(layers))]
         n = rnd.randint(1, max_reqs)
         q_lens, kv_lens = [], []
@@ -1041,6 +1034,7 @@ def test_cuda_soak_engine_path():
                            for r, (q, kv) in enumerate(zip(q_lens, kv_lens))])
         T = int(cu[-1])
         qt = torch.randn(T, H, D, generator=g, device="cuda").to(dt)
+        found, n_checked = [], 0
         try:
             md = layer.build_metadata(cu, seq, table, slots)
             out = layer.forward(qt, None, None, cache, md)
@@ -1055,22 +1049,36 @@ def test_cuda_soak_engine_path():
                 atol, rtol = tol(dt)
                 if kc.dtype == torch.float8_e4m3fn:
                     atol, rtol = 2 * atol, 2 * rtol
-                a, e = out[q0:q1].double(), exp
-                if not torch.isfinite(a).all() or ((a - e).abs() > atol + rtol * e.abs()).any():
-                    worst = float((a - e).abs().max()) if torch.isfinite(a).all() else float("nan")
-                    failures.append(f"batch {i} ({layer.backend}, H {H}/{Hkv}, D {D}, {kc.dtype}, block {bs}) "
-                                    f"request {r} of q {q_lens} kv {kv_lens}: max |error| {worst}")
-                checked += 1
+                a = out[q0:q1].double()
+                if not torch.isfinite(a).all() or ((a - exp).abs() > atol + rtol * exp.abs()).any():
+                    worst = float((a - exp).abs().max()) if torch.isfinite(a).all() else float("nan")
+                    found.append(f"batch {i} ({layer.backend}, H {H}/{Hkv}, D {D}, {kc.dtype}, block {bs}) "
+                                 f"request {r} of q {q_lens} kv {kv_lens}: max |error| {worst}")
+                n_checked += 1
         except Exception as ex:  # (an error is a failure too: every batch here is valid)
-            failures.append(f"batch {i}: {type(ex).__name__}: {ex}")
+            found.append(f"batch {i}: {type(ex).__name__}: {ex}")
+        return n_checked, found
+
+    def memory():  # (after the batches' tensors are gone: one_batch's locals die with it)
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        return allocated(), torch.cuda.mem_get_info()[0], _rss_bytes()
+
+    failures, checked = [], 0
+    warmup = min(50, n_batches // 2)
+    before = None
+    for i in range(n_batches):
+        if i == warmup:
+            before = memory()
+        n_checked, found = one_batch(i)
+        checked += n_checked
+        failures += found
         if len(failures) >= 5:
             break
     torch.cuda.synchronize()
     errors = attnkit.device_errors()
-    qt = md = out = exp = a = e = None  # (the last batch's tensors: not a leak)
-    gc.collect()
-    torch.cuda.empty_cache()
-    after = (allocated(), torch.cuda.mem_get_info()[0], _rss_bytes())
+    after = memory()
     print(f"soak: {n_batches} batches, {checked} requests checked, {len(failures)} failures; device allocated "
           f"{before[0]} -> {after[0]} B, driver free {before[1]} -> {after[1]} B, host RSS {before[2]} -> {after[2]} B")
     assert not failures, "\n".join(failures)
