@@ -1065,12 +1065,30 @@ def test_cuda_soak_engine_path():
         torch.cuda.empty_cache()
         return allocated(), torch.cuda.mem_get_info()[0], _rss_bytes()
 
+    def live_blocks():  # PyTorch's live device blocks: address -> (bytes, where it was allocated)
+        held = {int(w.data_ptr()) for w in (lay[0]._own_workspace for lay in layers) if w is not None}
+        live = {}
+        for seg in torch.cuda.memory_snapshot():
+            for b in seg["blocks"]:
+                if b["state"] == "active_allocated" and b["address"] not in held:
+                    where = [f"{f['filename'].split('/')[-1]}:{f['line']} {f['name']}" for f in b.get("frames", [])
+                             if "torch/" not in f["filename"]][:3]
+                    live[b["address"]] = (b["size"], where)
+        return live
+
+    def grown(before_blocks):  # the blocks alive now that were not at the warm-up's end, largest first
+        new = [v for a, v in live_blocks().items() if a not in before_blocks]
+        new.sort(key=lambda v: -v[0])
+        return "; ".join(f"{size} B from {' < '.join(where) or '(no frames)'}" for size, where in new[:6])
+
     failures, checked = [], 0
     warmup = min(50, n_batches // 2)
     before = None
     for i in range(n_batches):
         if i == warmup:
             before = memory()
+            torch.cuda.memory._record_memory_history(max_entries=200000)  # (where a block that outlives it came from)
+            before_blocks = live_blocks()
         n_checked, found = one_batch(i)
         checked += n_checked
         failures += found
@@ -1083,7 +1101,9 @@ def test_cuda_soak_engine_path():
           f"{before[0]} -> {after[0]} B, driver free {before[1]} -> {after[1]} B, host RSS {before[2]} -> {after[2]} B")
     assert not failures, "\n".join(failures)
     assert errors["faults"] == 0 and errors["dropped_kv_tokens"] == 0, errors
-    assert after[0] <= before[0], "PyTorch's allocated device memory (less the layers' workspaces) grew"
+    growth = grown(before_blocks) if after[0] > before[0] else ""
+    torch.cuda.memory._record_memory_history(enabled=None)
+    assert after[0] <= before[0], f"PyTorch's allocated device memory (less the layers' workspaces) grew: {growth}"
     assert after[1] >= before[1] - (64 << 20), "the driver's free device memory fell by more than 64 MB"
     assert after[2] <= before[2] + (64 << 20), "the host's resident set grew by more than 64 MB"
 

@@ -34,6 +34,28 @@ __device__ __forceinline__ void scale_rows(FragC (&acc)[N], const float (&f)[2])
     for (int e = 0; e < 4; ++e) acc[i].c[e] *= f[Lay::slot(e)];
 }
 
+// This thread's maximum of each of its two rows over a tile: a tree of fmaxf, log2(2N) deep
+// (a running maximum was a chain of 2N dependent instructions on the softmax's critical path).
+template <class Lay = RowsOnM, int N>
+__device__ __forceinline__ void tile_row_max(const FragC (&s)[N], float (&m)[2]) {
+  float v[2][2 * N];
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      v[r][2 * i] = s[i].c[Lay::elem(r, 0)];
+      v[r][2 * i + 1] = s[i].c[Lay::elem(r, 1)];
+    }
+#pragma unroll
+  for (int stride = 1; stride < 2 * N; stride *= 2)
+#pragma unroll
+    for (int k = 0; k + stride < 2 * N; k += 2 * stride)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) v[r][k] = fmaxf(v[r][k], v[r][k + stride]);
+  m[0] = v[0][0];
+  m[1] = v[1][0];
+}
+
 struct RowSoftmax {
   float max[2];  // running row maximum in score units (-inf: nothing visible yet)
   float sum[2];  // this thread's partial of sum(exp2((s - max) * unit))
@@ -48,15 +70,12 @@ struct RowSoftmax {
   // output accumulator of each row must be multiplied.
   template <class Lay = RowsOnM, int N>
   __device__ __forceinline__ void step(FragC (&s)[N], float unit, float (&rescale)[2]) {
-    float m[2] = {max[0], max[1]};
-#pragma unroll
-    for (int i = 0; i < N; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) m[Lay::slot(e)] = fmaxf(m[Lay::slot(e)], s[i].c[e]);
+    float m[2];
+    tile_row_max<Lay>(s, m);
     float base[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      m[r] = Lay::reduce_max(m[r]);
+      m[r] = Lay::reduce_max(fmaxf(m[r], max[r]));
       // A row that has seen nothing keeps max = -inf; subtract 0 instead so no (-inf) - (-inf).
       base[r] = (m[r] == -INFINITY) ? 0.f : m[r] * unit;
       rescale[r] = fast_exp2(max[r] * unit - base[r]);  // old max -inf -> 0 (accumulators are 0 too)

@@ -32,14 +32,18 @@ __host__ __device__ constexpr uint32_t swizzle128_offset(int row, int chunk) {
 }
 
 // The matrix descriptor of wgmma (PTX ISA "Matrix Descriptor Format"): start address, leading
-// and stride byte offsets (all >> 4), swizzle mode 1 = 128 bytes in bits 62-63.
+// and stride byte offsets (all >> 4), swizzle mode 1 = 128 bytes in bits 62-63. Shared-window
+// addresses are below 256 KB, so the start (bits 0-13) needs no mask, and a descriptor moves
+// along its tile by one add on its low word (smem_desc_advance).
 __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-  uint64_t d = 0;
-  d |= static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);
-  d |= static_cast<uint64_t>((lbo_bytes & 0x3FFFF) >> 4) << 16;
-  d |= static_cast<uint64_t>((sbo_bytes & 0x3FFFF) >> 4) << 32;
-  d |= static_cast<uint64_t>(1) << 62;
-  return d;
+  const uint32_t lo = (smem_addr >> 4) | (((lbo_bytes & 0x3FFFF) >> 4) << 16);
+  const uint32_t hi = ((sbo_bytes & 0x3FFFF) >> 4) | (1u << 30);
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+// The descriptor of the operand `bytes` (a multiple of 16) further into the same tile: the
+// start field grows, nothing carries out of it (the address stays below 256 KB).
+__device__ __forceinline__ uint64_t smem_desc_advance(uint64_t desc, uint32_t bytes) {
+  return (desc & 0xFFFFFFFF00000000ull) | static_cast<uint32_t>(static_cast<uint32_t>(desc) + (bytes >> 4));
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

@@ -209,11 +209,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   };
 
   auto issue_pv = [&](const Pos& v_at) {
-    const uint32_t s_v = v_stage(v_at);
+    const uint64_t v_desc = smem_desc_sw128(v_stage(v_at), Tr::kBlockN * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < Tr::kSFrags / 2; ++kk)
-      WgmmaRS<T, Tr::kHeadDim>::template run<1>(o, pa[kk], smem_desc_sw128(s_v + kk * 16 * 128, Tr::kBlockN * 128, 1024),
-                                                true);
+      WgmmaRS<T, Tr::kHeadDim>::template run<1>(o, pa[kk], smem_desc_advance(v_desc, kk * 16 * 128), true);
     wgmma_commit();
   };
   auto step = [&](int it, auto with_pv) {
@@ -227,12 +226,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     named_bar_sync(my_turn, Tr::kConsumerThreads);
     FragC s[Tr::kSFrags];
     wgmma_fence();
-    const uint32_t s_k = k_stage(at);
+    const uint64_t q_desc = smem_desc_sw128(s_q_group(), 16, 1024), k_desc = smem_desc_sw128(k_stage(at), 16, 1024);
 #pragma unroll
     for (int ks = 0; ks < Tr::kKSteps; ++ks) {
-      const uint32_t a = s_q_group() + (ks / 4) * (Tr::kBlockM * 128) + (ks % 4) * 32;
-      const uint32_t b = s_k + (ks / 4) * (Tr::kBlockN * 128) + (ks % 4) * 32;
-      WgmmaSS<T, Tr::kBlockN>::run(s, smem_desc_sw128(a, 16, 1024), smem_desc_sw128(b, 16, 1024), ks > 0);
+      const uint32_t step_bytes = (ks % 4) * 32;  // (16 head dims of a 64-column region)
+      WgmmaSS<T, Tr::kBlockN>::run(s, smem_desc_advance(q_desc, (ks / 4) * (Tr::kBlockM * 128) + step_bytes),
+                                   smem_desc_advance(k_desc, (ks / 4) * (Tr::kBlockN * 128) + step_bytes), ks > 0);
     }
     wgmma_commit();
     if constexpr (kPV) issue_pv(prev_at);
@@ -250,15 +249,23 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     float rescale[2];
     // (per-head ALiBi slopes only: per-request ones run on the mma_sync kernels, launch_plan.cpp)
     softmax_scores(s, softmax, mod, unit, whole_tile_visible, p, w, warp_row0, tile_key0, lane, rescale, false);
+    // Whether O needs the factor, asked before the wait for P V: the branch on it ends the
+    // softmax's block, so ptxas cannot hoist the wait above the softmax (it does within one
+    // block), and the softmax runs while the tensor cores still do P V.
+    const bool rescale_o = __any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f);
+    if (rescale_o) {
+      if constexpr (kPV) wgmma_wait<0>();
+      scale_rows(o, rescale);
+    } else {
+      if constexpr (kPV) wgmma_wait<0>();
+    }
     if constexpr (kPV) {
-      wgmma_wait<0>();
       wgmma_hold(o);
       wgmma_hold(pa);  // P_{j-1} is read by the P V just waited for: its registers stay until here
       v_pipe.release(prev_at);
     }
     prev_at = at;
     at.advance();
-    rescale_output(o, rescale);
 #pragma unroll
     for (int kk = 0; kk < Tr::kSFrags / 2; ++kk) pa[kk] = c_pair_to_a<T>(s[2 * kk], s[2 * kk + 1]);
   };
