@@ -223,6 +223,10 @@ void run_prefill_flashinfer(Recorder& rec, cudaStream_t stream, bool quick) {
       for (const char* name : {"flashinfer", "flash_attn"}) {
         const AttentionBackend& be = backend(name);
         auto builder = be.make_builder(s.cfg);
+        if (const size_t plans = builder->device_buffer_bytes(); plans > 0) {  // (the caller's, as the workspace)
+          s.dev.emplace_back(plans);
+          builder->set_device_buffer(s.dev.back().get(), s.dev.back().bytes());
+        }
         mds.push_back(builder->build(c));
         impls.push_back(be.make_impl(s.cfg));
         AttentionImpl* impl = impls.back().get();

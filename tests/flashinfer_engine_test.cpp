@@ -12,6 +12,7 @@
 #include "attnkit/error.h"
 #include "attnkit/metadata.h"
 #include "flashinfer/flashinfer_backend.h"
+#include "flashinfer/gpu_planned.h"
 #include "flashinfer/metadata_builder.h"
 #include "flashinfer_test_util.h"
 #include "test_util.h"
@@ -340,6 +341,40 @@ TEST(FlashInferImpl, ForwardNeedsTheCallersWorkspace) {
   struct OtherMetadata : BackendMetadata {};
   EXPECT_TRUE(test::throws_error_with([&] { (void)impl->workspace_bytes_for(OtherMetadata{}); },
                                       {"another backend's metadata"}));
+}
+
+// The builder's device buffer (MetadataBuilder::device_buffer_bytes / set_device_buffer): the
+// two parts' device copies, sized for the builder's limits; a bad buffer is an Error naming it,
+// and (on a GPU) a forward before the buffer is set is an Error before any launch.
+TEST(FlashInferBuilder, DeviceBufferIsTheCallers) {
+  std::mt19937_64 rng(11);
+  ForwardCase fc(1 + 40);
+  FlashInferMetadataBuilder builder(fc.cfg, small_limits());
+  const PlanState& st = builder.state();
+  auto part = [](const PlanBuffers& plan, const PageTable& pages) {
+    return (DevicePlanLayout(plan.capacity, plan.config.group_size, pages.max_pages()).bytes() + 15) / 16 * 16;
+  };
+  const size_t need = builder.device_buffer_bytes();
+  EXPECT_EQ(need, part(st.decode_plan, st.decode_pages) + part(st.prefill_plan, st.prefill_pages));
+  FlashInferMetadataBuilder bigger(fc.cfg, [] {
+    BuilderLimits l = small_limits();
+    l.max_seq_len *= 2;
+    return l;
+  }());
+  EXPECT_GT(bigger.device_buffer_bytes(), need);  // (more pages)
+  EXPECT_EQ(backend("flash_attn").make_builder(fc.cfg)->device_buffer_bytes(), 0u);  // (needs none)
+  EXPECT_TRUE(test::throws_error_with([&] { builder.set_device_buffer(nullptr, need); }, {"device_ptr", "null"}));
+  EXPECT_TRUE(test::throws_error_with(
+      [&] { builder.set_device_buffer(static_cast<char*>(fake()) + 8, need); }, {"16-byte aligned"}));
+  EXPECT_TRUE(test::throws_error_with([&] { builder.set_device_buffer(fake(), need - 16); },
+                                      {"bytes", std::to_string(need - 16), std::to_string(need)}));
+  if (cuda_device_count() == 0) return;  // (the rest makes pinned staging and asks the stream)
+  auto md = builder.build(make_batch({1, 40}, {100, 200}, 16, rng));
+  auto impl = flashinfer_backend().make_impl(fc.cfg);
+  impl->set_workspace(fake(), impl->workspace_bytes(1));
+  EXPECT_TRUE(test::throws_error_with([&] { impl->forward(fc.q, fc.k, fc.v, fc.cache, *md, fc.params, fc.out); },
+                                      {"flashinfer forward", "set_device_buffer", "device_buffer_bytes"}));
+  EXPECT_NO_THROW(builder.set_device_buffer(fake(), need));  // (never read: no forward follows)
 }
 
 // The caller-owned workspace (AttentionImpl::workspace_bytes / set_workspace): the size covers

@@ -103,6 +103,12 @@ class MetadataBuilder {
   // Requests with query_len <= this are decodes that must come first (0: no ordering needed).
   virtual int reorder_batch_threshold() const { return 0; }
   virtual std::unique_ptr<BackendMetadata> build(const CommonAttentionMetadata& common) = 0;
+  // Device memory the builder's metadata needs for GPU forwards (the FlashInfer-style plans'
+  // device copies, sized for the builder's limits; 0: none). The caller allocates it and hands
+  // it over with set_device_buffer (16-byte aligned, kept alive while the builder's metadata is
+  // used): the library allocates no device memory, so a forward can be captured in a CUDA graph.
+  virtual size_t device_buffer_bytes() const { return 0; }
+  virtual void set_device_buffer(void* /*device_ptr*/, size_t /*bytes*/) {}
 };
 
 class AttentionImpl {

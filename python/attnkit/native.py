@@ -168,6 +168,7 @@ class AttentionLayer:
         self._device = device
         self._workspace = None  # the caller's (set_workspace)
         self._own_workspace = None  # else the layer's, made by _ensure_workspace
+        self._device_buffer = None  # the builder's plans' device copies (set_device_buffer, or made by build_metadata)
         self._native = _C.Layer(int(num_heads), int(num_kv_heads), int(head_size), str(dtype), str(kv_cache_dtype),
                                 int(block_size), str(layout), bool(sinks), bool(alibi), bool(softcap),
                                 bool(sliding_window), bool(non_causal), bool(lse), _device_cc(device),
@@ -204,6 +205,17 @@ class AttentionLayer:
         if need > have:
             self._own_workspace = A.empty(like, (need,), "uint8")
             self._native.set_workspace(self._own_workspace)
+
+    def device_buffer_bytes(self):
+        """Device bytes the builder's metadata needs for GPU forwards (the FlashInfer-style plans'
+        device copies, sized for the builder's limits; 0: none)."""
+        return self._native.device_buffer_bytes()
+
+    def set_device_buffer(self, buffer):
+        """Hand the builder a CUDA buffer of at least device_buffer_bytes() bytes (else the first
+        GPU build_metadata allocates one through PyTorch). Keep it alive while the layer runs."""
+        self._native.set_device_buffer(buffer)
+        self._device_buffer = buffer
 
     def kv_cache_shape(self, num_blocks):
         """The backend's logical cache shape (num_blocks, 2, block_size, num_kv_heads, row)."""
@@ -243,6 +255,9 @@ class AttentionLayer:
             local = (base + np.clip(lens - base * world - rank * interleave, 0, interleave)).astype(np.int32)
             local_dev = _device_int(None, local, dev[1].device)
             dev.append(local_dev)
+        if dev[0] is not None and self._device_buffer is None and self._native.device_buffer_bytes() > 0:
+            # (made here, outside any forward: a captured forward allocates nothing)
+            self.set_device_buffer(A.empty(dev[0], (self._native.device_buffer_bytes(),), "uint8"))
         native = self._native.build(*host, bool(causal), *dev[:4], world, rank, interleave, local_dev)
         return LayerMetadata(native, dev)
 

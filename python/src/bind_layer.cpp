@@ -75,6 +75,17 @@ class Layer {
     impl_->set_workspace(w.data, static_cast<size_t>(w.numel()) * dtype_size(w.dtype));
   }
 
+  size_t device_buffer_bytes() const { return builder_->device_buffer_bytes(); }
+  // The caller's device buffer for the builder's plans (a contiguous CUDA array of at least
+  // device_buffer_bytes bytes); it must outlive the metadata and forwards that use it.
+  void set_device_buffer(const InArray& buffer) {
+    constexpr std::string_view where = "AttentionLayer.set_device_buffer";
+    const TensorView b = to_view(buffer, where, "buffer");
+    b.require_device(where, "buffer", Device::CUDA);
+    b.require_contiguous(where, "buffer");
+    builder_->set_device_buffer(b.data, static_cast<size_t>(b.numel()) * dtype_size(b.dtype));
+  }
+
   // Host arrays (CPU int32 / int64) always; on a GPU also their device copies.
   std::unique_ptr<Metadata> build(const InArray& query_start_loc, const InArray& seq_lens,
                                   const InArray& block_table, const InArray& slot_mapping,
@@ -187,6 +198,8 @@ void register_layer(nb::module_& m) {
       .def("workspace_bytes", &Layer::workspace_bytes, nb::arg("max_tokens"))
       .def("workspace_bytes_for", &Layer::workspace_bytes_for, nb::arg("metadata"))
       .def("set_workspace", &Layer::set_workspace, nb::arg("workspace").none())
+      .def("device_buffer_bytes", &Layer::device_buffer_bytes)
+      .def("set_device_buffer", &Layer::set_device_buffer, nb::arg("buffer"))
       .def("kv_cache_shape", &Layer::kv_cache_shape, nb::arg("num_blocks"))
       .def("kv_cache_stride_order", &Layer::kv_cache_stride_order)
       .def("build", &Layer::build, nb::arg("query_start_loc"), nb::arg("seq_lens"),

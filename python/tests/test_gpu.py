@@ -722,6 +722,29 @@ def test_cuda_layer_caller_workspace(backend):
 
 
 @needs_cuda
+@pytest.mark.parametrize("backend", ["flash_attn", "flashinfer"])
+def test_cuda_layer_caller_device_buffer(backend):
+    # The builder's device buffer (the FlashInfer-style plans' device copies) from the caller:
+    # flash_attn needs none; flashinfer's must be at least device_buffer_bytes, and a forward
+    # over it equals the reference; a buffer too small is an error naming the size.
+    H, Hkv, D, bs = 16, 4, 128, 16
+    layer = attnkit.AttentionLayer(H, Hkv, D, "bfloat16", block_size=bs, device="cuda", backend=backend)
+    need = layer.device_buffer_bytes()
+    if backend == "flash_attn":
+        assert need == 0
+        return
+    assert need > 0
+    with pytest.raises(attnkit.AttnkitError, match=str(need)):
+        layer.set_device_buffer(torch.empty(need - 16, dtype=torch.uint8, device="cuda"))
+    buf = torch.full((need,), 0xAB, dtype=torch.uint8, device="cuda")  # (whatever it held before)
+    layer.set_device_buffer(buf)
+    b = TorchBatch([1, 1, 37, 5], [700, 33, 400, 2000], H, Hkv, D, bs, torch.bfloat16, "cuda", seed=78)
+    md = layer.build_metadata(b.cu_seqlens_q, b.seqused_k, b.block_table, last_token_slots(b, bs))
+    out = layer.forward(b.q, None, None, b.kv_cache.contiguous(), md)
+    check(b, out, b.reference(causal=True)[0], "flashinfer over the caller's device buffer")
+
+
+@needs_cuda
 def test_cuda_flashinfer_layer_graph_replays_after_rebuild():
     # The engine path (builder -> impl) of the FlashInfer-style backend, which declares CUDA
     # graphs ALWAYS for GQA: a forward captured once replays the builder's later decode batches
@@ -1065,21 +1088,19 @@ def test_cuda_soak_engine_path():
         torch.cuda.empty_cache()
         return allocated(), torch.cuda.mem_get_info()[0], _rss_bytes()
 
-    def live_blocks():  # PyTorch's live device blocks: address -> (bytes, where it was allocated)
+    def live_blocks():  # PyTorch's live device blocks (address, bytes), less the layers' workspaces
         held = {int(w.data_ptr()) for w in (lay[0]._own_workspace for lay in layers) if w is not None}
-        live = {}
-        for seg in torch.cuda.memory_snapshot():
-            for b in seg["blocks"]:
-                if b["state"] == "active_allocated" and b["address"] not in held:
-                    where = [f"{f['filename'].split('/')[-1]}:{f['line']} {f['name']}" for f in b.get("frames", [])
-                             if "torch/" not in f["filename"]][:3]
-                    live[b["address"]] = (b["size"], where)
-        return live
+        return {(b["address"], b["size"]) for seg in torch.cuda.memory_snapshot() for b in seg["blocks"]
+                if b["state"] == "active_allocated" and b["address"] not in held}
 
-    def grown(before_blocks):  # the blocks alive now that were not at the warm-up's end, largest first
-        new = [v for a, v in live_blocks().items() if a not in before_blocks]
-        new.sort(key=lambda v: -v[0])
-        return "; ".join(f"{size} B from {' < '.join(where) or '(no frames)'}" for size, where in new[:6])
+    def workspaces():
+        return [0 if lay[0]._own_workspace is None else int(lay[0]._own_workspace.numel()) for lay in layers]
+
+    def grown(before_blocks, before_ws):  # what differs between the warm-up's end and now
+        now = live_blocks()
+        new, gone = sorted(now - before_blocks, key=lambda x: -x[1]), sorted(before_blocks - now, key=lambda x: -x[1])
+        return (f"{len(new)} blocks new ({sum(x[1] for x in new)} B; largest {[x[1] for x in new[:6]]}), "
+                f"{len(gone)} gone ({sum(x[1] for x in gone)} B); workspaces {before_ws} -> {workspaces()} B")
 
     failures, checked = [], 0
     warmup = min(50, n_batches // 2)
@@ -1087,8 +1108,7 @@ def test_cuda_soak_engine_path():
     for i in range(n_batches):
         if i == warmup:
             before = memory()
-            torch.cuda.memory._record_memory_history(max_entries=200000)  # (where a block that outlives it came from)
-            before_blocks = live_blocks()
+            before_blocks, before_ws = live_blocks(), workspaces()
         n_checked, found = one_batch(i)
         checked += n_checked
         failures += found
@@ -1101,8 +1121,7 @@ def test_cuda_soak_engine_path():
           f"{before[0]} -> {after[0]} B, driver free {before[1]} -> {after[1]} B, host RSS {before[2]} -> {after[2]} B")
     assert not failures, "\n".join(failures)
     assert errors["faults"] == 0 and errors["dropped_kv_tokens"] == 0, errors
-    growth = grown(before_blocks) if after[0] > before[0] else ""
-    torch.cuda.memory._record_memory_history(enabled=None)
+    growth = grown(before_blocks, before_ws) if after[0] > before[0] else ""
     assert after[0] <= before[0], f"PyTorch's allocated device memory (less the layers' workspaces) grew: {growth}"
     assert after[1] >= before[1] - (64 << 20), "the driver's free device memory fell by more than 64 MB"
     assert after[2] <= before[2] + (64 << 20), "the host's resident set grew by more than 64 MB"

@@ -13,6 +13,10 @@ void StepAttention::run(const StepTensors& t, const CommonAttentionMetadata& md,
                         const AttentionParams& params, void* stream) {
   AttentionParams p = params;
   p.causal = md.causal;
+  if (t.q.device == Device::CUDA && !plans_.get() && builder_->device_buffer_bytes() > 0) {
+    plans_ = CudaMemory(builder_->device_buffer_bytes());  // (the builder's plans' device copies)
+    builder_->set_device_buffer(plans_.get(), plans_.bytes());
+  }
   const auto metadata = builder_->build(md);
   if (t.q.device == Device::CUDA) {
     const size_t need = impl_->workspace_bytes_for(*metadata);

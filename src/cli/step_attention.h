@@ -36,6 +36,7 @@ class StepAttention {
   std::unique_ptr<MetadataBuilder> builder_;
   std::unique_ptr<AttentionImpl> impl_;
   CudaMemory workspace_;  // the impl's (AttentionImpl::set_workspace)
+  CudaMemory plans_;      // the builder's (MetadataBuilder::set_device_buffer)
 };
 
 }  // namespace attnkit::cli

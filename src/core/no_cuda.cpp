@@ -80,7 +80,7 @@ bool hopper_kernels_available() { return false; }
 }  // namespace attnkit::flash_attn
 namespace attnkit::flashinfer {
 
-DevicePlan::DevicePlan(const PlanCapacity&, int, int64_t) {
+DevicePlan::DevicePlan(const PlanCapacity&, int, int64_t, void*, size_t) {
   throw Error("flashinfer planned part", "device = cuda",
               "this attnkit was built without CUDA (ATTNKIT_CUDA=OFF or no nvcc)");
 }
@@ -88,7 +88,10 @@ DevicePlan::~DevicePlan() = default;
 void DevicePlan::upload(const PlanBuffers&, const PageTable&, const PlanBatch&, void*) {}
 void DevicePlan::stage(const PlanBuffers&, const PageTable&, const PlanBatch&) {}
 bool DevicePlan::copy_staged(void*) { return false; }
-bool stream_capturing(void*) { return false; }
+bool stream_capturing(void*) {
+  throw Error("flashinfer planned part", "device = cuda",
+              "this attnkit was built without CUDA (ATTNKIT_CUDA=OFF or no nvcc)");
+}
 void run_planned_part(const DevicePlan&, const PlanBuffers&, const PageTable&, const PlanBatch&,
                         const PlannedPartArgs&, const flash_attn::LaunchTuning&) {
   throw Error("flashinfer planned part", "device = cuda",

@@ -100,32 +100,31 @@ class FlashInferImpl final : public AttentionImpl {
     ATTNKIT_REQUIRE(caller_ws_bytes_ >= need, kWhere, "workspace bytes", caller_ws_bytes_,
                     "must hold the plans' partials: " + std::to_string(need) + " bytes (see workspace_bytes)");
     const PlanState& st = *md->state;
+    const bool capturing = stream_capturing(stream);
+    // The plans' device copies: over the caller's buffer (the builder's set_device_buffer).
+    ATTNKIT_REQUIRE(st.device && st.prefill_device, kWhere, "the builder's device buffer", "not set",
+                    "must be set before a GPU forward: MetadataBuilder::set_device_buffer with "
+                    "device_buffer_bytes() bytes (the plans' device copies; the library allocates no device memory)");
     if (md->num_decodes > 0)
-      run_part(views, kv_cache, st.decode_plan, st.decode_pages, st.decode_batch(), st.device, 0, p, stream);
+      run_part(views, kv_cache, st.decode_plan, st.decode_pages, st.decode_batch(), *st.device, 0, p, capturing,
+               stream);
     if (md->num_prefills > 0)  // (decodes first: the prefill part's tokens follow theirs)
-      run_part(views, kv_cache, st.prefill_plan, st.prefill_pages, st.prefill_batch(), st.prefill_device,
-               md->num_decode_tokens, p, stream);
+      run_part(views, kv_cache, st.prefill_plan, st.prefill_pages, st.prefill_batch(), *st.prefill_device,
+               md->num_decode_tokens, p, capturing, stream);
   }
 
  private:
   // One planned part on the planned kernels, over its tokens [token0, token0 + the part's
-  // tokens) of q / out / lse: the plan's device copy (the builder's state holds it: made here
-  // once, then staged by every build and copied by the first forward after it) and the caller's
+  // tokens) of q / out / lse: the plan's device copy (the builder's state holds it, over the
+  // caller's buffer: staged by every build and copied by the first forward after it) and the caller's
   // workspace for the split partials (the parts run one after the other on the stream and
   // share it). On a stream capturing a CUDA graph the launches
   // serve every plan of the capacity, so the graph replays the builder's later batches (of the
   // same query lengths).
   void run_part(const ForwardViews& views, const TensorView& kv_cache, const PlanBuffers& plan,
-                const PageTable& pages, const PlanBatch& batch, std::unique_ptr<DevicePlan>& device,
-                int64_t token0, const AttentionParams& p, void* stream) {
-    const bool capturing = stream_capturing(stream);
-    if (!device) {
-      ATTNKIT_REQUIRE(!capturing, kWhere, "stream", "capturing a CUDA graph",
-                      "must not be capturing at the builder's first GPU forward (it allocates the plan's device copy)");
-      device = std::make_unique<DevicePlan>(plan.capacity, plan.config.group_size, pages.max_pages());
-      device->stage(plan, pages, batch);
-    }
-    device->copy_staged(stream);
+                const PageTable& pages, const PlanBatch& batch, DevicePlan& device, int64_t token0,
+                const AttentionParams& p, bool capturing, void* stream) {
+    device.copy_staged(stream);
     const KVCacheSpec spec = cache_spec_of(kv_cache, cfg_, kWhere);
     const int64_t tokens = plan.num_tokens;
     PlannedPartArgs a;
@@ -138,7 +137,7 @@ class FlashInferImpl final : public AttentionImpl {
     a.workspace_bytes = caller_ws_bytes_;
     a.stream = stream;
     a.graph_safe = capturing;
-    run_planned_part(*device, plan, pages, batch, a);
+    run_planned_part(device, plan, pages, batch, a);
   }
 
   // Rows [first, first + count) of a [tokens, ...] view; columns of an LSE [heads, tokens].

@@ -26,29 +26,18 @@ cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
 }  // namespace
 
-DevicePlan::DevicePlan(const PlanCapacity& capacity, int group_size, int64_t max_pages)
-    : capacity_(capacity), group_(group_size), max_pages_(max_pages) {
+DevicePlan::DevicePlan(const PlanCapacity& capacity, int group_size, int64_t max_pages, void* device, size_t bytes)
+    : capacity_(capacity), group_(group_size), max_pages_(max_pages), device_(device) {
   ATTNKIT_REQUIRE(capacity.max_items > 0 && capacity.max_reqs > 0 && capacity.max_tokens >= 0 && group_size > 0 &&
                       max_pages >= 0,
                   kWhere, "device plan capacity", capacity.max_items, "must have items, requests and a group");
-  // Fixed sections; the page indices last, so an upload copies the fixed part and the used pages.
-  int64_t at = 0;
-  auto section = [&](int64_t n) {
-    const int64_t off = at;
-    at += (n + 3) & ~int64_t{3};  // 16-byte aligned sections
-    return off;
-  };
-  items_off_ = section(capacity.max_items * kItemInts);
-  count_off_ = section(2);
-  qo_off_ = section(int64_t{capacity.max_reqs} + 1);
-  kv_off_ = section(capacity.max_reqs);
-  indptr_off_ = section(int64_t{capacity.max_reqs} + 1);
-  merge_off_ = section(int64_t{capacity.max_tokens} * group_size + 1);
-  indices_off_ = section(std::max<int64_t>(max_pages, 1));
-  total_ = at;
-  ATTNKIT_CUDA_CHECK(cudaMalloc(&device_, total_ * sizeof(int32_t)));
-  ATTNKIT_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&staging_), total_ * sizeof(int32_t)));
-  std::memset(staging_, 0, total_ * sizeof(int32_t));
+  at_ = DevicePlanLayout(capacity, group_size, max_pages);
+  ATTNKIT_REQUIRE(device != nullptr && reinterpret_cast<uintptr_t>(device) % 16 == 0, kWhere, "device plan buffer",
+                  device == nullptr ? "null" : "not 16-byte aligned", "must be a 16-byte aligned device pointer");
+  ATTNKIT_REQUIRE(bytes >= at_.bytes(), kWhere, "device plan buffer bytes", bytes,
+                  "must be >= " + std::to_string(at_.bytes()) + " (the plan capacity's device copy)");
+  ATTNKIT_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&staging_), at_.bytes()));
+  std::memset(staging_, 0, at_.bytes());
   cudaEvent_t ev;
   ATTNKIT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   copied_ = ev;
@@ -57,7 +46,6 @@ DevicePlan::DevicePlan(const PlanCapacity& capacity, int group_size, int64_t max
 DevicePlan::~DevicePlan() {
   if (copied_) cudaEventDestroy(static_cast<cudaEvent_t>(copied_));
   if (staging_) cudaFreeHost(staging_);
-  if (device_) cudaFree(device_);
 }
 
 void DevicePlan::upload(const PlanBuffers& plan, const PageTable& pages, const PlanBatch& batch, void* stream) {
@@ -76,7 +64,7 @@ bool DevicePlan::copy_staged(void* stream) {
       // The whole buffer: the replays' plans may use more pages than this one. No event: an
       // event recorded in a capture cannot be waited for by the host; a replay's copy is ordered
       // before the next stage by the engine's step (section 6 of docs/architecture.md).
-      copy(total_, stream, /*record=*/false);
+      copy(at_.total, stream, /*record=*/false);
       capture_id_ = id;
     }
   } else if (copied_stage_ != stages_) {
@@ -112,16 +100,16 @@ void DevicePlan::stage(const PlanBuffers& plan, const PageTable& pages, const Pl
                   "must fit the device plan's " + std::to_string(max_pages_));
   // The previous upload's copy may still be reading the staging buffer.
   ATTNKIT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(copied_)));
-  std::memcpy(staging_ + items_off_, plan.items.data(), sizeof(WorkItem) * plan.num_items);
-  staging_[count_off_] = plan.num_items;
-  staging_[count_off_ + 1] = plan.num_tokens * group_;
-  std::copy(batch.qo_indptr.begin(), batch.qo_indptr.end(), staging_ + qo_off_);
-  std::copy(batch.kv_lens.begin(), batch.kv_lens.end(), staging_ + kv_off_);
-  std::copy(pages.indptr.begin(), pages.indptr.begin() + n + 1, staging_ + indptr_off_);
+  std::memcpy(staging_ + at_.items, plan.items.data(), sizeof(WorkItem) * plan.num_items);
+  staging_[at_.count] = plan.num_items;
+  staging_[at_.count + 1] = plan.num_tokens * group_;
+  std::copy(batch.qo_indptr.begin(), batch.qo_indptr.end(), staging_ + at_.qo);
+  std::copy(batch.kv_lens.begin(), batch.kv_lens.end(), staging_ + at_.kv);
+  std::copy(pages.indptr.begin(), pages.indptr.begin() + n + 1, staging_ + at_.indptr);
   const int64_t rows = int64_t{plan.num_tokens} * group_;
-  std::copy(plan.merge_indptr.begin(), plan.merge_indptr.begin() + rows + 1, staging_ + merge_off_);
-  std::copy(pages.indices.begin(), pages.indices.begin() + pages.num_pages, staging_ + indices_off_);
-  staged_ = indices_off_ + pages.num_pages;
+  std::copy(plan.merge_indptr.begin(), plan.merge_indptr.begin() + rows + 1, staging_ + at_.merge);
+  std::copy(pages.indices.begin(), pages.indices.begin() + pages.num_pages, staging_ + at_.indices);
+  staged_ = at_.indices + pages.num_pages;
   ++stages_;
 }
 

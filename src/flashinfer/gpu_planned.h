@@ -5,6 +5,7 @@
 // (cuda/plan_merge.h). The result equals run_plan_on_cpu's on the same plan (cpu_forward.h),
 // except that query rows past the plan's tokens are not written.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -17,14 +18,41 @@
 
 namespace attnkit::flashinfer {
 
+// Where each section of a planned part's device copy sits (int32 entries from its start, each
+// section 16-byte aligned; the page indices last, so an upload copies the fixed part and the
+// used pages), for a plan capacity, GQA group and page capacity.
+struct DevicePlanLayout {
+  int64_t items = 0, count = 0, qo = 0, kv = 0, indptr = 0, merge = 0, indices = 0, total = 0;
+  DevicePlanLayout() = default;
+  DevicePlanLayout(const PlanCapacity& capacity, int group_size, int64_t max_pages) {
+    auto section = [&](int64_t n) {
+      const int64_t off = total;
+      total += (n + 3) & ~int64_t{3};
+      return off;
+    };
+    items = section(capacity.max_items * static_cast<int64_t>(sizeof(WorkItem) / sizeof(int32_t)));
+    count = section(2);
+    qo = section(int64_t{capacity.max_reqs} + 1);
+    kv = section(capacity.max_reqs);
+    indptr = section(int64_t{capacity.max_reqs} + 1);
+    merge = section(int64_t{capacity.max_tokens} * group_size + 1);
+    indices = section(std::max<int64_t>(max_pages, 1));
+  }
+  size_t bytes() const { return static_cast<size_t>(total) * sizeof(int32_t); }
+};
+
 // The device copy of one planned part: the plan's items and their count, the part's query
 // offsets and KV lengths, its page table (indptr, indices) and merge map, each at a fixed offset
-// of one device buffer sized once for the plan's capacity and max_pages; upload() refreshes it
-// from pinned staging with one asynchronous copy (no allocation, no device synchronisation), so
-// a launch recorded once keeps reading the same addresses after a re-plan.
+// (DevicePlanLayout) of one device buffer that the caller owns, sized for the plan's capacity
+// and max_pages (the builder's set_device_buffer hands it over; the library allocates no device
+// memory); upload() refreshes it from pinned staging with one asynchronous copy (no allocation,
+// no device synchronisation), so a launch recorded once keeps reading the same addresses after
+// a re-plan.
 class DevicePlan {
  public:
-  DevicePlan(const PlanCapacity& capacity, int group_size, int64_t max_pages);
+  // `device`: DevicePlanLayout(capacity, group_size, max_pages).bytes() bytes or more, 16-byte
+  // aligned, kept alive by the caller while the plan is used.
+  DevicePlan(const PlanCapacity& capacity, int group_size, int64_t max_pages, void* device, size_t bytes);
   ~DevicePlan();
   DevicePlan(const DevicePlan&) = delete;
   DevicePlan& operator=(const DevicePlan&) = delete;
@@ -45,14 +73,14 @@ class DevicePlan {
   void stage(const PlanBuffers& plan, const PageTable& pages, const PlanBatch& batch);
   bool copy_staged(void* stream);
 
-  const int32_t* items() const { return base() + items_off_; }
-  const int32_t* num_items() const { return base() + count_off_; }
-  const int32_t* num_rows() const { return base() + count_off_ + 1; }  // packed rows: tokens x group
-  const int32_t* qo_indptr() const { return base() + qo_off_; }
-  const int32_t* kv_lens() const { return base() + kv_off_; }
-  const int32_t* page_indptr() const { return base() + indptr_off_; }
-  const int32_t* page_indices() const { return base() + indices_off_; }
-  const int32_t* merge_indptr() const { return base() + merge_off_; }
+  const int32_t* items() const { return base() + at_.items; }
+  const int32_t* num_items() const { return base() + at_.count; }
+  const int32_t* num_rows() const { return base() + at_.count + 1; }  // packed rows: tokens x group
+  const int32_t* qo_indptr() const { return base() + at_.qo; }
+  const int32_t* kv_lens() const { return base() + at_.kv; }
+  const int32_t* page_indptr() const { return base() + at_.indptr; }
+  const int32_t* page_indices() const { return base() + at_.indices; }
+  const int32_t* merge_indptr() const { return base() + at_.merge; }
   int64_t max_items() const { return capacity_.max_items; }
   int64_t max_rows() const { return int64_t{capacity_.max_tokens} * group_; }
 
@@ -61,11 +89,10 @@ class DevicePlan {
   PlanCapacity capacity_;
   int group_ = 1;
   int64_t max_pages_ = 0;
-  int64_t items_off_ = 0, count_off_ = 0, qo_off_ = 0, kv_off_ = 0, indptr_off_ = 0, merge_off_ = 0, indices_off_ = 0;
+  DevicePlanLayout at_;
   // The first `entries` of staging to the device; record: stage() may then wait for it.
   void copy(int64_t entries, void* stream, bool record = true);
-  int64_t total_ = 0;  // int32 entries
-  void* device_ = nullptr;
+  void* device_ = nullptr;      // the caller's
   int32_t* staging_ = nullptr;  // pinned
   void* copied_ = nullptr;      // cudaEvent_t: the last copy of the staging buffer
   int64_t staged_ = 0;          // int32 entries of the last stage

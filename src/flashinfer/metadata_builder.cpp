@@ -8,6 +8,7 @@
 #include "core/backend_checks.h"
 #include "flash_attn/tile_set.h"
 #include "flashinfer/flashinfer_backend.h"
+#include "flashinfer/gpu_planned.h"
 
 namespace attnkit::flashinfer {
 
@@ -52,6 +53,40 @@ static std::pair<PlanConfig, PlanCapacity> part_shape(const AttentionConfig& cfg
                                                                  limits.max_tokens))
                             : limits.max_tokens;
   return {pc, PlanCapacity::for_limits(pc, limits.max_reqs, tokens)};
+}
+
+namespace {
+// The decode part's device copy first, then the prefill part's, at a 16-byte aligned offset.
+size_t device_part_bytes(const PlanBuffers& plan, const PageTable& pages) {
+  return (DevicePlanLayout(plan.capacity, plan.config.group_size, pages.max_pages()).bytes() + 15) & ~size_t{15};
+}
+}  // namespace
+
+size_t FlashInferMetadataBuilder::device_buffer_bytes() const {
+  const PlanState& s = *state_;
+  return device_part_bytes(s.decode_plan, s.decode_pages) + device_part_bytes(s.prefill_plan, s.prefill_pages);
+}
+
+void FlashInferMetadataBuilder::set_device_buffer(void* device_ptr, size_t bytes) {
+  constexpr std::string_view where = "flashinfer set_device_buffer";
+  const size_t need = device_buffer_bytes();
+  ATTNKIT_REQUIRE(device_ptr != nullptr, where, "device_ptr", "null",
+                  "must be a device buffer of device_buffer_bytes() = " + std::to_string(need) + " bytes");
+  ATTNKIT_REQUIRE(reinterpret_cast<uintptr_t>(device_ptr) % 16 == 0, where, "device_ptr",
+                  reinterpret_cast<uintptr_t>(device_ptr), "must be 16-byte aligned");
+  ATTNKIT_REQUIRE(bytes >= need, where, "bytes", bytes,
+                  "must be >= device_buffer_bytes() = " + std::to_string(need) + " (the plans' device copies)");
+  PlanState& s = *state_;
+  const size_t decode_bytes = device_part_bytes(s.decode_plan, s.decode_pages);
+  s.device = std::make_unique<DevicePlan>(s.decode_plan.capacity, s.decode_plan.config.group_size,
+                                          s.decode_pages.max_pages(), device_ptr, decode_bytes);
+  s.prefill_device = std::make_unique<DevicePlan>(s.prefill_plan.capacity, s.prefill_plan.config.group_size,
+                                                  s.prefill_pages.max_pages(),
+                                                  static_cast<char*>(device_ptr) + decode_bytes, bytes - decode_bytes);
+  if (s.generation > 0) {  // (the current metadata's plans: its next forward copies them)
+    s.device->stage(s.decode_plan, s.decode_pages, s.decode_batch());
+    s.prefill_device->stage(s.prefill_plan, s.prefill_pages, s.prefill_batch());
+  }
 }
 
 size_t plan_workspace_bytes(const AttentionConfig& cfg, const BuilderLimits& limits, int64_t max_tokens) {

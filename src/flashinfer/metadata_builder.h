@@ -47,9 +47,10 @@ struct PlanState {
             decode_window_left, decode_window_right};
   }
   uint64_t generation = 0;                 // bumped by every build()
-  // The decode plan's device copy (GPU configurations): made by the first forward on the GPU,
-  // then staged by every build() (host only) and copied by the next forward, so a forward
-  // captured in a CUDA graph replays the builder's later plans (DevicePlan::copy_staged).
+  // The decode plan's device copy (GPU forwards), over the caller's buffer
+  // (FlashInferMetadataBuilder::set_device_buffer): staged by every build() (host only) and
+  // copied by the next forward, so a forward captured in a CUDA graph replays the builder's
+  // later plans (DevicePlan::copy_staged).
   mutable std::unique_ptr<DevicePlan> device;
   mutable std::unique_ptr<DevicePlan> prefill_device;  // the prefill plan's, alike
 };
@@ -85,6 +86,12 @@ class FlashInferMetadataBuilder final : public MetadataBuilder {
   // prefill path (the decode kernels do not express bidirectional attention). The metadata
   // stays valid until the next build().
   std::unique_ptr<BackendMetadata> build(const CommonAttentionMetadata& common) override;
+
+  // The decode and prefill plans' device copies (DevicePlanLayout of each part's capacity, each
+  // 16-byte aligned). set_device_buffer makes them over the caller's buffer and stages the
+  // current plans; a GPU forward before it is an Error.
+  size_t device_buffer_bytes() const override;
+  void set_device_buffer(void* device_ptr, size_t bytes) override;
 
   const BuilderLimits& limits() const { return limits_; }
   const PlanState& state() const { return *state_; }

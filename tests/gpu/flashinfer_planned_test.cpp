@@ -95,7 +95,9 @@ PlannedRun run_planned(const Problem& p, PlanKernel kernel, int slots, const fla
   ATTNKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   PlannedRun run;
   try {
-    DevicePlan dev(plan.capacity, c.group, pages.num_pages);
+    const size_t plan_bytes = flashinfer::DevicePlanLayout(plan.capacity, c.group, pages.num_pages).bytes();
+    cuda::DeviceBuffer plan_copy(plan_bytes);
+    DevicePlan dev(plan.capacity, c.group, pages.num_pages, plan_copy.get(), plan_bytes);
     poison_device(out.get(), T * H * D * 2, stream);
     poison_device(lse.get(), T * H * 4, stream);
     poison_device(ws.get(), static_cast<int64_t>(plan.workspace_bytes()), stream);
