@@ -294,7 +294,10 @@ std::unique_ptr<PlannedPart> plan_part(const UniformBatch& b, const flash_attn::
   p->batch.kv_lens = p->kv;
   p->batch.causal = a.params.causal;
   flashinfer::plan_batch(p->batch, p->plan);
-  p->dev = std::make_unique<flashinfer::DevicePlan>(p->plan.capacity, cfg.group_size, p->pages.num_pages);
+  const size_t plan_bytes = flashinfer::DevicePlanLayout(p->plan.capacity, cfg.group_size, p->pages.num_pages).bytes();
+  p->plan_copy = cuda::DeviceBuffer(plan_bytes);
+  p->dev = std::make_unique<flashinfer::DevicePlan>(p->plan.capacity, cfg.group_size, p->pages.num_pages,
+                                                    p->plan_copy.get(), plan_bytes);
   p->dev->upload(p->plan, p->pages, p->batch, stream);
   p->args.q = a.q;
   p->args.out = a.out;

@@ -111,6 +111,7 @@ struct PlannedPart {
   flashinfer::PageTable pages;
   flashinfer::PlanBuffers plan;
   flashinfer::PlanBatch batch;
+  cuda::DeviceBuffer plan_copy;  // the device copy's memory (the caller's: DevicePlan allocates none)
   std::unique_ptr<flashinfer::DevicePlan> dev;
   flashinfer::PlannedPartArgs args;
   void run() const { flashinfer::run_planned_part(*dev, plan, pages, batch, args); }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "attnkit/device.h"
 #include "attnkit/error.h"
 #include "attnkit/kv_cache.h"
 #include "attnkit/params.h"
@@ -165,7 +166,7 @@ class FlashInferPlan {
 
   // The plan on the GPU (the planned kernels: gpu_planned.h): q [tokens, H, D], the paged views
   // (ragged: k / v [kv_tokens, H, D]), out; workspace: the caller's float workspace (needed
-  // when the plan splits). The first CUDA run creates the plan's device copy (one allocation)
+  // when the plan splits). The first CUDA run creates the plan's device copy (one allocation, the wrapper's)
   // and uploads it; later plan() calls refresh it.
   void run_cuda(const std::string& where, const InArray& q, const InArray& k, const InArray& v,
                 const std::string& cache_dtype, float scale, float softcap, const OptIn& sinks,
@@ -193,7 +194,11 @@ class FlashInferPlan {
       a.stream = stream_ptr(stream);
       a.graph_safe = fixed_;  // (CUDA-graph mode: a captured run replays every plan of the capacity)
       if (!dev_) {
-        dev_ = std::make_unique<flashinfer::DevicePlan>(plan_.capacity, plan_.config.group_size, pages_.max_pages());
+        const size_t bytes =
+            flashinfer::DevicePlanLayout(plan_.capacity, plan_.config.group_size, pages_.max_pages()).bytes();
+        dev_mem_ = CudaMemory(bytes);  // (the wrapper's, as FlashInfer's wrappers hold their int workspace)
+        dev_ = std::make_unique<flashinfer::DevicePlan>(plan_.capacity, plan_.config.group_size, pages_.max_pages(),
+                                                        dev_mem_.get(), bytes);
         dev_max_pages_ = pages_.max_pages();
         dev_->upload(plan_, pages_, batch_, a.stream);
       }
@@ -296,6 +301,7 @@ class FlashInferPlan {
   int64_t max_pages_ = 0;
   bool fixed_ = false, planned_ = false, ragged_ = false, decode_ = false;
   int q_len_per_req_ = 1;
+  CudaMemory dev_mem_;  // the device copy's memory (before dev_: freed after it)
   std::unique_ptr<flashinfer::DevicePlan> dev_;
   int64_t dev_max_pages_ = 0;
   int64_t kv_rows_ = 0;  // ragged: rows of k / v the plan reads
