@@ -738,7 +738,7 @@ def test_cuda_layer_caller_device_buffer(backend):
         layer.set_device_buffer(torch.empty(need - 16, dtype=torch.uint8, device="cuda"))
     buf = torch.full((need,), 0xAB, dtype=torch.uint8, device="cuda")  # (whatever it held before)
     layer.set_device_buffer(buf)
-    b = TorchBatch([1, 1, 37, 5], [700, 33, 400, 2000], H, Hkv, D, bs, torch.bfloat16, "cuda", seed=78)
+    b = TorchBatch([1] * 4, [700, 33, 400, 2000], H, Hkv, D, bs, torch.bfloat16, "cuda", seed=78)
     md = layer.build_metadata(b.cu_seqlens_q, b.seqused_k, b.block_table, last_token_slots(b, bs))
     out = layer.forward(b.q, None, None, b.kv_cache.contiguous(), md)
     check(b, out, b.reference(causal=True)[0], "flashinfer over the caller's device buffer")
@@ -995,8 +995,8 @@ def test_cuda_soak_engine_path():
     # fp8 and 16-bit caches, block sizes 16..128, both GPU backends) through
     # AttentionLayer.build_metadata / forward, two sampled requests of each checked against the
     # float64 reference; zero failures, an empty device error record, and no growth of device
-    # memory (PyTorch's allocated bytes, the driver's free bytes) or of the host's resident set
-    # between the end of a warm-up and the end. ATTNKIT_SOAK=N batches (default 300;
+    # memory (no PyTorch block but the layers' workspaces outlives the batches; the driver's free
+    # bytes) or of the host's resident set between the end of a warm-up and the end. ATTNKIT_SOAK=N batches (default 300;
     # tools/gpu-check.sh's soak step runs 10,000).
     import gc
     import os
@@ -1017,9 +1017,6 @@ def test_cuda_soak_engine_path():
         layers.append((layer, cache, H, Hkv, D, getattr(torch, dtype), bs, num_blocks))
     attnkit.device_errors()
 
-    def allocated():  # PyTorch's bytes less the layers' workspaces (they grow to the largest batch seen)
-        held = sum(int(w.numel()) for w in (lay[0]._own_workspace for lay in layers) if w is not None)
-        return torch.cuda.memory_allocated() - held
 
     def one_batch(i):
         """Batch i: a random mixed batch through the layer, two sampled requests against the
@@ -1086,7 +1083,7 @@ def test_cuda_soak_engine_path():
         gc.collect()
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-        return allocated(), torch.cuda.mem_get_info()[0], _rss_bytes()
+        return torch.cuda.memory_allocated(), torch.cuda.mem_get_info()[0], _rss_bytes()
 
     def live_blocks():  # PyTorch's live device blocks (address, bytes), less the layers' workspaces
         held = {int(w.data_ptr()) for w in (lay[0]._own_workspace for lay in layers) if w is not None}
@@ -1121,8 +1118,11 @@ def test_cuda_soak_engine_path():
           f"{before[0]} -> {after[0]} B, driver free {before[1]} -> {after[1]} B, host RSS {before[2]} -> {after[2]} B")
     assert not failures, "\n".join(failures)
     assert errors["faults"] == 0 and errors["dropped_kv_tokens"] == 0, errors
-    growth = grown(before_blocks, before_ws) if after[0] > before[0] else ""
-    assert after[0] <= before[0], f"PyTorch's allocated device memory (less the layers' workspaces) grew: {growth}"
+    # No PyTorch block outlives the batches but the layers' workspaces (they grow to the largest
+    # batch seen; their blocks may be larger than asked for, so allocated bytes less their sizes
+    # are not a measure).
+    new_blocks = live_blocks() - before_blocks
+    assert not new_blocks, f"PyTorch device blocks outlived the batches: {grown(before_blocks, before_ws)}"
     assert after[1] >= before[1] - (64 << 20), "the driver's free device memory fell by more than 64 MB"
     assert after[2] <= before[2] + (64 << 20), "the host's resident set grew by more than 64 MB"
 
