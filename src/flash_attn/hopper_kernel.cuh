@@ -253,17 +253,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // softmax's block, so ptxas cannot hoist the wait above the softmax (it does within one
     // block), and the softmax runs while the tensor cores still do P V.
     const bool rescale_o = __any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f);
+    auto wait_pv = [&] {
+      if constexpr (kPV) {
+        wgmma_wait<0>();
+        wgmma_hold(o);
+        wgmma_hold(pa);  // P_{j-1} is read by the P V just waited for: its registers stay until here
+      }
+    };
     if (rescale_o) {
-      if constexpr (kPV) wgmma_wait<0>();
+      wait_pv();
       scale_rows(o, rescale);
     } else {
-      if constexpr (kPV) wgmma_wait<0>();
+      wait_pv();
     }
-    if constexpr (kPV) {
-      wgmma_hold(o);
-      wgmma_hold(pa);  // P_{j-1} is read by the P V just waited for: its registers stay until here
-      v_pipe.release(prev_at);
-    }
+    if constexpr (kPV) v_pipe.release(prev_at);
     prev_at = at;
     at.advance();
 #pragma unroll
