@@ -249,23 +249,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     float rescale[2];
     // (per-head ALiBi slopes only: per-request ones run on the mma_sync kernels, launch_plan.cpp)
     softmax_scores(s, softmax, mod, unit, whole_tile_visible, p, w, warp_row0, tile_key0, lane, rescale, false);
-    // Whether O needs the factor, asked before the wait for P V: the branch on it ends the
-    // softmax's block, so ptxas cannot hoist the wait above the softmax (it does within one
-    // block), and the softmax runs while the tensor cores still do P V.
-    const bool rescale_o = __any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f);
-    auto wait_pv = [&] {
+    // O's rescale waits for the P V first, inside its branch: ptxas hoists a wait to the top of
+    // its block, and there the softmax would no longer run under the P V.
+    rescale_output(o, rescale, [&] {
       if constexpr (kPV) {
         wgmma_wait<0>();
         wgmma_hold(o);
         wgmma_hold(pa);  // P_{j-1} is read by the P V just waited for: its registers stay until here
       }
-    };
-    if (rescale_o) {
-      wait_pv();
-      scale_rows(o, rescale);
-    } else {
-      wait_pv();
-    }
+    });
     if constexpr (kPV) v_pipe.release(prev_at);
     prev_at = at;
     at.advance();

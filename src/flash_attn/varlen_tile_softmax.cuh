@@ -28,9 +28,20 @@ __device__ __forceinline__ void softmax_scores(cuda::FragC (&s)[kS], cuda::RowSo
 }
 
 // Once the running maxima settle, most tiles change none of them: skip the multiply.
+// `before` runs first on both paths (the hopper kernel's wait for the P V still writing O: the
+// branch ends the softmax's block, so ptxas does not hoist that wait above the softmax).
+template <class Lay = cuda::RowsOnM, int kO, class Before>
+__device__ __forceinline__ void rescale_output(cuda::FragC (&o)[kO], const float (&rescale)[2], Before&& before) {
+  if (__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) {
+    before();
+    cuda::scale_rows<Lay>(o, rescale);
+  } else {
+    before();
+  }
+}
 template <class Lay = cuda::RowsOnM, int kO>
 __device__ __forceinline__ void rescale_output(cuda::FragC (&o)[kO], const float (&rescale)[2]) {
-  if (__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) cuda::scale_rows<Lay>(o, rescale);
+  rescale_output<Lay>(o, rescale, [] {});
 }
 
 // Both, for kernels whose output accumulator is idle during the softmax.

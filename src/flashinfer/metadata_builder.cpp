@@ -56,11 +56,17 @@ static std::pair<PlanConfig, PlanCapacity> part_shape(const AttentionConfig& cfg
 }
 
 namespace {
-// The decode part's device copy first, then the prefill part's, at a 16-byte aligned offset.
+// A part's device copy (a multiple of 16 bytes: the decode part's, first, leaves the prefill
+// part's 16-byte aligned).
 size_t device_part_bytes(const PlanBuffers& plan, const PageTable& pages) {
-  return (DevicePlanLayout(plan.capacity, plan.config.group_size, pages.max_pages()).bytes() + 15) & ~size_t{15};
+  return DevicePlanLayout(plan.capacity, plan.config.group_size, pages.max_pages()).bytes();
 }
 }  // namespace
+
+void PlanState::stage_device_copies() const {
+  if (device) device->stage(decode_plan, decode_pages, decode_batch());
+  if (prefill_device) prefill_device->stage(prefill_plan, prefill_pages, prefill_batch());
+}
 
 size_t FlashInferMetadataBuilder::device_buffer_bytes() const {
   const PlanState& s = *state_;
@@ -83,10 +89,7 @@ void FlashInferMetadataBuilder::set_device_buffer(void* device_ptr, size_t bytes
   s.prefill_device = std::make_unique<DevicePlan>(s.prefill_plan.capacity, s.prefill_plan.config.group_size,
                                                   s.prefill_pages.max_pages(),
                                                   static_cast<char*>(device_ptr) + decode_bytes, bytes - decode_bytes);
-  if (s.generation > 0) {  // (the current metadata's plans: its next forward copies them)
-    s.device->stage(s.decode_plan, s.decode_pages, s.decode_batch());
-    s.prefill_device->stage(s.prefill_plan, s.prefill_pages, s.prefill_batch());
-  }
+  if (s.generation > 0) s.stage_device_copies();  // (the current metadata's plans: its next forward copies them)
 }
 
 size_t plan_workspace_bytes(const AttentionConfig& cfg, const BuilderLimits& limits, int64_t max_tokens) {
@@ -179,7 +182,6 @@ std::unique_ptr<BackendMetadata> FlashInferMetadataBuilder::build(const CommonAt
   decode.window_left = limits_.window_left;
   decode.window_right = limits_.window_right;
   plan_batch(decode, s.decode_plan);
-  if (s.device) s.device->stage(s.decode_plan, s.decode_pages, s.decode_batch());  // (GPU: DevicePlan::stage)
 
   const int32_t base = common.query_start_loc[nd];
   for (int r = nd; r <= n; ++r) s.prefill_qo_indptr[r - nd] = common.query_start_loc[r] - base;
@@ -190,7 +192,7 @@ std::unique_ptr<BackendMetadata> FlashInferMetadataBuilder::build(const CommonAt
   prefill.kv_lens = std::span<const int32_t>(s.prefill_kv_lens.data(), n - nd);
   prefill.causal = common.causal;
   plan_batch(prefill, s.prefill_plan);
-  if (s.prefill_device) s.prefill_device->stage(s.prefill_plan, s.prefill_pages, s.prefill_batch());
+  s.stage_device_copies();  // (GPU: DevicePlan::stage, host only)
 
   auto md = std::make_unique<FlashInferMetadata>();
   md->num_reqs = n;

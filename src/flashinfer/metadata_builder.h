@@ -53,6 +53,7 @@ struct PlanState {
   // later plans (DevicePlan::copy_staged).
   mutable std::unique_ptr<DevicePlan> device;
   mutable std::unique_ptr<DevicePlan> prefill_device;  // the prefill plan's, alike
+  void stage_device_copies() const;  // both plans into their device copies' staging, where they exist
 };
 
 struct FlashInferMetadata final : BackendMetadata {
