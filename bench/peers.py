@@ -66,7 +66,7 @@ def main():
     print(f"peers: torch {torch.__version__}, {torch.cuda.get_device_name()}, "
           f"cuDNN {torch.backends.cudnn.version()}", flush=True)
     backends = [("torch-FLASH", SDPBackend.FLASH_ATTENTION), ("torch-cuDNN", SDPBackend.CUDNN_ATTENTION)]
-    head_sizes = [128] if args.quick else [64, 80, 96, 112, 128, 256, 512]
+    head_sizes = [128] if args.quick else [64, 80, 96, 112, 128, 192, 256, 512]
     torch.manual_seed(0)
     for hd in head_sizes:
         for hkv in (8, 32):

@@ -1,5 +1,5 @@
 // Prefill throughput: 16k new tokens per batch as seqlen 512..16k (batch = 16k / seqlen), 32
-// query heads with 8 KV heads (GQA) and 32 (MHA), head sizes 64/128/256, causal and not, bf16;
+// query heads with 8 KV heads (GQA) and 32 (MHA), head sizes 64/128/192/256, causal and not, bf16;
 // head sizes 80/96/112/512 GQA causal.
 // Ours reads K/V from a paged cache (block 16, blocks shuffled) through run_varlen_attention;
 // FLOPs = 4 * tokens * seqlen * head_size * heads, halved for causal (the FlashAttention
@@ -49,7 +49,7 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
   // 80 / 96 / 112: the head sizes of Phi-2 / StableLM, Phi-3, and one padded to 128 (GQA causal
   // only: their rows are for the padding-cost targets); 512 (GQA causal).
   const std::vector<int> head_sizes =
-      quick ? std::vector<int>{128} : std::vector<int>{64, 80, 96, 112, 128, 256, 512};
+      quick ? std::vector<int>{128} : std::vector<int>{64, 80, 96, 112, 128, 192, 256, 512};
   for (int hd : head_sizes)
     for (int hkv : {8, 32})
       for (bool causal : {true, false}) {
@@ -79,8 +79,9 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
                      "paged KV, block 16" + (args.num_splits > 1 ? ", splits " + std::to_string(args.num_splits) : std::string())});
             // The hopper launcher's choices, each way in the same run: one CTA per SM looping
             // over the items vs one CTA per item, and (persistent, up to 4k keys) one vs two Q
-            // buffers (head size 128); K/V by TMA vs by cp.async, timed in turns (64 and 128).
-            if ((hd == 128 || hd == 64) && causal && args.num_splits == 1 && flash_attn::hopper_kernels_available() &&
+            // buffers (head size 128); K/V by TMA vs by cp.async, timed in turns (64, 128, 256);
+            // at 256 the mma_sync generation too (the launch the hopper kernel took over).
+            if ((hd == 64 || hd == 128 || hd == 256) && causal && args.num_splits == 1 && flash_attn::hopper_kernels_available() &&
                 flash_attn::choose_launch(flash_attn::varlen_launch_facts(args)).generation ==
                     flash_attn::Generation::hopper) {
               const int sms = cuda::current_device_props().sm_count;
@@ -115,6 +116,20 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
                                      std::string(ratio) + "x"});
               rec.add({"prefill-grid", "hopper fill " + key + " cp.async", "attnkit", "TFLOP/s",
                        flops / fills[1] / 1e9, fills[1], "K/V by cp.async (LaunchTuning::cp_async_fill)"});
+              if (hd == 256) {
+                flash_attn::VarlenArgs mma = args;
+                mma.generation = flash_attn::Generation::mma_sync;
+                const std::vector<double> gens =
+                    eager_in_turns({[&](int) { flash_attn::run_varlen_attention(args); },
+                                    [&](int) { flash_attn::run_varlen_attention(mma); }},
+                                   3, stream);
+                std::snprintf(ratio, sizeof ratio, "%.3f", gens[1] / gens[0]);
+                rec.add({"prefill-grid", "generation " + key + " hopper", "attnkit", "TFLOP/s", flops / gens[0] / 1e9,
+                         gens[0], "the launch rule's hopper kernel, in turns with mma_sync: mma_sync / hopper " +
+                                      std::string(ratio) + "x"});
+                rec.add({"prefill-grid", "generation " + key + " mma_sync", "attnkit", "TFLOP/s", flops / gens[1] / 1e9,
+                         gens[1], "the mma_sync prefill tile (VarlenArgs::generation)"});
+              }
             }
           } catch (const std::exception& e) {
             rec.fail("prefill", key, e.what());

@@ -44,7 +44,7 @@ TEST(TileSet, ConfigurationsAreConsistent) {
         const std::string ctx = std::string(t.name) + " hd " + std::to_string(hd) + " " + cache_kind_name(kind);
         EXPECT_GT(t.rows, 0) << ctx;
         EXPECT_EQ(t.keys % 16, 0) << ctx;
-        EXPECT_GE(t.stages, 2) << ctx;
+        if (tile_instantiated(id, hd, kind)) EXPECT_GE(t.stages, 2) << ctx;  // (hopper_short at 256 would have one)
         EXPECT_GE(t.ctas_per_sm, 1) << ctx;
         if (t.generation == Generation::mma_sync) {
           EXPECT_EQ(t.rows, 16 * t.m_frags * t.warps_m) << ctx;
@@ -67,6 +67,9 @@ TEST(TileSet, ConfigurationsAreConsistent) {
   EXPECT_EQ(tile_config(TileId::hopper, 64, CacheKind::b16).stages, 4);
   EXPECT_EQ(tile_config(TileId::hopper_short, 128, CacheKind::b16).stages, 2);
   EXPECT_EQ(tile_config(TileId::hopper_short, 128, CacheKind::b16).q_buffers, 2);
+  EXPECT_EQ(tile_config(TileId::hopper, 256, CacheKind::b16).keys, 64);
+  EXPECT_EQ(tile_config(TileId::hopper, 256, CacheKind::b16).stages, 2);
+  EXPECT_FALSE(tile_instantiated(TileId::hopper_short, 256, CacheKind::b16));
   EXPECT_FALSE(tile_instantiated(TileId::hopper, 96, CacheKind::b16));
   EXPECT_FALSE(tile_instantiated(TileId::hopper, 128, CacheKind::fp8));
   EXPECT_FALSE(tile_instantiated(TileId::decode_transposed, 64, CacheKind::fp8));
@@ -152,6 +155,12 @@ TEST(ChooseLaunch, Table) {
        TileId::hopper_short, 3, true, false, false},
       {"hopper, 2 Q buffers forced", h200(2, 8192, 8192), two_q, TileId::hopper_short, -1, true, false, false},
       {"hopper without PDL", h200(4, 4096, 4096), no_pdl, TileId::hopper, 132, false, false, false},
+      {"hd 256 prefill 4 x 4k: persistent hopper", h200(4, 4096, 4096, 256), {}, TileId::hopper, 132, true, false, false},
+      {"hd 256, 32 x 512: one Q buffer (no second one at 256)", h200(32, 512, 512, 256), {}, TileId::hopper, 132, true,
+       false, false},
+      {"hd 256, 2 Q buffers forced: one", h200(2, 8192, 8192, 256), two_q, TileId::hopper, -1, true, false, false},
+      {"hd 200 prefill: hopper on dim 256", h200(2, 8192, 8192, 200), {}, TileId::hopper, -1, true, false, false},
+      {"hd 192 prefill: mma_sync", h200(4, 4096, 4096, 192), {}, TileId::prefill, -1, true, true, false},
       {"split prefill: mma_sync", h200(1, 512, 8192, 128, false, 4, 2), {}, TileId::prefill, -1, true, true, false},
       {"fp8 prefill: mma_sync", h200(4, 4096, 4096, 128, true), {}, TileId::prefill, -1, true, true, false},
       {"hd 96 prefill: mma_sync", h200(4, 4096, 4096, 96), {}, TileId::prefill, -1, true, true, false},
@@ -166,8 +175,9 @@ TEST(ChooseLaunch, Table) {
     const std::string ctx = std::string(c.why) + ": " + plan.reason;
     EXPECT_EQ(plan.tile, c.tile) << ctx << " (got " << plan.config.name << ")";
     EXPECT_EQ(plan.generation, plan.config.generation) << ctx;
-    EXPECT_EQ(plan.config.rows, tile_config(c.tile, c.facts.head_size, c.facts.cache).rows) << ctx;
-    EXPECT_TRUE(tile_instantiated(plan.tile, c.facts.head_size, c.facts.cache)) << ctx;
+    EXPECT_EQ(plan.config.rows, tile_config(c.tile, plan.head_dim, c.facts.cache).rows) << ctx;
+    EXPECT_EQ(plan.config.keys, tile_config(c.tile, plan.head_dim, c.facts.cache).keys) << ctx;
+    EXPECT_TRUE(tile_instantiated(plan.tile, plan.head_dim, c.facts.cache)) << ctx;
     EXPECT_EQ(plan.ctas, c.ctas < 0 ? plan.grid_ctas : c.ctas) << ctx;
     EXPECT_EQ(plan.pdl, c.pdl) << ctx;
     EXPECT_EQ(plan.l2_prefetch, c.l2_prefetch) << ctx;
@@ -253,7 +263,7 @@ TEST(TileSet, EveryHeadSizeRunsOnTheNextCompiledDim) {
   EXPECT_EQ(kernel_head_dim(96, CacheKind::nvfp4, true), 0);
   EXPECT_EQ(kernel_head_dim(96, CacheKind::fp8, true), 128);
   // A padded size reads its rows by cp.async (a TMA box copies whole rows); hopper serves the
-  // sizes whose dim is 64 / 128.
+  // sizes whose dim is 64 / 128 / 256.
   LaunchFacts dec = h200(64, 1, 4096, 112);
   EXPECT_EQ(choose_launch(dec).tile, TileId::decode) << choose_launch(dec).reason;
   EXPECT_NE(choose_launch(dec).reason.find("padded to 128"), std::string::npos) << choose_launch(dec).reason;
@@ -263,6 +273,8 @@ TEST(TileSet, EveryHeadSizeRunsOnTheNextCompiledDim) {
   EXPECT_EQ(choose_launch(h200(4, 2048, 2048, 40)).generation, Generation::hopper);
   EXPECT_EQ(choose_launch(h200(4, 2048, 2048, 72)).generation, Generation::mma_sync);
   EXPECT_EQ(choose_launch(h200(4, 2048, 2048, 72)).head_dim, 80);
+  EXPECT_EQ(choose_launch(h200(4, 2048, 2048, 232)).generation, Generation::hopper);
+  EXPECT_EQ(choose_launch(h200(4, 2048, 2048, 232)).config.keys, 64);
   EXPECT_TRUE(test::throws_error_with([] { choose_launch(h200(4, 16, 16, 84)); }, {"head_size", "84", "multiple of 8"}));
   EXPECT_TRUE(test::throws_error_with([] { choose_launch(h200(4, 16, 16, 40, true)); }, {"head_size", "40", "16 (fp8"}));
 }
@@ -321,7 +333,9 @@ TEST(ChooseLaunch, PlannedPartsTakeTheirTiles) {
   EXPECT_EQ(choose_launch(prefill).tile, TileId::prefill);
   prefill.alibi_per_request = false;
   prefill.head_size = 256;
-  EXPECT_EQ(choose_launch(prefill).tile, TileId::prefill) << "(no hopper kernel at head dim 256)";
+  EXPECT_EQ(choose_launch(prefill).tile, TileId::hopper) << choose_launch(prefill).reason;
+  prefill.cache = CacheKind::fp8;
+  EXPECT_EQ(choose_launch(prefill).tile, TileId::prefill) << "(no hopper kernel for fp8 caches)";
 }
 
 TEST(ChooseLaunch, HeadDim512RunsOutputSlicesOfThePrefillTile) {

@@ -76,10 +76,11 @@ __device__ __forceinline__ void wgmma_hold(FragA (&a)[N]) {
 }
 
 // D (m64 x kN, fp32) += A (m64 x k16, registers) * B (k16 x kN, descriptor); kTransB = 1
-// for an MN-major B. Defined for T = __nv_bfloat16 / __half and kN = 64 / 128.
+// for an MN-major B. Defined for T = __nv_bfloat16 / __half and kN = 64 / 128 (wider outputs
+// are several of these on column ranges of one accumulator: hopper_kernel.cuh).
 template <class T, int kN>
 struct WgmmaRS;
-// D (m64 x kN, fp32) += A (m64 x k16) * B (k16 x kN), both K-major by descriptor (kN = 128).
+// D (m64 x kN, fp32) += A (m64 x k16) * B (k16 x kN), both K-major by descriptor (kN = 64 / 128).
 template <class T, int kN>
 struct WgmmaSS;
 
@@ -137,6 +138,8 @@ ATTNKIT_WGMMA_RS(64, __nv_bfloat16, "bf16", "37", "{%32,%33,%34,%35}, %36, p, 1,
 ATTNKIT_WGMMA_RS(64, __half, "f16", "37", "{%32,%33,%34,%35}, %36, p, 1, 1, %38")
 ATTNKIT_WGMMA_RS(128, __nv_bfloat16, "bf16", "69", "{%64,%65,%66,%67}, %68, p, 1, 1, %70")
 ATTNKIT_WGMMA_RS(128, __half, "f16", "69", "{%64,%65,%66,%67}, %68, p, 1, 1, %70")
+ATTNKIT_WGMMA_SS(64, __nv_bfloat16, "bf16", "34", "%32, %33, p, 1, 1, 0, 0")
+ATTNKIT_WGMMA_SS(64, __half, "f16", "34", "%32, %33, p, 1, 1, 0, 0")
 ATTNKIT_WGMMA_SS(128, __nv_bfloat16, "bf16", "66", "%64, %65, p, 1, 1, 0, 0")
 ATTNKIT_WGMMA_SS(128, __half, "f16", "66", "%64, %65, p, 1, 1, 0, 0")
 #undef ATTNKIT_WGMMA_SS

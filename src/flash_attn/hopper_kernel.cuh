@@ -1,7 +1,7 @@
 // The hopper generation's varlen paged attention kernel (wgmma, sm_90a): one template,
 // configured by HopperTraits, instantiated in hopper_hd*.cu. Same work items, masks and
 // online softmax as the mma_sync kernel (varlen_kernel.cuh); what differs is the GEMMs (each
-// warpgroup issues wgmma.mma_async on 64 rows x 128 keys with Q / K / V read from swizzled
+// warpgroup issues wgmma.mma_async on 64 rows x a tile of keys with Q / K / V read from swizzled
 // shared memory by descriptor) and the epilogue (straight from registers: without split
 // partials there is nothing to merge across warps).
 //
@@ -208,11 +208,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     else return s_q_group0 + q_at.stage * Tr::kQBytes;
   };
 
+  // O += P V in column ranges of at most 128 (the widest wgmma wrapper; a range of 128 head dims is
+  // two swizzle regions of V), each over the tile's k16 steps of keys.
   auto issue_pv = [&](const Pos& v_at) {
+    constexpr int kCols = Tr::kPvCols;
     const uint64_t v_desc = smem_desc_sw128(v_stage(v_at), Tr::kBlockN * 128, 1024);
 #pragma unroll
-    for (int kk = 0; kk < Tr::kSFrags / 2; ++kk)
-      WgmmaRS<T, Tr::kHeadDim>::template run<1>(o, pa[kk], smem_desc_advance(v_desc, kk * 16 * 128), true);
+    for (int c = 0; c < Tr::kHeadDim / kCols; ++c) {
+      auto& o_cols = *reinterpret_cast<FragC(*)[kCols / 8]>(&o[c * (kCols / 8)]);
+#pragma unroll
+      for (int kk = 0; kk < Tr::kSFrags / 2; ++kk)
+        WgmmaRS<T, kCols>::template run<1>(o_cols, pa[kk],
+                                           smem_desc_advance(v_desc, c * (kCols / 64) * (Tr::kBlockN * 128) + kk * 16 * 128),
+                                           true);
+    }
     wgmma_commit();
   };
   auto step = [&](int it, auto with_pv) {
@@ -327,8 +336,11 @@ void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStre
     else if (tma) launch.template operator()<kTile, HopperTmaFill, cuda::BlockTablePages>();
     else launch.template operator()<kTile, HopperCpAsyncFill, cuda::BlockTablePages>();
   };
-  if (plan.tile == TileId::hopper_short) with_tile.template operator()<TileId::hopper_short>();
-  else if (plan.tile == TileId::hopper) with_tile.template operator()<TileId::hopper>();
+  constexpr bool kShort = tile_instantiated(TileId::hopper_short, kHeadDim, CacheKind::b16);
+  if constexpr (kShort) {
+    if (plan.tile == TileId::hopper_short) return with_tile.template operator()<TileId::hopper_short>();
+  }
+  if (plan.tile == TileId::hopper) with_tile.template operator()<TileId::hopper>();
   else fail(where, "tile", plan.config.name, "is not a hopper tile");
 }
 

@@ -37,7 +37,7 @@ struct HopperTraits {
   // (2 x 208 + 88) x 128 <= 64 K. ptxas 13.0, head size 128: with K and V loaded apart the
   // producer holds two tiles' page numbers and spilled 16 bytes at 72 registers, nothing at 88;
   // the consumers fit 208 without spills.
-  static constexpr int kProducerRegs = 88, kConsumerRegs = 208;
+  static constexpr int kProducerRegs = kHeadDim <= 128 ? 88 : 64, kConsumerRegs = kHeadDim <= 128 ? 208 : 224;
   // With TMA fills (hopper_fill.cuh) the producer issues boxes from one warp and loads Q, and
   // the consumers get the registers: (2 x 224 + 56) x 128 = 168 x 384. ptxas 13.0, head size
   // 128, persistent: consumers at 208 spilled 80 bytes, at 216 56; the producer at 56 spills
@@ -49,7 +49,11 @@ struct HopperTraits {
   static constexpr int kSFrags = kBlockN / 8;
   static constexpr int kOFrags = kHeadDim / 8;
   static constexpr int kKSteps = kHeadDim / 16;
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma wrappers exist for N = 64 and 128");
+  // S = Q K^T is one wgmma of N = kBlockN per k16 step; O += P V runs in column ranges of kPvCols
+  // (wgmma wrappers exist for N = 64 and 128: wgmma_sm90.h).
+  static constexpr int kPvCols = kHeadDim < 128 ? kHeadDim : 128;
+  static_assert((kBlockN == 64 || kBlockN == 128) && (kPvCols == 64 || kPvCols == 128) && kHeadDim % kPvCols == 0,
+                "wgmma wrappers exist for N = 64 and 128");
 
   // Shared memory (from a 1024-byte aligned base): a ring of kStages K tiles, a ring of
   // kStages V tiles, each tile kHeadDim / 64 regions of kBlockN 128-byte lines, then the Q tile in the same

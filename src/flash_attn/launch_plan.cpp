@@ -100,7 +100,7 @@ TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) 
   if (f.preferred == Generation::hopper) {
     if (!f.hopper_kernels) why += " (mma_sync: no sm_90a kernels for this device)";
     else if (!tile_instantiated(TileId::hopper, hd, f.cache))
-      why += " (mma_sync: the hopper kernel serves 16-bit caches at head dims 64 / 128; head size " +
+      why += " (mma_sync: the hopper kernel serves 16-bit caches at head dims 64 / 128 / 256; head size " +
              std::to_string(f.head_size) + " runs on dim " + std::to_string(hd) + ")";
     else if (f.num_splits > 1) why += " (mma_sync: split launches merge in the mma_sync epilogue)";
     else if (f.alibi_per_request) why += " (mma_sync: the hopper kernel reads per-head ALiBi slopes only)";
@@ -211,12 +211,16 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
     } else {
       plan.reason += "; keys > " + std::to_string(kPersistentMaxKeys) + ": one CTA per work item";
     }
-    const bool two_q = t.q_buffers > 0 ? t.q_buffers == 2
-                                       : plan.ctas < plan.grid_ctas && f.max_seq_len <= kDoubleQMaxKeys;
+    // (a second Q buffer exists where a K/V ring of two stages still fits next to it: tile_set.h)
+    const bool short_tile = tile_instantiated(TileId::hopper_short, plan.head_dim, f.cache);
+    const bool two_q = short_tile && (t.q_buffers > 0 ? t.q_buffers == 2
+                                                      : plan.ctas < plan.grid_ctas && f.max_seq_len <= kDoubleQMaxKeys);
     if (two_q) {
       plan.tile = TileId::hopper_short;
       grid_of(plan.tile);
       plan.reason += t.q_buffers > 0 ? ", two Q buffers (tuning)" : ", items <= 1k keys: two Q buffers";
+    } else if (t.q_buffers == 2) {
+      plan.reason += ", one Q buffer (no second one at head dim " + std::to_string(plan.head_dim) + ")";
     }
     plan.pdl = t.pdl;
   }

@@ -153,11 +153,17 @@ constexpr TileConfig tile_config(TileId id, int head_dim, CacheKind cache) {
       }
       break;
     case TileId::hopper:
-      t = {"hopper", Generation::hopper, 128, 4, 2, 1, 128, head_dim <= 64 ? 4 : 3, 1, KvFill::cp_async, false, 1};
+      // 128 keys up to head dim 128; 64 at 256 (the consumers' registers: O is 128 fp32 per
+      // thread there, S and P of 64 keys another 48). Stages: as many as shared memory holds
+      // next to one Q tile (4 / 3 / 2 at 64 / 128 / 256).
+      t = {"hopper", Generation::hopper, 128, 4, 2, 1, head_dim <= 128 ? 128 : 64, head_dim <= 64 ? 4 : head_dim <= 128 ? 3 : 2,
+           1, KvFill::cp_async, false, 1};
       break;
     case TileId::hopper_short:
-      // The second Q buffer takes a K/V stage at head size 128 (2 x 32 KB).
-      t = {"hopper_short", Generation::hopper, 128, 4, 2, 1, 128, head_dim <= 64 ? 4 : 2, 1, KvFill::cp_async, false, 2};
+      // The second Q buffer takes a K/V stage at head size 128 (2 x 32 KB); at 256 it would leave
+      // one (not instantiated there).
+      t = {"hopper_short", Generation::hopper, 128, 4, 2, 1, head_dim <= 128 ? 128 : 64, head_dim <= 64 ? 4 : head_dim <= 128 ? 2 : 1,
+           1, KvFill::cp_async, false, 2};
       break;
   }
   return t;
@@ -182,6 +188,7 @@ constexpr bool tile_instantiated(TileId id, int head_dim, CacheKind cache) {
     case TileId::decode_transposed_two_stage:
       return cache == CacheKind::fp8 && head_dim == 128;
     case TileId::hopper:
+      return cache == CacheKind::b16 && (head_dim == 64 || head_dim == 128 || head_dim == 256);
     case TileId::hopper_short:
       return cache == CacheKind::b16 && (head_dim == 64 || head_dim == 128);
   }

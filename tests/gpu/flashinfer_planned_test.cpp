@@ -230,17 +230,17 @@ TEST_P(PlannedPrefillGrid, MatchesCpuReference) {
 INSTANTIATE_TEST_SUITE_P(Seeds, PlannedPrefillGrid, ::testing::Range(0, 84));
 
 // Unsplit prefill plans of 128-row tiles on the hopper kernel (PlanWalk over the plan's items,
-// the page table or ragged K/V's contiguous view): head sizes 64 / 128 (and 112, padded),
+// the page table or ragged K/V's contiguous view): head sizes 64 / 128 / 256 (and 112, padded),
 // bf16 / f16, NHD / HND, pages 16 / 128, causal and not, window, softcap, sinks; few CTA slots so
 // the plan does not split; K/V by cp.async and (LaunchTuning::hopper_tma_fill) by TMA. The launch
 // decision is asked too: these parts take the hopper kernel.
 TEST(PlannedPrefillHopper, UnsplitPlansMatchTheReference) {
   flash_attn::LaunchTuning tma;
   tma.hopper_tma_fill = true;
-  for (int i = 0; i < 16; ++i) {
+  for (int i = 0; i < 20; ++i) {
     Case c;
     c.seed = 3000 + i;
-    c.head_size = i % 3 == 0 ? 64 : i % 3 == 1 ? 128 : 112;
+    c.head_size = i >= 16 ? 256 : i % 3 == 0 ? 64 : i % 3 == 1 ? 128 : 112;
     c.dtype = c.cache_dtype = i % 2 ? DType::f16 : DType::bf16;
     c.layout = (i / 2) % 2 ? KVLayout::HND : KVLayout::NHD;
     c.block_size = (i / 4) % 2 ? 128 : 16;
