@@ -33,16 +33,23 @@ struct HopperTraits {
   static constexpr int kConsumerThreads = 128 * kWarpGroups;
   static constexpr int kProducerThreads = 128;  // the third warpgroup loads Q and K / V
   static constexpr int kThreads = kConsumerThreads + kProducerThreads;
-  // Registers per thread after setmaxnreg (3 x 128 threads x 168 at launch = 64 K):
-  // (2 x 208 + 88) x 128 <= 64 K. ptxas 13.0, head size 128: with K and V loaded apart the
-  // producer holds two tiles' page numbers and spilled 16 bytes at 72 registers, nothing at 88;
-  // the consumers fit 208 without spills.
-  static constexpr int kProducerRegs = kHeadDim <= 128 ? 88 : 64, kConsumerRegs = kHeadDim <= 128 ? 208 : 224;
+  // Registers per thread after setmaxnreg. The CTA's pool is what it launched with: 168 per
+  // thread (65536 / 384, rounded down to 8) x 384; a split that asks for more blocks the
+  // consumers' setmaxnreg.inc forever (static_assert below). Head dim <= 128: 2 x 208 + 88 =
+  // 504 (ptxas 13.0, head size 128: with K and V loaded apart the producer holds two tiles'
+  // page numbers and spilled 16 bytes at 72 registers, nothing at 88; the consumers fit 208
+  // without spills). Head dim 256: O alone is 128 fp32 per thread; the consumers spill in their
+  // loop at 216, not at 224, so the cp.async producer gets 56 (a few spill loads per tile).
+  static constexpr int kProducerRegs = kHeadDim <= 128 ? 88 : 56, kConsumerRegs = kHeadDim <= 128 ? 208 : 224;
   // With TMA fills (hopper_fill.cuh) the producer issues boxes from one warp and loads Q, and
   // the consumers get the registers: (2 x 224 + 56) x 128 = 168 x 384. ptxas 13.0, head size
   // 128, persistent: consumers at 208 spilled 80 bytes, at 216 56; the producer at 56 spills
   // 12-16 bytes (a few per item, off the tensor cores' path), at 40 over 80.
   static constexpr int kProducerRegsTma = 56, kConsumerRegsTma = 224;
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  static_assert(kWarpGroups * kConsumerRegs + kProducerRegs <= (kWarpGroups + 1) * kLaunchRegs &&
+                    kWarpGroups * kConsumerRegsTma + kProducerRegsTma <= (kWarpGroups + 1) * kLaunchRegs,
+                "setmaxnreg: the warpgroups' registers must fit the CTA's pool at launch");
   static constexpr int kBlockM = 64 * kWarpGroups;
   static_assert(kBlockM == kConfig.rows, "64 rows per consumer warpgroup");
   static constexpr int kBlockN = kConfig.keys;
