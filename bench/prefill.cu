@@ -79,9 +79,9 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
                      "paged KV, block 16" + (args.num_splits > 1 ? ", splits " + std::to_string(args.num_splits) : std::string())});
             // The hopper launcher's choices, each way in the same run: one CTA per SM looping
             // over the items vs one CTA per item, and (persistent, up to 4k keys) one vs two Q
-            // buffers (head size 128); K/V by TMA vs by cp.async, timed in turns (64, 128, 256);
-            // at 256 the mma_sync generation too (the launch the hopper kernel took over).
-            if ((hd == 64 || hd == 128 || hd == 256) && causal && args.num_splits == 1 && flash_attn::hopper_kernels_available() &&
+            // buffers (head size 128); K/V by TMA vs by cp.async, timed in turns (64 .. 256);
+            // at 192 / 256 the mma_sync generation too (the launches the hopper kernel took over).
+            if (hd % 64 == 0 && hd <= 256 && causal && args.num_splits == 1 && flash_attn::hopper_kernels_available() &&
                 flash_attn::choose_launch(flash_attn::varlen_launch_facts(args)).generation ==
                     flash_attn::Generation::hopper) {
               const int sms = cuda::current_device_props().sm_count;
@@ -116,7 +116,7 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
                                      std::string(ratio) + "x"});
               rec.add({"prefill-grid", "hopper fill " + key + " cp.async", "attnkit", "TFLOP/s",
                        flops / fills[1] / 1e9, fills[1], "K/V by cp.async (LaunchTuning::cp_async_fill)"});
-              if (hd == 256) {
+              if (hd >= 192) {
                 flash_attn::VarlenArgs mma = args;
                 mma.generation = flash_attn::Generation::mma_sync;
                 const std::vector<double> gens =

@@ -56,9 +56,10 @@ TEST(Generation, ChoiceTable) {
       {"hd64 sm90", 90, 64, DType::bf16, false, false, H, M, {}, {}},
       {"hd64 sinks sm90", 90, 64, DType::bf16, false, true, H, M, {}, {}},
       {"hd256 sm90", 90, 256, DType::bf16, false, true, H, M, {}, {}},
-      {"hd96 sm90", 90, 96, DType::bf16, false, false, M, M, {"head dims 64 / 128"}, {}},
-      {"hd192 sm90", 90, 192, DType::bf16, false, false, M, M, {"head size 192 runs on dim 192"}, {}},
-      // Rounded head sizes: hopper serves the ones whose mma_sync dim is 64 / 128 / 256.
+      {"hd96 sm90", 90, 96, DType::bf16, false, false, M, M, {"head dims 64 / 128 / 192 / 256"}, {}},
+      {"hd192 sm90", 90, 192, DType::bf16, false, false, H, M, {}, {}},
+      {"hd160 sm90", 90, 160, DType::bf16, false, false, H, M, {}, {}},
+      // Rounded head sizes: hopper serves the ones whose mma_sync dim is 64 / 128 / 192 / 256.
       {"hd8 sm90", 90, 8, DType::bf16, false, false, H, M, {}, {}},
       {"hd40 sm90", 90, 40, DType::bf16, false, false, H, M, {}, {}},
       {"hd112 sm90", 90, 112, DType::bf16, false, false, H, M, {}, {}},

@@ -70,6 +70,18 @@ TEST(TileSet, ConfigurationsAreConsistent) {
   EXPECT_EQ(tile_config(TileId::hopper, 256, CacheKind::b16).keys, 64);
   EXPECT_EQ(tile_config(TileId::hopper, 256, CacheKind::b16).stages, 2);
   EXPECT_FALSE(tile_instantiated(TileId::hopper_short, 256, CacheKind::b16));
+  // The rings' depth is what the opt-in shared memory holds next to the Q buffers (hopper_stages).
+  for (int hd : {64, 128, 192, 256})
+    for (TileId id : {TileId::hopper, TileId::hopper_short}) {
+      const TileConfig t = tile_config(id, hd, CacheKind::b16);
+      const int bytes = t.q_buffers * 128 * hd * 2 + t.stages * 2 * t.keys * hd * 2 + 1024;
+      EXPECT_LE(bytes, 227 * 1024) << t.name << " hd " << hd;
+      if (t.stages < 4) EXPECT_GT(bytes + 2 * t.keys * hd * 2, 227 * 1024) << t.name << " hd " << hd << ": one more stage fits";
+    }
+  EXPECT_EQ(tile_config(TileId::hopper, 192, CacheKind::b16).stages, 3);
+  EXPECT_EQ(tile_config(TileId::hopper_short, 192, CacheKind::b16).stages, 2);
+  EXPECT_EQ(tile_config(TileId::hopper, 128, CacheKind::b16).stages, 3);
+  EXPECT_EQ(tile_config(TileId::hopper, 64, CacheKind::b16).stages, 4);
   EXPECT_FALSE(tile_instantiated(TileId::hopper, 96, CacheKind::b16));
   EXPECT_FALSE(tile_instantiated(TileId::hopper, 128, CacheKind::fp8));
   EXPECT_FALSE(tile_instantiated(TileId::decode_transposed, 64, CacheKind::fp8));
@@ -160,7 +172,8 @@ TEST(ChooseLaunch, Table) {
        false, false},
       {"hd 256, 2 Q buffers forced: one", h200(2, 8192, 8192, 256), two_q, TileId::hopper, -1, true, false, false},
       {"hd 200 prefill: hopper on dim 256", h200(2, 8192, 8192, 200), {}, TileId::hopper, -1, true, false, false},
-      {"hd 192 prefill: mma_sync", h200(4, 4096, 4096, 192), {}, TileId::prefill, -1, true, true, false},
+      {"hd 192 prefill: hopper", h200(4, 4096, 4096, 192), {}, TileId::hopper, 132, true, false, false},
+      {"hd 192, 32 x 512: two Q buffers", h200(32, 512, 512, 192), {}, TileId::hopper_short, 132, true, false, false},
       {"split prefill: mma_sync", h200(1, 512, 8192, 128, false, 4, 2), {}, TileId::prefill, -1, true, true, false},
       {"fp8 prefill: mma_sync", h200(4, 4096, 4096, 128, true), {}, TileId::prefill, -1, true, true, false},
       {"hd 96 prefill: mma_sync", h200(4, 4096, 4096, 96), {}, TileId::prefill, -1, true, true, false},
@@ -263,7 +276,7 @@ TEST(TileSet, EveryHeadSizeRunsOnTheNextCompiledDim) {
   EXPECT_EQ(kernel_head_dim(96, CacheKind::nvfp4, true), 0);
   EXPECT_EQ(kernel_head_dim(96, CacheKind::fp8, true), 128);
   // A padded size reads its rows by cp.async (a TMA box copies whole rows); hopper serves the
-  // sizes whose dim is 64 / 128 / 256.
+  // sizes whose dim is 64 / 128 / 192 / 256.
   LaunchFacts dec = h200(64, 1, 4096, 112);
   EXPECT_EQ(choose_launch(dec).tile, TileId::decode) << choose_launch(dec).reason;
   EXPECT_NE(choose_launch(dec).reason.find("padded to 128"), std::string::npos) << choose_launch(dec).reason;

@@ -57,7 +57,7 @@ std::vector<std::string> hopper_rules(const AttentionConfig& cfg, bool built) {
                   cfg.device.describe() + ")");
   const int dim = kernel_head_dim(cfg.head_size, fa_cache_kind(cfg.cache_dtype));
   if (!tile_instantiated(TileId::hopper, dim, CacheKind::b16))
-    why.push_back("has kernels for the hot head dims 64 / 128 / 256, serving the head sizes whose mma_sync "
+    why.push_back("has kernels for head dims 64 / 128 / 192 / 256, serving the head sizes whose mma_sync "
                   "kernel dim is the same (head size " + std::to_string(cfg.head_size) +
                   (dim > 0 ? " runs on dim " + std::to_string(dim) + ")" : " has no kernel dim)"));
   if (cfg.cache_dtype != DType::f16 && cfg.cache_dtype != DType::bf16)

@@ -9,7 +9,8 @@
 //   Fill::fix_tail_v(...)        consumers, the item's last V tile: rows past seq_len -> 0
 //   f.pages_fault(p, req)        the block-id guard over the item's pages (metadata_guard.cuh)
 //
-// CpAsyncFill: every producer thread copies 16-byte chunks (cuda/paged_kv_tile.h), resolving
+// CpAsyncFill: the producer threads copy 16-byte chunks (cuda/paged_kv_tile.h; all 128 but at
+// head dim 192, cp_async_copy_threads), resolving
 // pages through any page map (block table, page table, contiguous rows); rows past seq_len are
 // zero-filled by the copies themselves. TmaFill: lanes of the producer's warp 0 each own one
 // (16-key page group, 128-byte segment) of a tile and copy it as one TMA box (cuda/tensor_map.h,
@@ -31,11 +32,28 @@
 
 namespace attnkit::flash_attn {
 
+// The producer warps that copy K/V chunks: all of them where a 16-key group's rows split evenly
+// over their threads (the loader's by-groups pattern, one block-table read per group); else the
+// most whole warps that do (3 at head dim 192: 24 chunks per row, 4 rows per step). The others
+// only arrive on the full barriers (an arrival without copies lands at once).
+template <int kRows, int kChunksPerRow, int kThreads>
+constexpr int cp_async_copy_threads() {
+  for (int t = kThreads; t >= 32; t -= 32) {
+    const int rows_per_step = t / kChunksPerRow;
+    if (t % kChunksPerRow == 0 && (kRows * kChunksPerRow) % t == 0 && (rows_per_step >= 16 || 16 % rows_per_step == 0))
+      return t;
+  }
+  return 0;
+}
+
 template <class Tr, class PageMap_>
 struct HopperCpAsyncFill {
   using PageMap = PageMap_;
+  static constexpr int kCopyThreads = cp_async_copy_threads<Tr::kBlockN, Tr::kHeadDim / 8, Tr::kProducerThreads>();
+  static_assert(kCopyThreads > 0, "a head dim whose rows split over whole producer warps");
   using Loader = cuda::PagedKVTileLoader<Tr::kBlockN, 2 * Tr::kHeadDim, cuda::Swizzle128Tile<Tr::kBlockN>,
-                                         Tr::kProducerThreads, PageMap>;
+                                         kCopyThreads, PageMap>;
+  static constexpr bool kAllCopy = kCopyThreads == Tr::kProducerThreads;
   using Pipe = cuda::Pipeline<Tr::kStages>;
   using Pos = typename Pipe::State;
   static constexpr uint32_t kFullArrivals = Tr::kProducerThreads;
@@ -48,21 +66,25 @@ struct HopperCpAsyncFill {
 
   __device__ __forceinline__ HopperCpAsyncFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid_)
       : loader(kv_loader_for<Loader>(p, w)), first_key(w.first_key), n(n_), ptid(ptid_) {
-    pages = loader.pages(first_key, ptid);
+    if (copies()) pages = loader.pages(first_key, ptid);
   }
   __device__ __forceinline__ static void prefetch_maps(const VarlenKernelParams&) {}
   __device__ __forceinline__ int key(int t) const { return first_key + t * Tr::kBlockN; }
   __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
-    prev = loader.offsets(loader.k, key(t), pages, ptid);
-    if (t + 1 < n) pages = loader.pages(key(t + 1), ptid);  // (its latency hides under the next waits)
-    loader.copy_side(loader.k.head_base, prev, key(t), dst, ptid);
+    if (copies()) {
+      prev = loader.offsets(loader.k, key(t), pages, ptid);
+      if (t + 1 < n) pages = loader.pages(key(t + 1), ptid);  // (its latency hides under the next waits)
+      loader.copy_side(loader.k.head_base, prev, key(t), dst, ptid);
+    }
     pipe.commit_cp_async(at);
   }
   __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
-    loader.copy_side(loader.v.head_base, prev, key(t), dst, ptid);
+    if (copies()) loader.copy_side(loader.v.head_base, prev, key(t), dst, ptid);
     pipe.commit_cp_async(at);
   }
   __device__ __forceinline__ static void fix_tail_v(unsigned char*, int, int, int) {}  // (zero-filled)
+  // Whether this producer thread copies chunks (a constant where all do).
+  __device__ __forceinline__ bool copies() const { return kAllCopy || ptid < kCopyThreads; }
   // The block-id guard over the item's n tiles (cuda/metadata_guard.cuh), this thread's share.
   __device__ __forceinline__ bool pages_fault(const VarlenKernelParams& p, int req) const {
     return cuda::pages_fault(loader.page_map, loader.block_size, first_key, key(n), loader.seq_len, req, p.errors, ptid,

@@ -38,9 +38,9 @@ struct HopperTraits {
   // consumers' setmaxnreg.inc forever (static_assert below). Head dim <= 128: 2 x 208 + 88 =
   // 504 (ptxas 13.0, head size 128: with K and V loaded apart the producer holds two tiles'
   // page numbers and spilled 16 bytes at 72 registers, nothing at 88; the consumers fit 208
-  // without spills). Head dim 256: O alone is 128 fp32 per thread; the consumers spill in their
+  // without spills; head dim 192 holds less: O 96 + S and P of 64 keys 48). Head dim 256: O alone is 128 fp32 per thread; the consumers spill in their
   // loop at 216, not at 224, so the cp.async producer gets 56 (a few spill loads per tile).
-  static constexpr int kProducerRegs = kHeadDim <= 128 ? 88 : 56, kConsumerRegs = kHeadDim <= 128 ? 208 : 224;
+  static constexpr int kProducerRegs = kHeadDim <= 192 ? 88 : 56, kConsumerRegs = kHeadDim <= 192 ? 208 : 224;
   // With TMA fills (hopper_fill.cuh) the producer issues boxes from one warp and loads Q, and
   // the consumers get the registers: (2 x 224 + 56) x 128 = 168 x 384. ptxas 13.0, head size
   // 128, persistent: consumers at 208 spilled 80 bytes, at 216 56; the producer at 56 spills
@@ -58,7 +58,7 @@ struct HopperTraits {
   static constexpr int kKSteps = kHeadDim / 16;
   // S = Q K^T is one wgmma of N = kBlockN per k16 step; O += P V runs in column ranges of kPvCols
   // (wgmma wrappers exist for N = 64 and 128: wgmma_sm90.h).
-  static constexpr int kPvCols = kHeadDim < 128 ? kHeadDim : 128;
+  static constexpr int kPvCols = kHeadDim % 128 == 0 ? 128 : 64;
   static_assert((kBlockN == 64 || kBlockN == 128) && (kPvCols == 64 || kPvCols == 128) && kHeadDim % kPvCols == 0,
                 "wgmma wrappers exist for N = 64 and 128");
 

@@ -100,7 +100,7 @@ TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) 
   if (f.preferred == Generation::hopper) {
     if (!f.hopper_kernels) why += " (mma_sync: no sm_90a kernels for this device)";
     else if (!tile_instantiated(TileId::hopper, hd, f.cache))
-      why += " (mma_sync: the hopper kernel serves 16-bit caches at head dims 64 / 128 / 256; head size " +
+      why += " (mma_sync: the hopper kernel serves 16-bit caches at head dims 64 / 128 / 192 / 256; head size " +
              std::to_string(f.head_size) + " runs on dim " + std::to_string(hd) + ")";
     else if (f.num_splits > 1) why += " (mma_sync: split launches merge in the mma_sync epilogue)";
     else if (f.alibi_per_request) why += " (mma_sync: the hopper kernel reads per-head ALiBi slopes only)";

@@ -116,6 +116,17 @@ constexpr bool tma_rows(int head_dim, CacheKind cache) {
          kv_row_bytes(head_dim, cache) <= 512;
 }
 
+// The hopper tiles' K/V ring depth: the K and V stages of `keys` 16-bit rows that fit the sm90
+// opt-in shared memory (227 KB, less 1 KB of alignment slack) next to q_buffers Q tiles of 128
+// rows, at most 4: 4 / 3 / 3 / 2 at head dims 64 / 128 / 192 / 256 with one Q buffer, 4 / 2 / 2 /
+// 1 with two (hopper_traits.h lays them out).
+constexpr int kHopperSmemBytes = 227 * 1024 - 1024;
+constexpr int hopper_stages(int head_dim, int keys, int q_buffers) {
+  if (head_dim <= 0 || keys <= 0) return 0;
+  const int stages = (kHopperSmemBytes - q_buffers * 128 * head_dim * 2) / (2 * keys * head_dim * 2);
+  return stages < 4 ? stages : 4;
+}
+
 constexpr TileConfig tile_config(TileId id, int head_dim, CacheKind cache) {
   const bool fp8_cache = quantized(cache);  // (8- and 4-bit stages are the smaller ones)
   TileConfig t;
@@ -153,17 +164,16 @@ constexpr TileConfig tile_config(TileId id, int head_dim, CacheKind cache) {
       }
       break;
     case TileId::hopper:
-      // 128 keys up to head dim 128; 64 at 256 (the consumers' registers: O is 128 fp32 per
-      // thread there, S and P of 64 keys another 48). Stages: as many as shared memory holds
-      // next to one Q tile (4 / 3 / 2 at 64 / 128 / 256).
-      t = {"hopper", Generation::hopper, 128, 4, 2, 1, head_dim <= 128 ? 128 : 64, head_dim <= 64 ? 4 : head_dim <= 128 ? 3 : 2,
-           1, KvFill::cp_async, false, 1};
-      break;
     case TileId::hopper_short:
-      // The second Q buffer takes a K/V stage at head size 128 (2 x 32 KB); at 256 it would leave
-      // one (not instantiated there).
-      t = {"hopper_short", Generation::hopper, 128, 4, 2, 1, head_dim <= 128 ? 128 : 64, head_dim <= 64 ? 4 : head_dim <= 128 ? 2 : 1,
-           1, KvFill::cp_async, false, 2};
+      // 128 keys up to head dim 128; 64 above (the consumers' registers: O is 96 / 128 fp32 per
+      // thread at 192 / 256, S and P of 64 keys another 48). The K and V rings take as many
+      // stages as the sm90 opt-in shared memory holds next to the Q buffers (hopper_stages).
+      t = {"hopper", Generation::hopper, 128, 4, 2, 1, head_dim <= 128 ? 128 : 64, 0, 1, KvFill::cp_async, false, 1};
+      if (id == TileId::hopper_short) {
+        t.name = "hopper_short";
+        t.q_buffers = 2;
+      }
+      t.stages = hopper_stages(head_dim, t.keys, t.q_buffers);
       break;
   }
   return t;
@@ -188,9 +198,11 @@ constexpr bool tile_instantiated(TileId id, int head_dim, CacheKind cache) {
     case TileId::decode_transposed_two_stage:
       return cache == CacheKind::fp8 && head_dim == 128;
     case TileId::hopper:
-      return cache == CacheKind::b16 && (head_dim == 64 || head_dim == 128 || head_dim == 256);
     case TileId::hopper_short:
-      return cache == CacheKind::b16 && (head_dim == 64 || head_dim == 128);
+      // Head dims of whole 128-byte segments (wgmma's swizzled regions) up to 256, where the
+      // rings get two stages (not hopper_short at 256).
+      return cache == CacheKind::b16 && head_dim >= 64 && head_dim % 64 == 0 && head_dim <= 256 &&
+             tile_config(id, head_dim, cache).stages >= 2;
   }
   return false;
 }

@@ -1,0 +1,6 @@
+// Hopper-generation (wgmma) varlen kernel for head size 192, bf16 queries and cache.
+#include "flash_attn/hopper_kernel.cuh"
+
+namespace attnkit::flash_attn {
+ATTNKIT_HOPPER_INSTANTIATE(__nv_bfloat16, 192)
+}  // namespace attnkit::flash_attn

@@ -1,0 +1,6 @@
+// Hopper-generation (wgmma) varlen kernel for head size 192, f16 queries and cache.
+#include "flash_attn/hopper_kernel.cuh"
+
+namespace attnkit::flash_attn {
+ATTNKIT_HOPPER_INSTANTIATE(__half, 192)
+}  // namespace attnkit::flash_attn
