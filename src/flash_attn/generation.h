@@ -3,8 +3,8 @@
 // Like FA2 / FA3, the backend has two generations of kernels:
 //   mma_sync - mma.sync tensor-core kernels for sm80 and newer, the widest feature set
 //              (FP8 caches dequantized in the kernel, every head size, split-KV);
-//   hopper   - wgmma kernels, sm90 only (sm_90a code), for the hot shapes: head dims 64 / 128,
-//              16-bit caches. Within it, launches the hopper kernel does not cover (decode-shaped
+//   hopper   - wgmma kernels, sm90 only (sm_90a code), for the hot shapes: head dims 64 / 128 /
+//              192 / 256, 16-bit caches. Within it, launches the hopper kernel does not cover (decode-shaped
 //              ones, split-KV) run the mma_sync kernels (varlen_launch.h).
 // The hopper generation is preferred wherever it can serve and its kernels are in the build
 // (hopper_generation_built()); otherwise the choice falls back to mma_sync and says so.
