@@ -208,8 +208,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     else return s_q_group0 + q_at.stage * Tr::kQBytes;
   };
 
-  // O += P V in column ranges of at most 128 (the widest wgmma wrapper; a range of 128 head dims is
-  // two swizzle regions of V), each over the tile's k16 steps of keys.
+  // O += P V in column ranges of kPvCols (128, the widest wgmma wrapper: two swizzle regions of V;
+  // 64 where 128 does not divide the head dim), each over the tile's k16 steps of keys.
   auto issue_pv = [&](const Pos& v_at) {
     constexpr int kCols = Tr::kPvCols;
     const uint64_t v_desc = smem_desc_sw128(v_stage(v_at), Tr::kBlockN * 128, 1024);
