@@ -38,8 +38,9 @@ struct HopperTraits {
   // consumers' setmaxnreg.inc forever (static_assert below). Head dim <= 128: 2 x 208 + 88 =
   // 504 (ptxas 13.0, head size 128: with K and V loaded apart the producer holds two tiles'
   // page numbers and spilled 16 bytes at 72 registers, nothing at 88; the consumers fit 208
-  // without spills; head dim 192 holds less: O 96 + S and P of 64 keys 48). Head dim 256: O alone is 128 fp32 per thread; the consumers spill in their
-  // loop at 216, not at 224, so the cp.async producer gets 56 (a few spill loads per tile).
+  // without spills; head dim 192 holds less: O 96 + S and P of 64 keys 48). Head dim 256: O
+  // alone is 128 fp32 per thread; the consumers spill in their loop at 216, not at 224, so the
+  // cp.async producer gets 56 (a few spill loads per tile).
   static constexpr int kProducerRegs = kHeadDim <= 192 ? 88 : 56, kConsumerRegs = kHeadDim <= 192 ? 208 : 224;
   // With TMA fills (hopper_fill.cuh) the producer issues boxes from one warp and loads Q, and
   // the consumers get the registers: (2 x 224 + 56) x 128 = 168 x 384. ptxas 13.0, head size
@@ -76,7 +77,7 @@ struct HopperTraits {
   static constexpr int kQOffset = kStages * kStageBytes;
   static constexpr int kAlign = 1024;  // swizzle atoms
   static constexpr int kSmemBytes = kQOffset + kQBuffers * kQBytes + kAlign;
-  static_assert(kSmemBytes <= 227 * 1024, "K/V rings and Q buffers must fit the opt-in shared memory");
+  static_assert(kSmemBytes <= kHopperSmemBytes + kAlign, "K/V rings and Q buffers must fit the opt-in shared memory");
 };
 
 // Launches the hopper kernel for (Elem, kHeadDim) with the plan's tile (hopper / hopper_short),

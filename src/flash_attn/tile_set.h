@@ -117,13 +117,13 @@ constexpr bool tma_rows(int head_dim, CacheKind cache) {
 }
 
 // The hopper tiles' K/V ring depth: the K and V stages of `keys` 16-bit rows that fit the sm90
-// opt-in shared memory (227 KB, less 1 KB of alignment slack) next to q_buffers Q tiles of 128
+// opt-in shared memory (227 KB, less 1 KB of alignment slack) next to q_buffers Q tiles of `rows`
 // rows, at most 4: 4 / 3 / 3 / 2 at head dims 64 / 128 / 192 / 256 with one Q buffer, 4 / 2 / 2 /
 // 1 with two (hopper_traits.h lays them out).
 constexpr int kHopperSmemBytes = 227 * 1024 - 1024;
-constexpr int hopper_stages(int head_dim, int keys, int q_buffers) {
+constexpr int hopper_stages(int head_dim, int rows, int keys, int q_buffers) {
   if (head_dim <= 0 || keys <= 0) return 0;
-  const int stages = (kHopperSmemBytes - q_buffers * 128 * head_dim * 2) / (2 * keys * head_dim * 2);
+  const int stages = (kHopperSmemBytes - q_buffers * rows * head_dim * 2) / (2 * keys * head_dim * 2);
   return stages < 4 ? stages : 4;
 }
 
@@ -173,7 +173,7 @@ constexpr TileConfig tile_config(TileId id, int head_dim, CacheKind cache) {
         t.name = "hopper_short";
         t.q_buffers = 2;
       }
-      t.stages = hopper_stages(head_dim, t.keys, t.q_buffers);
+      t.stages = hopper_stages(head_dim, t.rows, t.keys, t.q_buffers);
       break;
   }
   return t;
