@@ -10,6 +10,8 @@
 // turns with the hopper kernel: the data behind the launcher's choices.
 // Section prefill-contig: the head size 128, 32/8 heads shapes with K/V as contiguous rows
 // [16k tokens, 8, 128] (cu_seqlens_k, no block table) next to the paged rows above.
+// Section prefill-fp8: the GQA causal shapes at head sizes 64..256 with an fp8 e4m3 cache, in
+// turns with the bf16 cache and with the fp8 cache on the mma_sync kernel.
 // Section prefill-split: short chunked prefills over long contexts (head size 128, 32/8 heads),
 // where the split rule may split, timed at forced split counts next to the rule's.
 #include <cuda_runtime.h>
@@ -26,6 +28,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_buffer.h"
 #include "cuda/device_props.h"
+#include "flash_attn/generation.h"
 #include "flash_attn/hopper_traits.h"
 
 namespace attnkit::bench {
@@ -169,6 +172,57 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
                    "section prefill"});
         } catch (const std::exception& e) {
           rec.fail("prefill-contig", key, e.what());
+          cudaGetLastError();
+        }
+      }
+  }
+
+  // fp8 e4m3 caches (per-tensor scales): the GQA causal shapes at head sizes 64 / 128 / 192 / 256,
+  // the launch rule's kernel on the fp8 cache in turns with the bf16 cache of the same shape and
+  // with the mma_sync kernel on the fp8 cache (the generation fp8 prefills ran on before).
+  {
+    constexpr int kFp8Kv = 8;
+    KVCacheSpec fspec = max_spec;
+    fspec.num_kv_heads = kFp8Kv;
+    fspec.head_size = quick ? 128 : 256;
+    fspec.cache_dtype = DType::fp8_e4m3;
+    cuda::DeviceBuffer fpool(fspec.total_bytes()), scale(4);
+    fill_random(fpool.get(), fspec.total_bytes(), DType::fp8_e4m3, 25, stream);
+    const float one = 1.f;
+    ATTNKIT_CUDA_CHECK(cudaMemcpy(scale.get(), &one, 4, cudaMemcpyHostToDevice));
+    for (int hd : quick ? std::vector<int>{128} : std::vector<int>{64, 128, 192, 256})
+      for (int seqlen = 512; seqlen <= kTokens; seqlen *= 2) {
+        const int batch = kTokens / seqlen;
+        const std::string key = "prefill-fp8 " + prefill_key(hd, kHeads, kFp8Kv, true, seqlen, batch).substr(8);
+        if (!key_selected(key)) continue;
+        try {
+          KVCacheSpec s16 = max_spec, s8 = fspec;
+          s16.num_kv_heads = kFp8Kv;
+          s16.head_size = s8.head_size = hd;
+          const UniformBatch b = make_uniform_batch(batch, seqlen, seqlen, kBlock, 0, seqlen + hd, stream);
+          const flash_attn::VarlenArgs b16 =
+              varlen_args(b, pool_view(s16, pool.get()), q.get(), out.get(), kHeads, hd, true, stream);
+          flash_attn::VarlenArgs f8 = varlen_args(b, pool_view(s8, fpool.get()), q.get(), out.get(), kHeads, hd, true, stream);
+          f8.params.k_scale = f8.params.v_scale = TensorView(scale.get(), DType::f32, {1}, Device::CUDA);
+          flash_attn::VarlenArgs f8_mma = f8;
+          f8_mma.generation = flash_attn::Generation::mma_sync;
+          const std::vector<double> t = eager_in_turns({[&](int) { flash_attn::run_varlen_attention(f8); },
+                                                        [&](int) { flash_attn::run_varlen_attention(b16); },
+                                                        [&](int) { flash_attn::run_varlen_attention(f8_mma); }},
+                                                       3, stream);
+          const double flops = 4.0 * kTokens * seqlen * hd * kHeads * 0.5;
+          const auto plan = flash_attn::choose_launch(flash_attn::varlen_launch_facts(f8));
+          char ratio[96];
+          std::snprintf(ratio, sizeof ratio, "in turns: bf16 / fp8 time %.3fx, mma_sync fp8 / fp8 %.3fx", t[1] / t[0],
+                        t[2] / t[0]);
+          rec.add({"prefill-fp8", key + " fp8", "attnkit", "TFLOP/s", flops / t[0] / 1e9, t[0],
+                   "fp8 e4m3 cache, block 16, " + std::string(flash_attn::generation_name(plan.generation)) + " " +
+                       plan.config.name + "; " + ratio});
+          rec.add({"prefill-fp8", key + " bf16", "attnkit", "TFLOP/s", flops / t[1] / 1e9, t[1], "bf16 cache, block 16"});
+          rec.add({"prefill-fp8", key + " fp8 mma_sync", "attnkit", "TFLOP/s", flops / t[2] / 1e9, t[2],
+                   "fp8 e4m3 cache on the mma_sync prefill tile (VarlenArgs::generation)"});
+        } catch (const std::exception& e) {
+          rec.fail("prefill-fp8", key, e.what());
           cudaGetLastError();
         }
       }

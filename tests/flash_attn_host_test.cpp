@@ -72,10 +72,13 @@ TEST(Generation, ChoiceTable) {
       {"hd264 sm90", 90, 264, DType::bf16, false, false, M, M, {"head size 264 runs on dim 512"}, {}},
       {"fp8 hd512 sm90", 90, 512, DType::fp8_e5m2, false, false, M, M, {"head size 512 runs on dim 512"}, {}},
       {"hd520 sm90", 90, 520, DType::bf16, false, false, -1, -1, {"has no kernel dim"}, {"head size is 520"}},
-      {"fp8 sm90", 90, 128, DType::fp8_e4m3, false, false, M, M, {"16-bit caches"}, {}},
-      {"fp8 e5m2 sm90", 90, 128, DType::fp8_e5m2, false, false, M, M, {"fp8_e5m2"}, {}},
+      {"fp8 sm90", 90, 128, DType::fp8_e4m3, false, false, H, M, {}, {}},
+      {"fp8 e5m2 sm90", 90, 128, DType::fp8_e5m2, false, false, H, M, {}, {}},
+      {"fp8 hd64 sm90", 90, 64, DType::fp8_e4m3, false, false, H, M, {}, {}},
+      {"fp8 hd256 sm90", 90, 256, DType::fp8_e4m3, false, false, H, M, {}, {}},
+      {"fp8 hd192 sm90", 90, 192, DType::fp8_e5m2, false, false, H, M, {}, {}},
       {"alibi sm90", 90, 128, DType::bf16, true, false, H, M, {}, {}},
-      {"fp8 sm80", 80, 128, DType::fp8_e4m3, false, false, M, M, {"needs sm90", "16-bit caches"}, {}},
+      {"fp8 sm80", 80, 128, DType::fp8_e4m3, false, false, M, M, {"needs sm90"}, {}},
       {"bf16 sm80", 80, 128, DType::bf16, false, false, M, M, {"the device is sm80"}, {}},
       // Shared memory per block (cuda_archs.h smem_per_block_optin): 99 KB on sm86 / sm89 holds
       // the head-dim-64 and fp8 head-dim-128 tiles, not the 16-bit head-dim-128 ones (102 / 106
@@ -88,7 +91,7 @@ TEST(Generation, ChoiceTable) {
       {"bf16 sm100", 100, 128, DType::bf16, false, false, M, M, {"the device is sm100"}, {}},
       {"sm75", 75, 128, DType::bf16, false, false, -1, -1, {"needs sm90"}, {"sm80 or newer"}},
       {"hd512 sm90", 90, 512, DType::bf16, false, false, M, M, {"head size 512 runs on dim 512"}, {}},
-      {"nvfp4 sm90", 90, 128, DType::nvfp4, false, false, -1, -1, {"16-bit caches"}, {"nvfp4"}},
+      {"nvfp4 sm90", 90, 128, DType::nvfp4, false, false, -1, -1, {"FP8 caches only (cache dtype is nvfp4)"}, {"nvfp4"}},
       {"cpu", 0, 128, DType::bf16, false, false, -1, -1, {"CPU"}, {"CPU"}},
   };
   for (const GenCase& c : cases) {

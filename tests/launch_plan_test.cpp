@@ -83,7 +83,10 @@ TEST(TileSet, ConfigurationsAreConsistent) {
   EXPECT_EQ(tile_config(TileId::hopper, 128, CacheKind::b16).stages, 3);
   EXPECT_EQ(tile_config(TileId::hopper, 64, CacheKind::b16).stages, 4);
   EXPECT_FALSE(tile_instantiated(TileId::hopper, 96, CacheKind::b16));
-  EXPECT_FALSE(tile_instantiated(TileId::hopper, 128, CacheKind::fp8));
+  EXPECT_TRUE(tile_instantiated(TileId::hopper, 128, CacheKind::fp8));  // (codes converted to f16 stages)
+  EXPECT_EQ(tile_config(TileId::hopper, 128, CacheKind::fp8).stages, tile_config(TileId::hopper, 128, CacheKind::b16).stages);
+  EXPECT_FALSE(tile_instantiated(TileId::hopper, 96, CacheKind::fp8));
+  EXPECT_FALSE(tile_instantiated(TileId::hopper, 128, CacheKind::nvfp4));
   EXPECT_FALSE(tile_instantiated(TileId::decode_transposed, 64, CacheKind::fp8));
   EXPECT_FALSE(tile_instantiated(TileId::decode_tma, 96, CacheKind::b16));  // 192-byte rows
 }
@@ -175,7 +178,12 @@ TEST(ChooseLaunch, Table) {
       {"hd 192 prefill: hopper", h200(4, 4096, 4096, 192), {}, TileId::hopper, 132, true, false, false},
       {"hd 192, 32 x 512: two Q buffers", h200(32, 512, 512, 192), {}, TileId::hopper_short, 132, true, false, false},
       {"split prefill: mma_sync", h200(1, 512, 8192, 128, false, 4, 2), {}, TileId::prefill, -1, true, true, false},
-      {"fp8 prefill: mma_sync", h200(4, 4096, 4096, 128, true), {}, TileId::prefill, -1, true, true, false},
+      {"fp8 prefill 4 x 4k: persistent hopper", h200(4, 4096, 4096, 128, true), {}, TileId::hopper, 132, true, false,
+       false},
+      {"fp8 hd 64 prefill 32 x 512: two Q buffers", h200(32, 512, 512, 64, true), {}, TileId::hopper_short, 132, true,
+       false, false},
+      {"fp8 hd 256 prefill 2 x 8k: one CTA per item", h200(2, 8192, 8192, 256, true), {}, TileId::hopper, -1, true, false,
+       false},
       {"hd 96 prefill: mma_sync", h200(4, 4096, 4096, 96), {}, TileId::prefill, -1, true, true, false},
       {"mma_sync preferred", mma_sync_pref, {}, TileId::prefill, -1, true, true, false},
       {"K and V strides differ", other_strides, {}, TileId::prefill, -1, true, true, false},
@@ -236,6 +244,12 @@ TEST(ChooseLaunch, HopperKvFill) {
       {"planned part, TMA asked", planned, true, false, TileId::hopper, KvFill::tma},
       {"hd 120 padded to 128: no whole-row boxes", h200(4, 4096, 4096, 120), true, false, TileId::hopper,
        KvFill::cp_async},
+      {"fp8 hd 128 (one-segment rows of codes): converted", h200(4, 4096, 4096, 128, true), false, false,
+       TileId::hopper, KvFill::convert},
+      {"fp8 hd 64, TMA asked: converted", h200(32, 512, 512, 64, true), true, false, TileId::hopper_short,
+       KvFill::convert},
+      {"fp8 planned part: converted", [&] { LaunchFacts f = planned; f.cache = CacheKind::fp8; return f; }(), true, false,
+       TileId::hopper, KvFill::convert},
   };
   for (const Case& c : cases) {
     LaunchTuning t;
@@ -244,7 +258,10 @@ TEST(ChooseLaunch, HopperKvFill) {
     const LaunchPlan plan = choose_launch(c.facts, t);
     EXPECT_EQ(plan.tile, c.tile) << c.why << ": " << plan.reason;
     EXPECT_EQ(plan.config.fill, c.fill) << c.why << ": " << plan.reason;
-    EXPECT_NE(plan.reason.find(c.fill == KvFill::tma ? "K/V by TMA" : "K/V by cp.async"), std::string::npos)
+    EXPECT_NE(plan.reason.find(c.fill == KvFill::tma       ? "K/V by TMA"
+                               : c.fill == KvFill::convert ? "converted to f16"
+                                                           : "K/V by cp.async"),
+              std::string::npos)
         << c.why << ": " << plan.reason;
   }
 }
@@ -348,7 +365,7 @@ TEST(ChooseLaunch, PlannedPartsTakeTheirTiles) {
   prefill.head_size = 256;
   EXPECT_EQ(choose_launch(prefill).tile, TileId::hopper) << choose_launch(prefill).reason;
   prefill.cache = CacheKind::fp8;
-  EXPECT_EQ(choose_launch(prefill).tile, TileId::prefill) << "(no hopper kernel for fp8 caches)";
+  EXPECT_EQ(choose_launch(prefill).tile, TileId::hopper) << choose_launch(prefill).reason;
 }
 
 TEST(ChooseLaunch, HeadDim512RunsOutputSlicesOfThePrefillTile) {

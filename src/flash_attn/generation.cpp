@@ -55,14 +55,14 @@ std::vector<std::string> hopper_rules(const AttentionConfig& cfg, bool built) {
   if (!cfg.device.cpu && cfg.device.cc() != kHopperCC)
     why.push_back("needs sm90 (wgmma and TMA are Hopper instructions; the device is " +
                   cfg.device.describe() + ")");
-  const int dim = kernel_head_dim(cfg.head_size, fa_cache_kind(cfg.cache_dtype));
+  const DType c = cfg.cache_dtype;
+  const int dim = kernel_head_dim(cfg.head_size, fa_cache_kind(c));
   if (!tile_instantiated(TileId::hopper, dim, CacheKind::b16))
     why.push_back("has kernels for head dims 64 / 128 / 192 / 256, serving the head sizes whose mma_sync "
                   "kernel dim is the same (head size " + std::to_string(cfg.head_size) +
                   (dim > 0 ? " runs on dim " + std::to_string(dim) + ")" : " has no kernel dim)"));
-  if (cfg.cache_dtype != DType::f16 && cfg.cache_dtype != DType::bf16)
-    why.push_back("reads 16-bit caches only (a " + std::string(dtype_name(cfg.cache_dtype)) +
-                  " cache needs the mma_sync generation's in-kernel dequantization)");
+  if (c != DType::f16 && c != DType::bf16 && !is_fp8(c))
+    why.push_back("reads f16, bf16 or FP8 caches only (cache dtype is " + std::string(dtype_name(c)) + ")");
   if (!built) why.push_back("its kernels are not built (this library has no sm_90a code)");
   return why;
 }

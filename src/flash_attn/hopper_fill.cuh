@@ -1,5 +1,6 @@
-// How the hopper kernel's producer fills its K and V stages (the tile's KvFill, launch_plan.cpp):
-// two policies of one interface, so the producer loop (hopper_kernel.cuh) is the same for both.
+// How the hopper kernel's producer fills its K and V stages (the tile's KvFill and the cache
+// kind, launch_plan.cpp; hopper_kernel.cuh with_fill): three policies of one interface, so the
+// producer loop (hopper_kernel.cuh) is the same for all.
 //
 //   Fill f(p, w, n, ptid);       all 128 producer threads, per work item of n tiles
 //   f.k(t, dst, pipe, at);       K of tile t -> stage dst, completing the full barrier `at`
@@ -19,15 +20,20 @@
 // the map's bounds turn into zeros without a read; a block id outside the cache is read as
 // block 0 (the metadata guards then write the item's rows as NaN). The group holding seq_len's end brings its
 // block's slots past it, which the consumers zero in V (fix_tail_v; K's are masked).
+// ConvertFill (fp8 caches): the codes through registers, stored as f16 (below).
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/fast_divmod.h"
+#include "cuda/fp8_dequant.h"
+#include "cuda/ld_st.h"
 #include "cuda/metadata_guard.cuh"
 #include "cuda/paged_kv_tile.h"
 #include "cuda/pipeline_sm90.h"
 #include "cuda/sync_sm90.h"
 #include "cuda/tma_sm90.h"
+#include "cuda/wgmma_sm90.h"
 #include "flash_attn/varlen_schedule.cuh"
 
 namespace attnkit::flash_attn {
@@ -89,6 +95,109 @@ struct HopperCpAsyncFill {
   __device__ __forceinline__ bool pages_fault(const VarlenKernelParams& p, int req) const {
     return cuda::pages_fault(loader.page_map, loader.block_size, first_key, key(n), loader.seq_len, req, p.errors, ptid,
                              Tr::kProducerThreads);
+  }
+};
+
+// ConvertFill (fp8 caches): the producer threads load 16-byte chunks of fp8 codes (16 values)
+// into registers through any page map, as CpAsyncFill's copies go (PagedKVTileLoader's offsets),
+// and store them converted to f16 (exact: cuda/fp8_dequant.h; the scales fold in elsewhere) as
+// two 16-byte chunks of the stage's swizzled 16-bit rows, then arrive on the full barrier. One
+// side's codes are in flight at a time: k(t) stores K_t and issues V_t's loads, v(t) stores V_t
+// and issues K_{t+1}'s, so each load's latency runs under the next stage's acquire. Rows past
+// seq_len and padding columns are stored as zeros.
+template <class Tr, class PageMap_, cuda::Fp8Format kFmt>
+struct HopperConvertFill {
+  using PageMap = PageMap_;
+  static_assert(Tr::kFp8Cache && std::is_same_v<typename Tr::MmaElem, __half>, "fp8 codes become f16 stages");
+  static constexpr int kCodeChunks = Tr::kHeadDim / 16;  // 16-byte chunks of a row of codes
+  static constexpr int kCopyThreads = cp_async_copy_threads<Tr::kBlockN, kCodeChunks, Tr::kProducerThreads>();
+  static_assert(kCopyThreads > 0, "a head dim whose rows split over whole producer warps");
+  using Loader = cuda::PagedKVTileLoader<Tr::kBlockN, Tr::kHeadDim, cuda::Swizzle128Tile<Tr::kBlockN>, kCopyThreads,
+                                         PageMap>;
+  static_assert(Loader::kByGroups, "the codes are loaded by 16-key groups");
+  static constexpr bool kAllCopy = kCopyThreads == Tr::kProducerThreads;
+  using Pipe = cuda::Pipeline<Tr::kStages>;
+  using Pos = typename Pipe::State;
+  static constexpr uint32_t kFullArrivals = Tr::kProducerThreads;
+  static constexpr int kProducerRegs = Tr::kProducerRegs, kConsumerRegs = Tr::kConsumerRegs;
+
+  Loader loader;
+  typename Loader::Pages pages;     // tile t + 1's, once K_t's loads were issued
+  typename Loader::Offsets offs{};  // the tile of the codes in flight (K and V share strides: launch rule)
+  uint4 codes[Loader::kIters];      // one side's codes of this thread, in flight
+  int first_key, n, ptid, row0, chunk;
+
+  __device__ __forceinline__ HopperConvertFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid_)
+      : loader(kv_loader_for<Loader>(p, w)), first_key(w.first_key), n(n_), ptid(ptid_),
+        row0(ptid_ / kCodeChunks), chunk(ptid_ % kCodeChunks) {
+    if (copies()) {
+      pages = loader.pages(first_key, ptid);
+      issue_k(0);
+    }
+  }
+  __device__ __forceinline__ static void prefetch_maps(const VarlenKernelParams&) {}
+  __device__ __forceinline__ int key(int t) const { return first_key + t * Tr::kBlockN; }
+  __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
+    if (copies()) {
+      store(dst);
+      issue(loader.v.head_base, key(t));
+    }
+    arrive(pipe, at);
+  }
+  __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
+    if (copies()) {
+      store(dst);
+      if (t + 1 < n) issue_k(t + 1);
+    }
+    arrive(pipe, at);
+  }
+  __device__ __forceinline__ static void fix_tail_v(unsigned char*, int, int, int) {}  // (stored as zeros)
+  __device__ __forceinline__ bool copies() const { return kAllCopy || ptid < kCopyThreads; }
+  __device__ __forceinline__ bool pages_fault(const VarlenKernelParams& p, int req) const {
+    return cuda::pages_fault(loader.page_map, loader.block_size, first_key, key(n), loader.seq_len, req, p.errors, ptid,
+                             Tr::kProducerThreads);
+  }
+
+ private:
+  // K_t's offsets from the pages read ahead, the next tile's pages, and K_t's loads.
+  __device__ __forceinline__ void issue_k(int t) {
+    offs = loader.offsets(loader.k, key(t), pages, ptid);
+    if (t + 1 < n) pages = loader.pages(key(t + 1), ptid);  // (their latency hides under the next waits)
+    issue(loader.k.head_base, key(t));
+  }
+  // This thread's chunks of one side of the tile at key0 (the loader's copy pattern), into codes.
+  __device__ __forceinline__ void issue(const char* head_base, int key0) {
+    const int rows_left = chunk * 16 < loader.row_bytes ? loader.seq_len - key0 : 0;  // (a padding chunk: zeros)
+#pragma unroll
+    for (int i = 0; i < Loader::kIters; ++i) {
+      const char* src = head_base + offs.g[i / Loader::kItersPerGroup] +
+                        (i % Loader::kItersPerGroup) * (Loader::kRowsPerIter * offs.stride_slot);
+      codes[i] = row0 + i * Loader::kRowsPerIter < rows_left ? cuda::ld_global_nc_v4(src) : make_uint4(0, 0, 0, 0);
+    }
+  }
+  // The codes as f16: row chunk c of codes is 16-bit chunks 2c and 2c + 1. (The rows of one
+  // thread are whole swizzle periods apart: one offset per chunk, plus constant steps.)
+  __device__ __forceinline__ void store(uint32_t dst) const {
+    using L = cuda::Swizzle128Tile<Tr::kBlockN>;
+    static_assert(Loader::kRowsPerIter % 8 == 0, "a thread's rows share their swizzle phase");
+    const uint32_t lo = dst + L::offset(row0, 2 * chunk), hi = dst + L::offset(row0, 2 * chunk + 1);
+#pragma unroll
+    for (int i = 0; i < Loader::kIters; ++i) {
+      const uint32_t step = i * Loader::kRowsPerIter * L::kRowStride;
+      const uint4 c = codes[i];
+      cuda::st_shared_v4(lo + step,
+                         make_uint4(cuda::fp8x2_to_f16x2<kFmt>(c.x), cuda::fp8x2_to_f16x2<kFmt>(c.x >> 16),
+                                    cuda::fp8x2_to_f16x2<kFmt>(c.y), cuda::fp8x2_to_f16x2<kFmt>(c.y >> 16)));
+      cuda::st_shared_v4(hi + step,
+                         make_uint4(cuda::fp8x2_to_f16x2<kFmt>(c.z), cuda::fp8x2_to_f16x2<kFmt>(c.z >> 16),
+                                    cuda::fp8x2_to_f16x2<kFmt>(c.w), cuda::fp8x2_to_f16x2<kFmt>(c.w >> 16)));
+    }
+  }
+  // Every producer thread arrives once its stores are done (the others at once); the stores
+  // are generic-proxy writes that wgmma reads through the async proxy (the consumers fence too).
+  __device__ __forceinline__ static void arrive(const Pipe& pipe, const Pos& at) {
+    cuda::fence_proxy_async_smem();
+    cuda::mbar_arrive(pipe.full(at));
   }
 };
 

@@ -37,6 +37,7 @@
 #include "flash_attn/hopper_fill.cuh"
 #include "flash_attn/hopper_traits.h"
 #include "flash_attn/launch_plan.h"
+#include "flash_attn/varlen_epilogue.cuh"
 #include "flash_attn/varlen_schedule.cuh"
 #include "flash_attn/varlen_tile_softmax.cuh"
 
@@ -54,6 +55,7 @@ __device__ __forceinline__ void register_epilogue(const VarlenKernelParams& p, c
   using T = typename Tr::Elem;
   float max_log2[2], sum[2];
   softmax.finish(unit, max_log2, sum);
+  const float v_scale = cache_scale<Tr>(p.v_scale, p.v_scale_stride, w.kv_head);  // (fp8 caches; else 1)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int m = warp_row0 + (lane >> 2) + 8 * r;
@@ -69,7 +71,7 @@ __device__ __forceinline__ void register_epilogue(const VarlenKernelParams& p, c
       float w_sink;
       lse = merge_weights(lse, p.sinks[head * p.sinks_stride], &sink_weight, &w_sink);
     }
-    const float f = wt[0] * sink_weight;
+    const float f = wt[0] * sink_weight * v_scale;
     T* dst = static_cast<T*>(p.out) + token * p.out_stride_token + head * p.out_stride_head + 2 * (lane & 3);
 #pragma unroll
     for (int dn = 0; dn < Tr::kOFrags; ++dn)
@@ -83,6 +85,42 @@ __device__ __forceinline__ void register_epilogue(const VarlenKernelParams& p, c
   }
 }
 
+// fp8 caches with a bf16 Q (the GEMMs run in f16): this warpgroup's 64 rows of the Q buffer
+// (q: their first line, a generic address), converted to f16 in place times the power of two that puts the largest
+// |q| in [2^14, 2^15) (f16 range, exact scaling), which it returns; then fenced for wgmma.
+// s_max: 8 floats of shared memory. By all 128 threads of warpgroup wg (barrier 3 + wg).
+template <class Tr>
+__device__ __forceinline__ float q_rows_to_f16(unsigned char* q, float* s_max, int wg, int wg_tid) {
+  constexpr int kChunks = Tr::kHeadDim / 64 * 64 * 8;  // 16-byte chunks: regions x rows x chunks of a line
+  auto chunk = [&](int i) {
+    return reinterpret_cast<uint4*>(q + (i / 512) * (Tr::kBlockM * 128) + (i % 512) * 16);
+  };
+  __nv_bfloat162 mx2 = __float2bfloat162_rn(0.f);
+  for (int i = wg_tid; i < kChunks; i += 128) {
+    const uint4 v = *chunk(i);
+    for (uint32_t x : {v.x, v.y, v.z, v.w}) mx2 = __hmax2(mx2, __habs2(*reinterpret_cast<const __nv_bfloat162*>(&x)));
+  }
+  float mx = fmaxf(__low2float(mx2), __high2float(mx2));
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if ((wg_tid & 31) == 0) s_max[wg * 4 + wg_tid / 32] = mx;
+  cuda::named_bar_sync(3 + wg, 128);
+  mx = fmaxf(fmaxf(s_max[wg * 4], s_max[wg * 4 + 1]), fmaxf(s_max[wg * 4 + 2], s_max[wg * 4 + 3]));
+  int e = 0;
+  frexpf(mx, &e);  // mx < 2^e
+  const float factor = (mx > 0.f && mx <= 3.0e38f) ? ldexpf(1.f, 15 - e) : 1.f;
+  for (int i = wg_tid; i < kChunks; i += 128) {
+    uint4 v = *chunk(i);
+    for (uint32_t* x : {&v.x, &v.y, &v.z, &v.w}) {
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x));
+      *x = cuda::pack2<__half>(f.x * factor, f.y * factor);
+    }
+    *chunk(i) = v;
+  }
+  cuda::fence_proxy_async_smem();  // (generic writes, read by wgmma)
+  cuda::named_bar_sync(3 + wg, 128);  // the warpgroup's rows are all converted; s_max is free again
+  return factor;
+}
+
 }  // namespace detail
 
 // Fill: how the producer fills the K / V stages (hopper_fill.cuh: cp.async through any page map,
@@ -94,7 +132,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     hopper_varlen_kernel(const __grid_constant__ VarlenKernelParams p, const Sched items) {
 #if ATTNKIT_HAS_WGMMA
   using namespace attnkit::cuda;
-  using T = typename Tr::Elem;
+  using M = typename Tr::MmaElem;  // the GEMMs' inputs: the queries' type, f16 with fp8 caches
   constexpr int kS = Tr::kStages;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // Two rings of kS stages, one of K tiles and one of V tiles, each stage with a "full" barrier
@@ -192,8 +230,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int wg = warp / 4;
   const int warp_row0 = warp * 16;
   const int my_turn = 1 + wg, their_turn = 2 - wg;
-  const ScoreMod mod{p.scale, p.softcap, p.alibi_slopes != nullptr};
-  const float unit = mod.unit();
+  // The softmax scale; with fp8 caches times the item's K dequant scale over its Q factor (set
+  // per item below).
+  ScoreMod mod{p.scale, p.softcap, p.alibi_slopes != nullptr};
+  float unit = mod.unit();
+  constexpr bool kConvertQ = Tr::kFp8Cache && std::is_same_v<typename Tr::Elem, __nv_bfloat16>;
+  __shared__ float s_q_max[kConvertQ ? 8 : 1];
   RowSoftmax softmax;
   FragC o[Tr::kOFrags];
   FragA pa[Tr::kSFrags / 2];
@@ -218,7 +260,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       auto& o_cols = *reinterpret_cast<FragC(*)[kCols / 8]>(&o[c * (kCols / 8)]);
 #pragma unroll
       for (int kk = 0; kk < Tr::kSFrags / 2; ++kk)
-        WgmmaRS<T, kCols>::template run<1>(o_cols, pa[kk],
+        WgmmaRS<M, kCols>::template run<1>(o_cols, pa[kk],
                                            smem_desc_advance(v_desc, c * (kCols / 64) * (Tr::kBlockN * 128) + kk * 16 * 128),
                                            true);
     }
@@ -239,7 +281,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
     for (int ks = 0; ks < Tr::kKSteps; ++ks) {
       const uint32_t step_bytes = (ks % 4) * 32;  // (16 head dims of a 64-column region)
-      WgmmaSS<T, Tr::kBlockN>::run(s, smem_desc_advance(q_desc, (ks / 4) * (Tr::kBlockM * 128) + step_bytes),
+      WgmmaSS<M, Tr::kBlockN>::run(s, smem_desc_advance(q_desc, (ks / 4) * (Tr::kBlockM * 128) + step_bytes),
                                    smem_desc_advance(k_desc, (ks / 4) * (Tr::kBlockN * 128) + step_bytes), ks > 0);
     }
     wgmma_commit();
@@ -271,7 +313,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     prev_at = at;
     at.advance();
 #pragma unroll
-    for (int kk = 0; kk < Tr::kSFrags / 2; ++kk) pa[kk] = c_pair_to_a<T>(s[2 * kk], s[2 * kk + 1]);
+    for (int kk = 0; kk < Tr::kSFrags / 2; ++kk) pa[kk] = c_pair_to_a<M>(s[2 * kk], s[2 * kk + 1]);
   };
 
   if (wg == 1) named_bar_arrive(1, Tr::kConsumerThreads);  // warpgroup 0 goes first
@@ -281,8 +323,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     softmax.init();
 #pragma unroll
     for (int f = 0; f < Tr::kOFrags; ++f) o[f] = FragC{};
+    if constexpr (Tr::kFp8Cache) {
+      mod.scale = p.scale * detail::cache_scale<Tr>(p.k_scale, p.k_scale_stride, w.kv_head);
+      unit = mod.unit();
+    }
     if (n > 0) {
       q_pipe.wait(q_at);
+      if constexpr (kConvertQ) {
+        mod.scale /= detail::q_rows_to_f16<Tr>(smem + (s_q_group() - s_base), s_q_max, wg, tid & 127);
+        unit = mod.unit();
+      }
       step(0, std::false_type{});
       for (int it = 1; it < n; ++it) step(it, std::true_type{});
       q_pipe.release(q_at);  // every S of the item is done: the producer may reuse it
@@ -309,34 +359,51 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #endif
 }
 
-template <class Elem, int kHeadDim>
+// The plan's fill (hopper_fill.cuh), as f.template operator()<Fill>(): an fp8 cache's codes are
+// converted on their way in (in p's format), 16-bit rows are copied by TMA boxes (block tables
+// only) or by cp.async.
+template <class Tr, class PageMap, class F>
+void with_fill(const VarlenKernelParams& p, const LaunchPlan& plan, const char* where, F&& f) {
+  const bool tma = plan.config.fill == KvFill::tma;
+  if constexpr (Tr::kFp8Cache) {
+    ATTNKIT_REQUIRE(plan.config.fill == KvFill::convert, where, "fill", static_cast<int>(plan.config.fill),
+                    "must be the convert fill: fp8 codes are converted on their way into the stages");
+    if (p.fp8_format == static_cast<int>(cuda::Fp8Format::e5m2))
+      f.template operator()<HopperConvertFill<Tr, PageMap, cuda::Fp8Format::e5m2>>();
+    else
+      f.template operator()<HopperConvertFill<Tr, PageMap, cuda::Fp8Format::e4m3>>();
+  } else if constexpr (std::is_base_of_v<cuda::BlockTablePages, PageMap>) {
+    if (tma) f.template operator()<HopperTmaFill<Tr, PageMap>>();
+    else f.template operator()<HopperCpAsyncFill<Tr, PageMap>>();
+  } else {
+    ATTNKIT_REQUIRE(!tma, where, "fill", "tma", "reads a block table, not contiguous K/V");
+    f.template operator()<HopperCpAsyncFill<Tr, PageMap>>();
+  }
+}
+
+template <class Elem, int kHeadDim, CacheKind kCache>
 void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   const char* where = "flash_attn varlen attention (hopper)";
   ATTNKIT_REQUIRE(p.num_splits == 1, where, "num_splits", p.num_splits,
                   "must be 1 (split launches run the mma_sync kernels)");
-  auto launch = [&]<TileId kTile, template <class, class> class Fill, class PageMap>() {
-    using Tr = HopperTraits<Elem, kHeadDim, kTile>;
-    dim3 grid;
-    if (!varlen_grid(p, plan, Tr::kSmemBytes, where, grid)) return;
-    const PersistentScheduler<Tr::kBlockM, Tr::kBlockN> items{static_cast<int>(grid.x), static_cast<int>(grid.y),
-                                                              static_cast<int>(grid.z), plan.grid_ctas};
-    ATTNKIT_REQUIRE(plan.ctas <= 0x7fffffff, where, "work items", plan.ctas, "must fit one grid dimension");
-    auto kernel = hopper_varlen_kernel<Tr, Fill<Tr, PageMap>, PersistentScheduler<Tr::kBlockM, Tr::kBlockN>>;
-    ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
-    cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(plan.ctas)), dim3(Tr::kThreads), Tr::kSmemBytes, stream,
-                        plan.pdl, dim3(1, 1, 1), p, items);
-  };
-  // Contiguous K/V rows by cp.async; the block table by TMA where the plan says so (the maps are
-  // in p), else by cp.async.
-  const bool contiguous = p.cu_seqlens_k != nullptr;
-  const bool tma = plan.config.fill == KvFill::tma;
-  ATTNKIT_REQUIRE(!(contiguous && tma), where, "fill", "tma", "reads a block table, not contiguous K/V");
   auto with_tile = [&]<TileId kTile>() {
-    if (contiguous) launch.template operator()<kTile, HopperCpAsyncFill, cuda::ContiguousPages>();
-    else if (tma) launch.template operator()<kTile, HopperTmaFill, cuda::BlockTablePages>();
-    else launch.template operator()<kTile, HopperCpAsyncFill, cuda::BlockTablePages>();
+    using Tr = HopperTraits<Elem, kHeadDim, kTile, kCache>;
+    auto launch = [&]<class Fill>() {
+      dim3 grid;
+      if (!varlen_grid(p, plan, Tr::kSmemBytes, where, grid)) return;
+      const PersistentScheduler<Tr::kBlockM, Tr::kBlockN> items{static_cast<int>(grid.x), static_cast<int>(grid.y),
+                                                                static_cast<int>(grid.z), plan.grid_ctas};
+      ATTNKIT_REQUIRE(plan.ctas <= 0x7fffffff, where, "work items", plan.ctas, "must fit one grid dimension");
+      auto kernel = hopper_varlen_kernel<Tr, Fill, PersistentScheduler<Tr::kBlockM, Tr::kBlockN>>;
+      ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+      cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(plan.ctas)), dim3(Tr::kThreads), Tr::kSmemBytes, stream,
+                          plan.pdl, dim3(1, 1, 1), p, items);
+    };
+    // Contiguous K/V rows (cu_seqlens_k) or the block table.
+    if (p.cu_seqlens_k != nullptr) with_fill<Tr, cuda::ContiguousPages>(p, plan, where, launch);
+    else with_fill<Tr, cuda::BlockTablePages>(p, plan, where, launch);
   };
-  constexpr bool kShort = tile_instantiated(TileId::hopper_short, kHeadDim, CacheKind::b16);
+  constexpr bool kShort = tile_instantiated(TileId::hopper_short, kHeadDim, kCache);
   if constexpr (kShort) {
     if (plan.tile == TileId::hopper_short) return with_tile.template operator()<TileId::hopper_short>();
   }
@@ -346,30 +413,29 @@ void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStre
 
 // A planned launch (FlashInfer-style prefill part, unsplit plan) on the hopper tile: one CTA per
 // planned item slot (grid_items, the plan's capacity: slots past the plan's count exit) and KV
-// head, the page table as the page map (TMA or cp.async fills, as the plan says).
-template <class Elem, int kHeadDim>
+// head, the page table as the page map (the fill as with_fill says).
+template <class Elem, int kHeadDim, CacheKind kCache>
 void launch_hopper_planned(const VarlenKernelParams& p, const LaunchPlan& plan, int64_t grid_items,
                            cudaStream_t stream) {
   const char* where = "flashinfer planned launch (hopper)";
-  using Tr = HopperTraits<Elem, kHeadDim, TileId::hopper>;
+  using Tr = HopperTraits<Elem, kHeadDim, TileId::hopper, kCache>;
   ATTNKIT_REQUIRE(plan.tile == TileId::hopper, where, "tile", plan.config.name, "must be the hopper tile");
   ATTNKIT_REQUIRE(p.plan_tile_q >= 1 && p.plan_tile_q <= Tr::kBlockM, where, "plan tile_q", p.plan_tile_q,
                   "must be in [1, " + std::to_string(Tr::kBlockM) + "]");
   const int64_t ctas = grid_items * p.num_kv_heads;  // (PlanScheduler: item-major, KV heads inner)
   ATTNKIT_REQUIRE(grid_items > 0 && ctas <= 0x7fffffff, where, "plan item capacity x num_kv_heads", ctas,
                   "must be in [1, 2^31) (one grid dimension)");
-  auto launch = [&]<class Fill>() {
+  with_fill<Tr, cuda::PageTablePages>(p, plan, where, [&]<class Fill>() {
     auto kernel = hopper_varlen_kernel<Tr, Fill, PlanWalk<Tr::kBlockM, Tr::kBlockN>>;
     ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
     cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(ctas)), dim3(Tr::kThreads), Tr::kSmemBytes, stream, plan.pdl,
                         dim3(1, 1, 1), p, PlanWalk<Tr::kBlockM, Tr::kBlockN>{});
-  };
-  if (plan.config.fill == KvFill::tma) launch.template operator()<HopperTmaFill<Tr, cuda::PageTablePages>>();
-  else launch.template operator()<HopperCpAsyncFill<Tr, cuda::PageTablePages>>();
+  });
 }
 
 }  // namespace attnkit::flash_attn
 
-#define ATTNKIT_HOPPER_INSTANTIATE(ELEM, HEAD_DIM)                                                  \
-  template void launch_hopper<ELEM, HEAD_DIM>(const VarlenKernelParams&, const LaunchPlan&, cudaStream_t); \
-  template void launch_hopper_planned<ELEM, HEAD_DIM>(const VarlenKernelParams&, const LaunchPlan&, int64_t, cudaStream_t);
+#define ATTNKIT_HOPPER_INSTANTIATE(ELEM, HEAD_DIM, CACHE)                                                         \
+  template void launch_hopper<ELEM, HEAD_DIM, CACHE>(const VarlenKernelParams&, const LaunchPlan&, cudaStream_t); \
+  template void launch_hopper_planned<ELEM, HEAD_DIM, CACHE>(const VarlenKernelParams&, const LaunchPlan&, int64_t,   \
+                                                             cudaStream_t);

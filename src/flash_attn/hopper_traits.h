@@ -8,7 +8,10 @@
 // block table) in 128-byte-swizzled shared memory that wgmma reads by descriptor; P stays in
 // registers (the A operand of O = P V).
 #pragma once
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+#include <type_traits>
 
 #include "flash_attn/varlen_params.h"
 #include "flash_attn/launch_plan.h"
@@ -19,16 +22,20 @@ namespace attnkit::flash_attn {
 
 // kTile_ (tile_set.h: hopper, hopper_short): its stages are the depth of the K ring and of the
 // V ring; its Q buffers the Q tiles in shared memory (2: a persistent CTA loads the next item's
-// Q while it still computes on the current one).
-template <class Elem_, int kHeadDim_, TileId kTile_>
+// Q while it still computes on the current one). kCache_: 16-bit caches, or fp8 ones, whose
+// codes the producer converts to f16 on their way into the stages (hopper_fill.cuh): then the
+// GEMMs run in f16 (MmaElem), a bf16 Q tile is converted to f16 by its consumers, and the dequant
+// scales fold into the softmax scale (K) and the epilogue (V).
+template <class Elem_, int kHeadDim_, TileId kTile_, CacheKind kCache_ = CacheKind::b16>
 struct HopperTraits {
-  static constexpr TileConfig kConfig = tile_config(kTile_, kHeadDim_, CacheKind::b16);
-  static_assert(kConfig.generation == Generation::hopper && tile_instantiated(kTile_, kHeadDim_, CacheKind::b16),
+  static constexpr TileConfig kConfig = tile_config(kTile_, kHeadDim_, kCache_);
+  static_assert(kConfig.generation == Generation::hopper && tile_instantiated(kTile_, kHeadDim_, kCache_),
                 "a hopper tile");
+  static constexpr CacheKind kCache = kCache_;
+  static constexpr bool kFp8Cache = kCache == CacheKind::fp8, kFp4Cache = false, kQuantCache = kFp8Cache;
   using Elem = Elem_;
-  using MmaElem = Elem_;
+  using MmaElem = std::conditional_t<kFp8Cache, __half, Elem_>;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr bool kFp8Cache = false, kFp4Cache = false, kQuantCache = false;
   static constexpr int kWarpGroups = kConfig.warps_m;  // consumers: 64 rows each
   static constexpr int kConsumerThreads = 128 * kWarpGroups;
   static constexpr int kProducerThreads = 128;  // the third warpgroup loads Q and K / V
@@ -80,14 +87,14 @@ struct HopperTraits {
   static_assert(kSmemBytes <= kHopperSmemBytes + kAlign, "K/V rings and Q buffers must fit the opt-in shared memory");
 };
 
-// Launches the hopper kernel for (Elem, kHeadDim) with the plan's tile (hopper / hopper_short),
-// grid and CTA count (hopper_kernel.cuh). The plan only picks it on an sm90 device of a build
-// with sm_90a code.
-template <class Elem, int kHeadDim>
+// Launches the hopper kernel for (Elem, kHeadDim, cache kind) with the plan's tile (hopper /
+// hopper_short), grid and CTA count (hopper_kernel.cuh); fp8 caches in p's format. The plan
+// only picks it on an sm90 device of a build with sm_90a code.
+template <class Elem, int kHeadDim, CacheKind kCache>
 void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStream_t stream);
 // The same kernel over a planned part (FlashInfer-style, unsplit): one CTA per item slot of the
 // plan's capacity (grid_items) and KV head, the page table as the page map.
-template <class Elem, int kHeadDim>
+template <class Elem, int kHeadDim, CacheKind kCache>
 void launch_hopper_planned(const VarlenKernelParams& p, const LaunchPlan& plan, int64_t grid_items,
                            cudaStream_t stream);
 

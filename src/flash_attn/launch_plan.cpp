@@ -100,7 +100,7 @@ TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) 
   if (f.preferred == Generation::hopper) {
     if (!f.hopper_kernels) why += " (mma_sync: no sm_90a kernels for this device)";
     else if (!tile_instantiated(TileId::hopper, hd, f.cache))
-      why += " (mma_sync: the hopper kernel serves 16-bit caches at head dims 64 / 128 / 192 / 256; head size " +
+      why += " (mma_sync: the hopper kernel serves 16-bit and fp8 caches at head dims 64 / 128 / 192 / 256; head size " +
              std::to_string(f.head_size) + " runs on dim " + std::to_string(hd) + ")";
     else if (f.num_splits > 1) why += " (mma_sync: split launches merge in the mma_sync epilogue)";
     else if (f.alibi_per_request) why += " (mma_sync: the hopper kernel reads per-head ALiBi slopes only)";
@@ -229,14 +229,17 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
     // warp) where a K/V row is one segment (16-bit head size 64): there it beat cp.async at every
     // length; at two segments per row (head size 128) cp.async was faster (DECISIONS.md: Hopper
     // K/V by TMA at 128-byte rows). The cache's sides must encode as maps, and a head size
-    // padded to its kernel's has no whole-row boxes. The tuning may force either fill.
-    const bool tma_serves = f.tma_geometry && plan.head_dim == f.head_size && tma_rows(plan.head_dim, f.cache);
+    // padded to its kernel's has no whole-row boxes. The tuning may force either fill. fp8
+    // codes are converted on their way into the stages (the tile's convert fill, tile_set.h).
+    const bool converts = plan.config.fill == KvFill::convert;
+    const bool tma_serves = !converts && f.tma_geometry && plan.head_dim == f.head_size && tma_rows(plan.head_dim, f.cache);
     const bool one_segment = kv_row_bytes(plan.head_dim, f.cache) == 128;
     if (tma_serves && !t.cp_async_fill && (t.hopper_tma_fill || one_segment)) {
       plan.config.fill = KvFill::tma;
       plan.reason += t.hopper_tma_fill ? "; K/V by TMA (tuning)" : "; K/V by TMA (rows of one 128-byte segment)";
     } else {
-      plan.reason += t.cp_async_fill                  ? "; K/V by cp.async (tuning)"
+      plan.reason += converts ? "; fp8 K/V converted to f16 through the producer's registers (TMA and cp.async copy bytes)"
+                     : t.cp_async_fill                ? "; K/V by cp.async (tuning)"
                      : plan.head_dim != f.head_size   ? "; K/V by cp.async (a padded head size has no whole-row boxes)"
                      : !f.tma_geometry                ? "; K/V by cp.async (no TMA map for these K/V)"
                                                       : "; K/V by cp.async (rows of two or more 128-byte segments)";

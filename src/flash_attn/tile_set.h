@@ -28,6 +28,7 @@ inline constexpr TileId kAllTiles[] = {TileId::prefill,           TileId::decode
 enum class KvFill : uint8_t {
   cp_async,  // 16-byte cp.async copies by every (producer) thread, through the block table
   tma,       // TMA boxes per 16-key page group (sm90): decode tiles the whole row, hopper per 128-byte segment
+  convert,   // hopper, fp8 caches: 16-byte loads of codes into the producer's registers, stored as f16
 };
 
 // What a cache row holds, as the kernels see it: 16-bit values (the model's dtype), fp8 codes
@@ -173,6 +174,7 @@ constexpr TileConfig tile_config(TileId id, int head_dim, CacheKind cache) {
         t.name = "hopper_short";
         t.q_buffers = 2;
       }
+      if (cache == CacheKind::fp8) t.fill = KvFill::convert;  // (wgmma reads 16-bit stages)
       t.stages = hopper_stages(head_dim, t.rows, t.keys, t.q_buffers);
       break;
   }
@@ -199,9 +201,10 @@ constexpr bool tile_instantiated(TileId id, int head_dim, CacheKind cache) {
       return cache == CacheKind::fp8 && head_dim == 128;
     case TileId::hopper:
     case TileId::hopper_short:
-      // Head dims of whole 128-byte segments (wgmma's swizzled regions) up to 256, where the
-      // rings get two stages (not hopper_short at 256).
-      return cache == CacheKind::b16 && head_dim >= 64 && head_dim % 64 == 0 && head_dim <= 256 &&
+      // Head dims of whole 128-byte segments of 16-bit values (wgmma's swizzled regions) up to
+      // 256, where the rings get two stages (not hopper_short at 256). fp8 caches too: their
+      // codes reach the stages as f16 (hopper_fill.cuh), so the stages are the 16-bit ones.
+      return cache != CacheKind::nvfp4 && head_dim >= 64 && head_dim % 64 == 0 && head_dim <= 256 &&
              tile_config(id, head_dim, cache).stages >= 2;
   }
   return false;

@@ -34,7 +34,7 @@ void launch_head_dim(const VarlenKernelParams& p, const LaunchPlan& plan, cudaSt
   constexpr bool kFp8 = kCache == CacheKind::fp8;
   auto run = [&]<int kHeadDim>() {
     if constexpr (tile_instantiated(TileId::hopper, kHeadDim, kCache)) {
-      if (plan.generation == Generation::hopper) return launch_hopper<Elem, kHeadDim>(p, plan, stream);
+      if (plan.generation == Generation::hopper) return launch_hopper<Elem, kHeadDim, kCache>(p, plan, stream);
     }
     launch_mma_sync<Elem, kHeadDim, kCache>(p, plan, stream);
   };
@@ -361,7 +361,7 @@ void launch_planned_head_dim(const VarlenKernelParams& p, const LaunchPlan& plan
   static_assert(std::size(kPlannedHeadDims) == 3, "one case per planned head dim");
   auto run = [&]<int kHeadDim>() {
     if constexpr (tile_instantiated(TileId::hopper, kHeadDim, kCache)) {
-      if (plan.generation == Generation::hopper) return launch_hopper_planned<Elem, kHeadDim>(p, plan, grid_items, stream);
+      if (plan.generation == Generation::hopper) return launch_hopper_planned<Elem, kHeadDim, kCache>(p, plan, grid_items, stream);
     }
     launch_planned<Elem, kHeadDim, kCache>(p, plan, grid_items, stream);
   };

@@ -11,6 +11,8 @@
 #include "attnkit/error.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_buffer.h"
+#include "cuda/device_props.h"
+#include "flash_attn/generation.h"
 #include "test_util.h"
 
 namespace attnkit::test {
@@ -336,6 +338,40 @@ TEST(VarlenHopper, TileCountsAndHeadSizes) {
         c.num_splits = 1;
         c.q_lens = {std::min(kv, 130)};
         c.seq_lens = {kv};
+        check_against_cpu(c);
+      }
+}
+
+// ---- fp8 caches on the hopper kernel (codes converted to f16 by its producer): both formats,
+// bf16 queries (converted to f16 by each consumer warpgroup with its own factor; |q| up to 8)
+// and f16 ones, per-tensor and per-KV-head scales, GQA 1 and 4, block sizes 16 and 64, 1..10
+// tiles, causal or not, head size 112 padded to 128; every case must take the hopper kernel ------
+
+TEST(VarlenHopper, Fp8Caches) {
+  int i = 0;
+  for (int head_size : {64, 112, 128, 192, 256})
+    for (int kv : {64, 200, 600})
+      for (bool causal : {false, true}) {
+        Case c = edge_base(2900 + i);
+        c.dtype = i % 2 ? DType::f16 : DType::bf16;
+        c.cache_dtype = i % 3 == 0 ? DType::fp8_e5m2 : DType::fp8_e4m3;
+        c.layout = KVLayout::NHD;
+        c.head_size = head_size;
+        c.num_kv_heads = 2;
+        c.group = i % 4 == 0 ? 1 : 4;
+        c.block_size = i % 5 == 0 ? 64 : 16;
+        c.causal = causal;
+        c.window_left = c.window_right = -1;
+        c.softcap = 0.f;
+        c.alibi = c.sinks = false;
+        c.per_head_kv_scale = i % 2 == 0;
+        c.q_amp = c.dtype == DType::bf16 ? 8.f : 1.f;
+        c.num_splits = 1;
+        c.q_lens = {std::min(kv, 130), 7};
+        c.seq_lens = {kv, 300};
+        ++i;
+        if (cuda::current_device_props().cc_major == 9 && flash_attn::hopper_generation_built())
+          EXPECT_TRUE(Problem(c).hopper_serves()) << c.describe();
         check_against_cpu(c);
       }
 }

@@ -1,0 +1,7 @@
+// Hopper-generation (wgmma) varlen kernel for head size 128, bf16 queries and an fp8 cache (e4m3 /
+// e5m2 codes converted to f16 by the producer: hopper_fill.cuh).
+#include "flash_attn/hopper_kernel.cuh"
+
+namespace attnkit::flash_attn {
+ATTNKIT_HOPPER_INSTANTIATE(__nv_bfloat16, 128, CacheKind::fp8)
+}  // namespace attnkit::flash_attn
