@@ -1,6 +1,5 @@
-// 16-byte loads and stores where the data passes through registers: a global load of read-only
-// data (the non-coherent path, not kept in L1: each chunk is read once) and a store to a shared
-// address (the form cp.async and wgmma descriptors use).
+// 16-byte loads and stores of shared memory by shared address (the form cp.async and wgmma
+// descriptors use), for data that passes through registers on its way between two stages.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -8,11 +7,12 @@
 
 namespace attnkit::cuda {
 
-__device__ __forceinline__ uint4 ld_global_nc_v4(const void* src) {
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t src) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(src));
+               : "r"(src)
+               : "memory");
   return v;
 }
 

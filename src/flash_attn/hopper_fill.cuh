@@ -5,6 +5,7 @@
 //   Fill f(p, w, n, ptid);       all 128 producer threads, per work item of n tiles
 //   f.k(t, dst, pipe, at);       K of tile t -> stage dst, completing the full barrier `at`
 //   f.v(t, dst, pipe, at);       V of tile t (called after k(t), before k(t + 1))
+//   f.drain();                   after the item's last v: what the fill still owes (ConvertFill)
 //   Fill::kFullArrivals          arrivals that complete a full barrier (its init count)
 //   Fill::kProducerRegs, ...     the warpgroups' registers after setmaxnreg (hopper_traits.h)
 //   Fill::fix_tail_v(...)        consumers, the item's last V tile: rows past seq_len -> 0
@@ -20,7 +21,7 @@
 // the map's bounds turn into zeros without a read; a block id outside the cache is read as
 // block 0 (the metadata guards then write the item's rows as NaN). The group holding seq_len's end brings its
 // block's slots past it, which the consumers zero in V (fix_tail_v; K's are masked).
-// ConvertFill (fp8 caches): the codes through registers, stored as f16 (below).
+// ConvertFill (fp8 caches): codes copied into their stage, converted to f16 in place (below).
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -88,6 +89,7 @@ struct HopperCpAsyncFill {
     if (copies()) loader.copy_side(loader.v.head_base, prev, key(t), dst, ptid);
     pipe.commit_cp_async(at);
   }
+  __device__ __forceinline__ static void drain() {}
   __device__ __forceinline__ static void fix_tail_v(unsigned char*, int, int, int) {}  // (zero-filled)
   // Whether this producer thread copies chunks (a constant where all do).
   __device__ __forceinline__ bool copies() const { return kAllCopy || ptid < kCopyThreads; }
@@ -98,23 +100,28 @@ struct HopperCpAsyncFill {
   }
 };
 
-// ConvertFill (fp8 caches): the producer threads load 16-byte chunks of fp8 codes (16 values)
-// into registers through any page map, as CpAsyncFill's copies go (PagedKVTileLoader's offsets),
-// and store them converted to f16 (exact: cuda/fp8_dequant.h; the scales fold in elsewhere) as
-// two 16-byte chunks of the stage's swizzled 16-bit rows, then arrive on the full barrier. One
-// side's codes are in flight at a time: k(t) stores K_t and issues V_t's loads, v(t) stores V_t
-// and issues K_{t+1}'s, so each load's latency runs under the next stage's acquire. Rows past
-// seq_len and padding columns are stored as zeros.
+// ConvertFill (fp8 caches): the codes of a side (K or V tile) are copied by cp.async into the
+// upper half of its own 16-bit stage, then converted to f16 (exact: cuda/fp8_dequant.h; the
+// scales fold in elsewhere) in place by the thread that copied them, which then arrives on the
+// full barrier. A call copies its side and converts the side before it (whose copies flew
+// while this call's stage was acquired); drain() converts an item's last side. In place
+// without a barrier: a thread owns code chunks p and P + p of its rows (P = head dim / 32, a
+// row's codes are 2P chunks) and copies chunk P + p to 16-bit row chunk 2(P + p), chunk p to
+// 2(P + p) + 1 (both in the row's upper half), so its outputs (row chunks 2p, 2p + 1 and
+// 2(P + p), 2(P + p) + 1) overwrite only its own codes. Rows past seq_len and padding columns
+// are copied as zeros.
 template <class Tr, class PageMap_, cuda::Fp8Format kFmt>
 struct HopperConvertFill {
   using PageMap = PageMap_;
   static_assert(Tr::kFp8Cache && std::is_same_v<typename Tr::MmaElem, __half>, "fp8 codes become f16 stages");
-  static constexpr int kCodeChunks = Tr::kHeadDim / 16;  // 16-byte chunks of a row of codes
-  static constexpr int kCopyThreads = cp_async_copy_threads<Tr::kBlockN, kCodeChunks, Tr::kProducerThreads>();
+  static constexpr int kPairs = Tr::kHeadDim / 32;  // P: pairs of 16-byte code chunks per row
+  static constexpr int kCopyThreads = cp_async_copy_threads<Tr::kBlockN, kPairs, Tr::kProducerThreads>();
   static_assert(kCopyThreads > 0, "a head dim whose rows split over whole producer warps");
-  using Loader = cuda::PagedKVTileLoader<Tr::kBlockN, Tr::kHeadDim, cuda::Swizzle128Tile<Tr::kBlockN>, kCopyThreads,
+  // The loader's offsets for rows of P chunks: each thread's pair p is its chunk, p + P the
+  // chunk half a row of codes (head dim / 2 bytes) further.
+  using Loader = cuda::PagedKVTileLoader<Tr::kBlockN, Tr::kHeadDim / 2, cuda::Swizzle128Tile<Tr::kBlockN>, kCopyThreads,
                                          PageMap>;
-  static_assert(Loader::kByGroups, "the codes are loaded by 16-key groups");
+  static_assert(Loader::kByGroups && Loader::kRowsPerIter % 8 == 0, "16-key groups, rows a swizzle period apart");
   static constexpr bool kAllCopy = kCopyThreads == Tr::kProducerThreads;
   using Pipe = cuda::Pipeline<Tr::kStages>;
   using Pos = typename Pipe::State;
@@ -122,36 +129,37 @@ struct HopperConvertFill {
   static constexpr int kProducerRegs = Tr::kProducerRegs, kConsumerRegs = Tr::kConsumerRegs;
 
   Loader loader;
-  typename Loader::Pages pages;     // tile t + 1's, once K_t's loads were issued
-  typename Loader::Offsets offs{};  // the tile of the codes in flight (K and V share strides: launch rule)
-  uint4 codes[Loader::kIters];      // one side's codes of this thread, in flight
-  int first_key, n, ptid, row0, chunk;
+  typename Loader::Pages pages;  // tile t + 1's, once k(t) ran
+  typename Loader::Offsets prev{};  // tile t's, for v(t): K and V share strides (launch rule)
+  int first_key, n, ptid, row0, pair, row_bytes;
+  uint32_t pending = 0, pending_bar = 0;  // the side copied last: its stage, its full barrier
 
   __device__ __forceinline__ HopperConvertFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid_)
-      : loader(kv_loader_for<Loader>(p, w)), first_key(w.first_key), n(n_), ptid(ptid_),
-        row0(ptid_ / kCodeChunks), chunk(ptid_ % kCodeChunks) {
-    if (copies()) {
-      pages = loader.pages(first_key, ptid);
-      issue_k(0);
-    }
+      : loader(kv_loader_for<Loader>(p, w)), first_key(w.first_key), n(n_), ptid(ptid_), row0(ptid_ / kPairs),
+        pair(ptid_ % kPairs), row_bytes(p.kv_row_bytes) {
+    loader.row_bytes = Tr::kHeadDim / 2;  // (every pair's offset; the real row bytes are checked per chunk)
+    if (copies()) pages = loader.pages(first_key, ptid);
   }
   __device__ __forceinline__ static void prefetch_maps(const VarlenKernelParams&) {}
   __device__ __forceinline__ int key(int t) const { return first_key + t * Tr::kBlockN; }
   __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
     if (copies()) {
-      store(dst);
-      issue(loader.v.head_base, key(t));
+      prev = loader.offsets(loader.k, key(t), pages, ptid);
+      if (t + 1 < n) pages = loader.pages(key(t + 1), ptid);  // (its latency hides under the next waits)
+      copy(loader.k.head_base, key(t), dst);
     }
-    arrive(pipe, at);
+    next(dst, pipe.full(at));
   }
   __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
-    if (copies()) {
-      store(dst);
-      if (t + 1 < n) issue_k(t + 1);
-    }
-    arrive(pipe, at);
+    if (copies()) copy(loader.v.head_base, key(t), dst);
+    next(dst, pipe.full(at));
   }
-  __device__ __forceinline__ static void fix_tail_v(unsigned char*, int, int, int) {}  // (stored as zeros)
+  // The item's last side: its copies landed, converted, arrived.
+  __device__ __forceinline__ void drain() {
+    cuda::cp_async_wait<0>();
+    finish();
+  }
+  __device__ __forceinline__ static void fix_tail_v(unsigned char*, int, int, int) {}  // (copied as zeros)
   __device__ __forceinline__ bool copies() const { return kAllCopy || ptid < kCopyThreads; }
   __device__ __forceinline__ bool pages_fault(const VarlenKernelParams& p, int req) const {
     return cuda::pages_fault(loader.page_map, loader.block_size, first_key, key(n), loader.seq_len, req, p.errors, ptid,
@@ -159,45 +167,57 @@ struct HopperConvertFill {
   }
 
  private:
-  // K_t's offsets from the pages read ahead, the next tile's pages, and K_t's loads.
-  __device__ __forceinline__ void issue_k(int t) {
-    offs = loader.offsets(loader.k, key(t), pages, ptid);
-    if (t + 1 < n) pages = loader.pages(key(t + 1), ptid);  // (their latency hides under the next waits)
-    issue(loader.k.head_base, key(t));
+  using L = cuda::Swizzle128Tile<Tr::kBlockN>;
+  // This call's side is committed as one cp.async group; the one before it (all but the newest
+  // group landed) is converted and arrives.
+  __device__ __forceinline__ void next(uint32_t dst, uint32_t bar) {
+    cuda::cp_async_commit();
+    if (pending_bar != 0) {
+      cuda::cp_async_wait<1>();
+      finish();
+    }
+    pending = dst;
+    pending_bar = bar;
   }
-  // This thread's chunks of one side of the tile at key0 (the loader's copy pattern), into codes.
-  __device__ __forceinline__ void issue(const char* head_base, int key0) {
-    const int rows_left = chunk * 16 < loader.row_bytes ? loader.seq_len - key0 : 0;  // (a padding chunk: zeros)
+  // This thread's code chunks p and P + p of its rows of the tile at key0 -> the upper half of
+  // the stage (row chunks 2(P + p) + 1 and 2(P + p)).
+  __device__ __forceinline__ void copy(const char* head_base, int key0, uint32_t dst) const {
+    const int rows_left = loader.seq_len - key0;
+    const bool lo_in = pair * 16 < row_bytes, hi_in = (kPairs + pair) * 16 < row_bytes;  // (padding columns: zeros)
+    const uint32_t slot = dst + L::offset(row0, 2 * (kPairs + pair));
 #pragma unroll
     for (int i = 0; i < Loader::kIters; ++i) {
-      const char* src = head_base + offs.g[i / Loader::kItersPerGroup] +
-                        (i % Loader::kItersPerGroup) * (Loader::kRowsPerIter * offs.stride_slot);
-      codes[i] = row0 + i * Loader::kRowsPerIter < rows_left ? cuda::ld_global_nc_v4(src) : make_uint4(0, 0, 0, 0);
+      const char* src = head_base + prev.g[i / Loader::kItersPerGroup] +
+                        (i % Loader::kItersPerGroup) * (Loader::kRowsPerIter * prev.stride_slot);
+      const bool row_in = row0 + i * Loader::kRowsPerIter < rows_left;
+      const uint32_t at = slot + i * Loader::kRowsPerIter * L::kRowStride;
+      cuda::cp_async_16(at, src + Tr::kHeadDim / 2, row_in && hi_in);
+      cuda::cp_async_16(at ^ 16, src, row_in && lo_in);  // (row chunk 2(P + p) + 1: the swizzle flips bit 4 alike)
     }
   }
-  // The codes as f16: row chunk c of codes is 16-bit chunks 2c and 2c + 1. (The rows of one
-  // thread are whole swizzle periods apart: one offset per chunk, plus constant steps.)
-  __device__ __forceinline__ void store(uint32_t dst) const {
-    using L = cuda::Swizzle128Tile<Tr::kBlockN>;
-    static_assert(Loader::kRowsPerIter % 8 == 0, "a thread's rows share their swizzle phase");
-    const uint32_t lo = dst + L::offset(row0, 2 * chunk), hi = dst + L::offset(row0, 2 * chunk + 1);
+  // The pending side's codes (this thread's) -> f16 in place; then its arrival. The stores are
+  // generic-proxy writes that wgmma reads through the async proxy (the consumers fence too).
+  __device__ __forceinline__ void finish() const {
+    if (copies()) {
+      const uint32_t slot = pending + L::offset(row0, 2 * (kPairs + pair)), low = pending + L::offset(row0, 2 * pair);
 #pragma unroll
-    for (int i = 0; i < Loader::kIters; ++i) {
-      const uint32_t step = i * Loader::kRowsPerIter * L::kRowStride;
-      const uint4 c = codes[i];
-      cuda::st_shared_v4(lo + step,
-                         make_uint4(cuda::fp8x2_to_f16x2<kFmt>(c.x), cuda::fp8x2_to_f16x2<kFmt>(c.x >> 16),
-                                    cuda::fp8x2_to_f16x2<kFmt>(c.y), cuda::fp8x2_to_f16x2<kFmt>(c.y >> 16)));
-      cuda::st_shared_v4(hi + step,
-                         make_uint4(cuda::fp8x2_to_f16x2<kFmt>(c.z), cuda::fp8x2_to_f16x2<kFmt>(c.z >> 16),
-                                    cuda::fp8x2_to_f16x2<kFmt>(c.w), cuda::fp8x2_to_f16x2<kFmt>(c.w >> 16)));
+      for (int i = 0; i < Loader::kIters; ++i) {
+        const uint32_t step = i * Loader::kRowsPerIter * L::kRowStride;
+        const uint4 hi = cuda::ld_shared_v4(slot + step), lo = cuda::ld_shared_v4((slot + step) ^ 16);
+        store_f16(low + step, lo);
+        store_f16(slot + step, hi);
+      }
+      cuda::fence_proxy_async_smem();
     }
+    cuda::mbar_arrive(pending_bar);
   }
-  // Every producer thread arrives once its stores are done (the others at once); the stores
-  // are generic-proxy writes that wgmma reads through the async proxy (the consumers fence too).
-  __device__ __forceinline__ static void arrive(const Pipe& pipe, const Pos& at) {
-    cuda::fence_proxy_async_smem();
-    cuda::mbar_arrive(pipe.full(at));
+  // 16 codes -> 16 f16 values at row chunks c (this address) and c + 1 (c even: the address with
+  // bit 4 flipped, as the swizzle XORs the chunk index).
+  __device__ __forceinline__ static void store_f16(uint32_t at, uint4 c) {
+    cuda::st_shared_v4(at, make_uint4(cuda::fp8x2_to_f16x2<kFmt>(c.x), cuda::fp8x2_to_f16x2<kFmt>(c.x >> 16),
+                                      cuda::fp8x2_to_f16x2<kFmt>(c.y), cuda::fp8x2_to_f16x2<kFmt>(c.y >> 16)));
+    cuda::st_shared_v4(at ^ 16, make_uint4(cuda::fp8x2_to_f16x2<kFmt>(c.z), cuda::fp8x2_to_f16x2<kFmt>(c.z >> 16),
+                                           cuda::fp8x2_to_f16x2<kFmt>(c.w), cuda::fp8x2_to_f16x2<kFmt>(c.w >> 16)));
   }
 };
 
@@ -243,6 +263,7 @@ struct HopperTmaFill {
   __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
     copy(v_map, page_prev, t, dst, pipe, at);
   }
+  __device__ __forceinline__ static void drain() {}
   // The block-id guard over the item's n tiles (cuda/metadata_guard.cuh), this thread's share.
   __device__ __forceinline__ bool pages_fault(const VarlenKernelParams& p, int req) const {
     return cuda::pages_fault(pages, block_size, first_key, first_key + n * Tr::kBlockN, seq_len, req, p.errors,

@@ -216,6 +216,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         }
       }
       load_v(n - 1);
+      fill.drain();
     }
     cp_async_wait<0>();
     return;
