@@ -5,7 +5,7 @@
 //   Fill f(p, w, n, ptid);       all 128 producer threads, per work item of n tiles
 //   f.k(t, dst, pipe, at);       K of tile t -> stage dst, completing the full barrier `at`
 //   f.v(t, dst, pipe, at);       V of tile t (called after k(t), before k(t + 1))
-//   Fill::init_barriers()        one thread, with the kernel's barriers: the fill's own, if any
+//   f.drain();                   after the item's last v: what the fill still owes (ConvertFill)
 //   Fill::kFullArrivals          arrivals that complete a full barrier (its init count)
 //   Fill::kProducerRegs, ...     the warpgroups' registers after setmaxnreg (hopper_traits.h)
 //   Fill::fix_tail_v(...)        consumers, the item's last V tile: rows past seq_len -> 0
@@ -21,8 +21,7 @@
 // the map's bounds turn into zeros without a read; a block id outside the cache is read as
 // block 0 (the metadata guards then write the item's rows as NaN). The group holding seq_len's end brings its
 // block's slots past it, which the consumers zero in V (fix_tail_v; K's are masked).
-// ConvertFill (fp8 caches): codes copied into their stage by two producer warps, converted to
-// f16 in place by the other two (below).
+// ConvertFill (fp8 caches): codes copied into their stage, converted to f16 in place (below).
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -76,7 +75,6 @@ struct HopperCpAsyncFill {
       : loader(kv_loader_for<Loader>(p, w)), first_key(w.first_key), n(n_), ptid(ptid_) {
     if (copies()) pages = loader.pages(first_key, ptid);
   }
-  __device__ __forceinline__ static void init_barriers() {}
   __device__ __forceinline__ static void prefetch_maps(const VarlenKernelParams&) {}
   __device__ __forceinline__ int key(int t) const { return first_key + t * Tr::kBlockN; }
   __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
@@ -91,6 +89,7 @@ struct HopperCpAsyncFill {
     if (copies()) loader.copy_side(loader.v.head_base, prev, key(t), dst, ptid);
     pipe.commit_cp_async(at);
   }
+  __device__ __forceinline__ static void drain() {}
   __device__ __forceinline__ static void fix_tail_v(unsigned char*, int, int, int) {}  // (zero-filled)
   // Whether this producer thread copies chunks (a constant where all do).
   __device__ __forceinline__ bool copies() const { return kAllCopy || ptid < kCopyThreads; }
@@ -101,82 +100,67 @@ struct HopperCpAsyncFill {
   }
 };
 
-// The threads of one half of the producer warpgroup (kMax) that copy or convert a tile of kRows
-// rows of kPairs code-chunk pairs (ConvertFill): the most multiples of kPairs whose rows are
-// whole swizzle periods apart and split into 16-key groups (the loader's by-groups pattern).
-template <int kRows, int kPairs, int kMax>
-constexpr int pair_threads() {
-  for (int t = kMax - kMax % kPairs; t >= kPairs; t -= kPairs) {
-    const int rows_per_step = t / kPairs;
-    if ((kRows * kPairs) % t == 0 && rows_per_step % 8 == 0 && (rows_per_step >= 16 || 16 % rows_per_step == 0))
-      return t;
-  }
-  return 0;
-}
-
-// ConvertFill (fp8 caches): producer warps 0-1 copy a side's codes (K or V tile) by cp.async into
-// the upper half of its own 16-bit stage, signalling a "landed" barrier of the stage; warps 2-3
-// wait for it and convert the codes to f16 (exact: cuda/fp8_dequant.h; the scales fold in
-// elsewhere) in place, then arrive on the full barrier (the copiers arrive at once). The copiers
-// run ahead as far as the stages allow; the conversion of one side overlaps the next side's
-// copies. In place without a barrier among the converters: unit (row, p) owns code chunks p and
-// P + p of the row (P = head dim / 32, a row's codes are 2P chunks), copied to 16-bit row chunks
-// 2(P + p) + 1 and 2(P + p) (the row's upper half), so its outputs (row chunks 2p, 2p + 1 and
-// 2(P + p), 2(P + p) + 1) overwrite only its own codes. Rows past seq_len and padding columns are
-// copied as zeros.
+// ConvertFill (fp8 caches): the codes of a side (K or V tile) are copied by cp.async into the
+// upper half of its own 16-bit stage, then converted to f16 (exact: cuda/fp8_dequant.h; the
+// scales fold in elsewhere) in place by the thread that copied them, which then arrives on the
+// full barrier. A call copies its side and converts the side before it (whose copies flew
+// while this call's stage was acquired); drain() converts an item's last side. In place
+// without a barrier: a thread owns code chunks p and P + p of its rows (P = head dim / 32, a
+// row's codes are 2P chunks) and copies chunk P + p to 16-bit row chunk 2(P + p), chunk p to
+// 2(P + p) + 1 (both in the row's upper half), so its outputs (row chunks 2p, 2p + 1 and
+// 2(P + p), 2(P + p) + 1) overwrite only its own codes. Rows past seq_len and padding columns
+// are copied as zeros.
 template <class Tr, class PageMap_, cuda::Fp8Format kFmt>
 struct HopperConvertFill {
   using PageMap = PageMap_;
   static_assert(Tr::kFp8Cache && std::is_same_v<typename Tr::MmaElem, __half>, "fp8 codes become f16 stages");
-  static constexpr int kPairs = Tr::kHeadDim / 32;        // P
-  static constexpr int kHalf = Tr::kProducerThreads / 2;  // copiers: producer threads [0, kHalf); converters: the rest
-  static constexpr int kUnitThreads = pair_threads<Tr::kBlockN, kPairs, kHalf>();  // of each half
-  static_assert(kUnitThreads > 0, "a head dim whose rows split over the producer's half");
+  static constexpr int kPairs = Tr::kHeadDim / 32;  // P: pairs of 16-byte code chunks per row
+  static constexpr int kCopyThreads = cp_async_copy_threads<Tr::kBlockN, kPairs, Tr::kProducerThreads>();
+  static_assert(kCopyThreads > 0, "a head dim whose rows split over whole producer warps");
   // The loader's offsets for rows of P chunks: each thread's pair p is its chunk, p + P the
   // chunk half a row of codes (head dim / 2 bytes) further.
-  using Loader = cuda::PagedKVTileLoader<Tr::kBlockN, Tr::kHeadDim / 2, cuda::Swizzle128Tile<Tr::kBlockN>,
-                                         kUnitThreads, PageMap>;
+  using Loader = cuda::PagedKVTileLoader<Tr::kBlockN, Tr::kHeadDim / 2, cuda::Swizzle128Tile<Tr::kBlockN>, kCopyThreads,
+                                         PageMap>;
   static_assert(Loader::kByGroups && Loader::kRowsPerIter % 8 == 0, "16-key groups, rows a swizzle period apart");
+  static constexpr bool kAllCopy = kCopyThreads == Tr::kProducerThreads;
   using Pipe = cuda::Pipeline<Tr::kStages>;
   using Pos = typename Pipe::State;
-  using Landed = cuda::Pipeline<Tr::kStages, false>;  // per K / V stage: the copiers' codes are in
   static constexpr uint32_t kFullArrivals = Tr::kProducerThreads;
   static constexpr int kProducerRegs = Tr::kProducerRegs, kConsumerRegs = Tr::kConsumerRegs;
 
   Loader loader;
-  typename Loader::Pages pages;  // tile t + 1's, once k(t) ran (copiers)
+  typename Loader::Pages pages;  // tile t + 1's, once k(t) ran
   typename Loader::Offsets prev{};  // tile t's, for v(t): K and V share strides (launch rule)
-  int first_key, n, ptid, unit, row0, pair, row_bytes;
+  int first_key, n, ptid, row0, pair, row_bytes;
+  uint32_t pending = 0, pending_bar = 0;  // the side copied last: its stage, its full barrier
 
   __device__ __forceinline__ HopperConvertFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid_)
-      : loader(kv_loader_for<Loader>(p, w)), first_key(w.first_key), n(n_), ptid(ptid_), unit(ptid_ % kHalf),
-        row0(unit / kPairs), pair(unit % kPairs), row_bytes(p.kv_row_bytes) {
+      : loader(kv_loader_for<Loader>(p, w)), first_key(w.first_key), n(n_), ptid(ptid_), row0(ptid_ / kPairs),
+        pair(ptid_ % kPairs), row_bytes(p.kv_row_bytes) {
     loader.row_bytes = Tr::kHeadDim / 2;  // (every pair's offset; the real row bytes are checked per chunk)
-    if (copies()) pages = loader.pages(first_key, unit);
-  }
-  // The landed barriers (K ring, V ring), in shared memory; initialised by one thread with the
-  // kernel's other barriers.
-  __device__ __forceinline__ static cuda::PipelineBarriers<Tr::kStages, false>* landed_bars() {
-    __shared__ cuda::PipelineBarriers<Tr::kStages, false> bars[2];
-    return bars;
-  }
-  __device__ __forceinline__ static void init_barriers() {
-    Landed(landed_bars()[0]).init(kUnitThreads, 0);
-    Landed(landed_bars()[1]).init(kUnitThreads, 0);
+    if (copies()) pages = loader.pages(first_key, ptid);
   }
   __device__ __forceinline__ static void prefetch_maps(const VarlenKernelParams&) {}
   __device__ __forceinline__ int key(int t) const { return first_key + t * Tr::kBlockN; }
   __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
     if (copies()) {
-      prev = loader.offsets(loader.k, key(t), pages, unit);
-      if (t + 1 < n) pages = loader.pages(key(t + 1), unit);  // (its latency hides under the next waits)
+      prev = loader.offsets(loader.k, key(t), pages, ptid);
+      if (t + 1 < n) pages = loader.pages(key(t + 1), ptid);  // (its latency hides under the next waits)
+      copy(loader.k.head_base, key(t), dst);
     }
-    side(0, loader.k.head_base, t, dst, pipe, at);
+    next(dst, pipe.full(at));
   }
   __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
-    side(1, loader.v.head_base, t, dst, pipe, at);
+    if (copies()) copy(loader.v.head_base, key(t), dst);
+    next(dst, pipe.full(at));
+  }
+  // The item's last side: its copies landed, converted, arrived.
+  __device__ __forceinline__ void drain() {
+    cuda::cp_async_wait<0>();
+    finish();
   }
   __device__ __forceinline__ static void fix_tail_v(unsigned char*, int, int, int) {}  // (copied as zeros)
+  __device__ __forceinline__ bool copies() const { return kAllCopy || ptid < kCopyThreads; }
   __device__ __forceinline__ bool pages_fault(const VarlenKernelParams& p, int req) const {
     return cuda::pages_fault(loader.page_map, loader.block_size, first_key, key(n), loader.seq_len, req, p.errors, ptid,
                              Tr::kProducerThreads);
@@ -184,23 +168,18 @@ struct HopperConvertFill {
 
  private:
   using L = cuda::Swizzle128Tile<Tr::kBlockN>;
-  __device__ __forceinline__ bool copies() const { return ptid < kUnitThreads; }
-  __device__ __forceinline__ bool converts() const { return ptid >= kHalf && unit < kUnitThreads; }
-  // One side of tile t into stage dst: copied (copiers), landed and converted (converters); every
-  // producer thread arrives on the full barrier (the converters once their stores are done).
-  __device__ __forceinline__ void side(int ring, const char* head_base, int t, uint32_t dst, const Pipe& pipe,
-                                       const Pos& at) {
-    const Landed landed(landed_bars()[ring]);
-    if (copies()) {
-      copy(head_base, key(t), dst);
-      landed.commit_cp_async(at);
-    } else if (converts()) {
-      landed.wait(at);
-      convert(dst);
+  // This call's side is committed as one cp.async group; the one before it (all but the newest
+  // group landed) is converted and arrives.
+  __device__ __forceinline__ void next(uint32_t dst, uint32_t bar) {
+    cuda::cp_async_commit();
+    if (pending_bar != 0) {
+      cuda::cp_async_wait<1>();
+      finish();
     }
-    cuda::mbar_arrive(pipe.full(at));
+    pending = dst;
+    pending_bar = bar;
   }
-  // This unit's code chunks p and P + p of its rows of the tile at key0 -> the upper half of
+  // This thread's code chunks p and P + p of its rows of the tile at key0 -> the upper half of
   // the stage (row chunks 2(P + p) + 1 and 2(P + p)).
   __device__ __forceinline__ void copy(const char* head_base, int key0, uint32_t dst) const {
     const int rows_left = loader.seq_len - key0;
@@ -216,18 +195,21 @@ struct HopperConvertFill {
       cuda::cp_async_16(at ^ 16, src, row_in && lo_in);  // (row chunk 2(P + p) + 1: the swizzle flips bit 4 alike)
     }
   }
-  // This unit's codes -> f16 in place. The stores are generic-proxy writes that wgmma reads
-  // through the async proxy (the consumers fence too).
-  __device__ __forceinline__ void convert(uint32_t dst) const {
-    const uint32_t slot = dst + L::offset(row0, 2 * (kPairs + pair)), low = dst + L::offset(row0, 2 * pair);
+  // The pending side's codes (this thread's) -> f16 in place; then its arrival. The stores are
+  // generic-proxy writes that wgmma reads through the async proxy (the consumers fence too).
+  __device__ __forceinline__ void finish() const {
+    if (copies()) {
+      const uint32_t slot = pending + L::offset(row0, 2 * (kPairs + pair)), low = pending + L::offset(row0, 2 * pair);
 #pragma unroll
-    for (int i = 0; i < Loader::kIters; ++i) {
-      const uint32_t step = i * Loader::kRowsPerIter * L::kRowStride;
-      const uint4 hi = cuda::ld_shared_v4(slot + step), lo = cuda::ld_shared_v4((slot + step) ^ 16);
-      store_f16(low + step, lo);
-      store_f16(slot + step, hi);
+      for (int i = 0; i < Loader::kIters; ++i) {
+        const uint32_t step = i * Loader::kRowsPerIter * L::kRowStride;
+        const uint4 hi = cuda::ld_shared_v4(slot + step), lo = cuda::ld_shared_v4((slot + step) ^ 16);
+        store_f16(low + step, lo);
+        store_f16(slot + step, hi);
+      }
+      cuda::fence_proxy_async_smem();
     }
-    cuda::fence_proxy_async_smem();
+    cuda::mbar_arrive(pending_bar);
   }
   // 16 codes -> 16 f16 values at row chunks c (this address) and c + 1 (c even: the address with
   // bit 4 flipped, as the swizzle XORs the chunk index).
@@ -268,7 +250,6 @@ struct HopperTmaFill {
         issuer(ptid < kBoxes), group(ptid / kSegments), segment(ptid % kSegments) {
     if (issuer) page_cur = page(0);
   }
-  __device__ __forceinline__ static void init_barriers() {}
   // The descriptors' first fetch, off the first copies (one producer thread).
   __device__ __forceinline__ static void prefetch_maps(const VarlenKernelParams& p) {
     cuda::prefetch_tensor_map(&p.k_map);
@@ -282,6 +263,7 @@ struct HopperTmaFill {
   __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
     copy(v_map, page_prev, t, dst, pipe, at);
   }
+  __device__ __forceinline__ static void drain() {}
   // The block-id guard over the item's n tiles (cuda/metadata_guard.cuh), this thread's share.
   __device__ __forceinline__ bool pages_fault(const VarlenKernelParams& p, int req) const {
     return cuda::pages_fault(pages, block_size, first_key, first_key + n * Tr::kBlockN, seq_len, req, p.errors,
