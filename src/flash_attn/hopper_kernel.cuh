@@ -6,7 +6,8 @@
 // partials there is nothing to merge across warps).
 //
 // Warp-specialised: a producer warpgroup copies Q (cp.async) and the K/V tiles through the page
-// map (TMA boxes or cp.async: hopper_fill.cuh) into two rings of stages, K and V apart,
+// map (TMA boxes or cp.async; fp8 codes converted to f16 in their stage: hopper_fill.cuh) into
+// two rings of stages, K and V apart,
 // signalled by mbarriers; two consumer
 // warpgroups of 64 rows take turns at the tensor cores (every ring a cuda::Pipeline):
 //
@@ -85,10 +86,10 @@ __device__ __forceinline__ void register_epilogue(const VarlenKernelParams& p, c
   }
 }
 
-// fp8 caches with a bf16 Q (the GEMMs run in f16): this warpgroup's 64 rows of the Q buffer
-// (q: their first line, a generic address), converted to f16 in place times the power of two that puts the largest
-// |q| in [2^14, 2^15) (f16 range, exact scaling), which it returns; then fenced for wgmma.
-// s_max: 8 floats of shared memory. By all 128 threads of warpgroup wg (barrier 3 + wg).
+// fp8 caches with a bf16 Q (the GEMMs run in f16): this warpgroup's 64 rows of the Q buffer (q:
+// their first line, a generic address), converted to f16 in place times the power of two that
+// puts the largest |q| in [2^14, 2^15) (f16 range, exact scaling), which it returns; then fenced
+// for wgmma. s_max: 8 floats of shared memory. By all 128 threads of warpgroup wg (barrier 3 + wg).
 template <class Tr>
 __device__ __forceinline__ float q_rows_to_f16(unsigned char* q, float* s_max, int wg, int wg_tid) {
   constexpr int kChunks = Tr::kHeadDim / 64 * 64 * 8;  // 16-byte chunks: regions x rows x chunks of a line
