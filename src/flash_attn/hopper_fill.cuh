@@ -53,13 +53,14 @@ constexpr int cp_async_copy_threads() {
   return 0;
 }
 
-template <class Tr, class PageMap_>
-struct HopperCpAsyncFill {
-  using PageMap = PageMap_;
-  static constexpr int kCopyThreads = cp_async_copy_threads<Tr::kBlockN, Tr::kHeadDim / 8, Tr::kProducerThreads>();
+// What the two cp.async fills share: the loader through the page map, the pages of the next
+// tile read ahead, the offsets of the tile in flight, and which producer threads copy.
+template <class Tr, class Loader_, int kCopyThreads_>
+struct HopperLoaderFill {
+  using Loader = Loader_;
+  using PageMap = typename Loader::PageMap;
+  static constexpr int kCopyThreads = kCopyThreads_;
   static_assert(kCopyThreads > 0, "a head dim whose rows split over whole producer warps");
-  using Loader = cuda::PagedKVTileLoader<Tr::kBlockN, 2 * Tr::kHeadDim, cuda::Swizzle128Tile<Tr::kBlockN>,
-                                         kCopyThreads, PageMap>;
   static constexpr bool kAllCopy = kCopyThreads == Tr::kProducerThreads;
   using Pipe = cuda::Pipeline<Tr::kStages>;
   using Pos = typename Pipe::State;
@@ -71,32 +72,49 @@ struct HopperCpAsyncFill {
   typename Loader::Offsets prev{};  // tile t's, for v(t): K and V share strides (launch rule)
   int first_key, n, ptid;
 
-  __device__ __forceinline__ HopperCpAsyncFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid_)
+  __device__ __forceinline__ HopperLoaderFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid_)
       : loader(kv_loader_for<Loader>(p, w)), first_key(w.first_key), n(n_), ptid(ptid_) {
     if (copies()) pages = loader.pages(first_key, ptid);
   }
   __device__ __forceinline__ static void prefetch_maps(const VarlenKernelParams&) {}
-  __device__ __forceinline__ int key(int t) const { return first_key + t * Tr::kBlockN; }
-  __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
-    if (copies()) {
-      prev = loader.offsets(loader.k, key(t), pages, ptid);
-      if (t + 1 < n) pages = loader.pages(key(t + 1), ptid);  // (its latency hides under the next waits)
-      loader.copy_side(loader.k.head_base, prev, key(t), dst, ptid);
-    }
-    pipe.commit_cp_async(at);
-  }
-  __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
-    if (copies()) loader.copy_side(loader.v.head_base, prev, key(t), dst, ptid);
-    pipe.commit_cp_async(at);
-  }
   __device__ __forceinline__ static void drain() {}
   __device__ __forceinline__ static void fix_tail_v(unsigned char*, int, int, int) {}  // (zero-filled)
+  __device__ __forceinline__ int key(int t) const { return first_key + t * Tr::kBlockN; }
   // Whether this producer thread copies chunks (a constant where all do).
   __device__ __forceinline__ bool copies() const { return kAllCopy || ptid < kCopyThreads; }
+  // K of tile t: its offsets from the pages read ahead; then tile t + 1's pages.
+  __device__ __forceinline__ void take_offsets(int t) {
+    prev = loader.offsets(loader.k, key(t), pages, ptid);
+    if (t + 1 < n) pages = loader.pages(key(t + 1), ptid);  // (its latency hides under the next waits)
+  }
   // The block-id guard over the item's n tiles (cuda/metadata_guard.cuh), this thread's share.
   __device__ __forceinline__ bool pages_fault(const VarlenKernelParams& p, int req) const {
     return cuda::pages_fault(loader.page_map, loader.block_size, first_key, key(n), loader.seq_len, req, p.errors, ptid,
                              Tr::kProducerThreads);
+  }
+};
+
+template <class Tr, class PageMap_>
+struct HopperCpAsyncFill
+    : HopperLoaderFill<Tr,
+                       cuda::PagedKVTileLoader<Tr::kBlockN, 2 * Tr::kHeadDim, cuda::Swizzle128Tile<Tr::kBlockN>,
+                                               cp_async_copy_threads<Tr::kBlockN, Tr::kHeadDim / 8, Tr::kProducerThreads>(),
+                                               PageMap_>,
+                       cp_async_copy_threads<Tr::kBlockN, Tr::kHeadDim / 8, Tr::kProducerThreads>()> {
+  using Base = typename HopperCpAsyncFill::HopperLoaderFill;
+  using typename Base::Pipe;
+  using typename Base::Pos;
+  using Base::Base;
+  __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
+    if (this->copies()) {
+      this->take_offsets(t);
+      this->loader.copy_side(this->loader.k.head_base, this->prev, this->key(t), dst, this->ptid);
+    }
+    pipe.commit_cp_async(at);
+  }
+  __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
+    if (this->copies()) this->loader.copy_side(this->loader.v.head_base, this->prev, this->key(t), dst, this->ptid);
+    pipe.commit_cp_async(at);
   }
 };
 
@@ -111,59 +129,44 @@ struct HopperCpAsyncFill {
 // 2(P + p), 2(P + p) + 1) overwrite only its own codes. Rows past seq_len and padding columns
 // are copied as zeros.
 template <class Tr, class PageMap_, cuda::Fp8Format kFmt>
-struct HopperConvertFill {
-  using PageMap = PageMap_;
+struct HopperConvertFill
+    : HopperLoaderFill<Tr,
+                       cuda::PagedKVTileLoader<Tr::kBlockN, Tr::kHeadDim / 2, cuda::Swizzle128Tile<Tr::kBlockN>,
+                                               cp_async_copy_threads<Tr::kBlockN, Tr::kHeadDim / 32, Tr::kProducerThreads>(),
+                                               PageMap_>,
+                       cp_async_copy_threads<Tr::kBlockN, Tr::kHeadDim / 32, Tr::kProducerThreads>()> {
   static_assert(Tr::kFp8Cache && std::is_same_v<typename Tr::MmaElem, __half>, "fp8 codes become f16 stages");
-  static constexpr int kPairs = Tr::kHeadDim / 32;  // P: pairs of 16-byte code chunks per row
-  static constexpr int kCopyThreads = cp_async_copy_threads<Tr::kBlockN, kPairs, Tr::kProducerThreads>();
-  static_assert(kCopyThreads > 0, "a head dim whose rows split over whole producer warps");
-  // The loader's offsets for rows of P chunks: each thread's pair p is its chunk, p + P the
-  // chunk half a row of codes (head dim / 2 bytes) further.
-  using Loader = cuda::PagedKVTileLoader<Tr::kBlockN, Tr::kHeadDim / 2, cuda::Swizzle128Tile<Tr::kBlockN>, kCopyThreads,
-                                         PageMap>;
+  // The loader's rows are P chunks (head dim / 2 bytes): each thread's pair p is its chunk, chunk
+  // P + p lies half a row of codes further.
+  using Base = typename HopperConvertFill::HopperLoaderFill;
+  using typename Base::Loader;
+  using typename Base::Pipe;
+  using typename Base::Pos;
+  static constexpr int kPairs = Tr::kHeadDim / 32;  // P
   static_assert(Loader::kByGroups && Loader::kRowsPerIter % 8 == 0, "16-key groups, rows a swizzle period apart");
-  static constexpr bool kAllCopy = kCopyThreads == Tr::kProducerThreads;
-  using Pipe = cuda::Pipeline<Tr::kStages>;
-  using Pos = typename Pipe::State;
-  static constexpr uint32_t kFullArrivals = Tr::kProducerThreads;
-  static constexpr int kProducerRegs = Tr::kProducerRegs, kConsumerRegs = Tr::kConsumerRegs;
 
-  Loader loader;
-  typename Loader::Pages pages;  // tile t + 1's, once k(t) ran
-  typename Loader::Offsets prev{};  // tile t's, for v(t): K and V share strides (launch rule)
-  int first_key, n, ptid, row0, pair, row_bytes;
+  int row0, pair, row_bytes;
   uint32_t pending = 0, pending_bar = 0;  // the side copied last: its stage, its full barrier
 
   __device__ __forceinline__ HopperConvertFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid_)
-      : loader(kv_loader_for<Loader>(p, w)), first_key(w.first_key), n(n_), ptid(ptid_), row0(ptid_ / kPairs),
-        pair(ptid_ % kPairs), row_bytes(p.kv_row_bytes) {
-    loader.row_bytes = Tr::kHeadDim / 2;  // (every pair's offset; the real row bytes are checked per chunk)
-    if (copies()) pages = loader.pages(first_key, ptid);
+      : Base(p, w, n_, ptid_), row0(ptid_ / kPairs), pair(ptid_ % kPairs), row_bytes(p.kv_row_bytes) {
+    this->loader.row_bytes = Tr::kHeadDim / 2;  // (every pair's offset; the real row bytes are checked per chunk)
   }
-  __device__ __forceinline__ static void prefetch_maps(const VarlenKernelParams&) {}
-  __device__ __forceinline__ int key(int t) const { return first_key + t * Tr::kBlockN; }
   __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
-    if (copies()) {
-      prev = loader.offsets(loader.k, key(t), pages, ptid);
-      if (t + 1 < n) pages = loader.pages(key(t + 1), ptid);  // (its latency hides under the next waits)
-      copy(loader.k.head_base, key(t), dst);
+    if (this->copies()) {
+      this->take_offsets(t);
+      copy(this->loader.k.head_base, this->key(t), dst);
     }
     next(dst, pipe.full(at));
   }
   __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
-    if (copies()) copy(loader.v.head_base, key(t), dst);
+    if (this->copies()) copy(this->loader.v.head_base, this->key(t), dst);
     next(dst, pipe.full(at));
   }
   // The item's last side: its copies landed, converted, arrived.
   __device__ __forceinline__ void drain() {
     cuda::cp_async_wait<0>();
     finish();
-  }
-  __device__ __forceinline__ static void fix_tail_v(unsigned char*, int, int, int) {}  // (copied as zeros)
-  __device__ __forceinline__ bool copies() const { return kAllCopy || ptid < kCopyThreads; }
-  __device__ __forceinline__ bool pages_fault(const VarlenKernelParams& p, int req) const {
-    return cuda::pages_fault(loader.page_map, loader.block_size, first_key, key(n), loader.seq_len, req, p.errors, ptid,
-                             Tr::kProducerThreads);
   }
 
  private:
@@ -182,13 +185,13 @@ struct HopperConvertFill {
   // This thread's code chunks p and P + p of its rows of the tile at key0 -> the upper half of
   // the stage (row chunks 2(P + p) + 1 and 2(P + p)).
   __device__ __forceinline__ void copy(const char* head_base, int key0, uint32_t dst) const {
-    const int rows_left = loader.seq_len - key0;
+    const int rows_left = this->loader.seq_len - key0;
     const bool lo_in = pair * 16 < row_bytes, hi_in = (kPairs + pair) * 16 < row_bytes;  // (padding columns: zeros)
     const uint32_t slot = dst + L::offset(row0, 2 * (kPairs + pair));
 #pragma unroll
     for (int i = 0; i < Loader::kIters; ++i) {
-      const char* src = head_base + prev.g[i / Loader::kItersPerGroup] +
-                        (i % Loader::kItersPerGroup) * (Loader::kRowsPerIter * prev.stride_slot);
+      const char* src = head_base + this->prev.g[i / Loader::kItersPerGroup] +
+                        (i % Loader::kItersPerGroup) * (Loader::kRowsPerIter * this->prev.stride_slot);
       const bool row_in = row0 + i * Loader::kRowsPerIter < rows_left;
       const uint32_t at = slot + i * Loader::kRowsPerIter * L::kRowStride;
       cuda::cp_async_16(at, src + Tr::kHeadDim / 2, row_in && hi_in);
@@ -198,7 +201,7 @@ struct HopperConvertFill {
   // The pending side's codes (this thread's) -> f16 in place; then its arrival. The stores are
   // generic-proxy writes that wgmma reads through the async proxy (the consumers fence too).
   __device__ __forceinline__ void finish() const {
-    if (copies()) {
+    if (this->copies()) {
       const uint32_t slot = pending + L::offset(row0, 2 * (kPairs + pair)), low = pending + L::offset(row0, 2 * pair);
 #pragma unroll
       for (int i = 0; i < Loader::kIters; ++i) {
