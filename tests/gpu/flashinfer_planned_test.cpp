@@ -231,7 +231,8 @@ INSTANTIATE_TEST_SUITE_P(Seeds, PlannedPrefillGrid, ::testing::Range(0, 84));
 
 // Unsplit prefill plans of 128-row tiles on the hopper kernel (PlanWalk over the plan's items,
 // the page table or ragged K/V's contiguous view): head sizes 64 / 128 / 256 (and 112, padded),
-// bf16 / f16, NHD / HND, pages 16 / 128, causal and not, window, softcap, sinks; few CTA slots so
+// bf16 / f16, NHD / HND, pages 16 / 128, causal and not, window, softcap, sinks, 16-bit and (three
+// cases) fp8 caches; few CTA slots so
 // the plan does not split; K/V by cp.async and (LaunchTuning::hopper_tma_fill) by TMA. The launch
 // decision is asked too: these parts take the hopper kernel.
 TEST(PlannedPrefillHopper, UnsplitPlansMatchTheReference) {
@@ -251,6 +252,7 @@ TEST(PlannedPrefillHopper, UnsplitPlansMatchTheReference) {
     if (i % 4 == 2) c.softcap = 30.f;
     c.sinks = i % 3 == 2;
     c.contiguous_kv = i % 8 >= 6;
+    if (i % 8 == 3) c.cache_dtype = i == 11 ? DType::fp8_e5m2 : DType::fp8_e4m3;  // (converted in their stage)
     c.q_lens = {300, 64, 257, 33};
     c.seq_lens = {300, 1200, 900, 33};
     check_planned(c, 2);
