@@ -34,6 +34,15 @@ __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t two_codes) {
   }
 }
 
+// With an fp8 cache the MMAs run in f16, so a bf16 Q tile is converted to f16 times a power of
+// two: the one that puts the tile's largest |q| (max_abs) in [2^14, 2^15), f16's top octave
+// (exact scaling; 1 for an all-zero or non-finite tile). The caller divides the softmax scale by it.
+__device__ __forceinline__ float f16_range_factor(float max_abs) {
+  int e = 0;
+  frexpf(max_abs, &e);  // max_abs < 2^e
+  return (max_abs > 0.f && max_abs <= 3.0e38f) ? ldexpf(1.f, 15 - e) : 1.f;
+}
+
 // ---- MMA fragments straight from fp8 tiles in shared memory (no dequantised copy) -------------
 // Tiles are [key][dim] fp8 codes laid out by L (kv_smem_layout.h). The fragments are f16.
 //

@@ -26,6 +26,9 @@ void common_rules(const AttentionConfig& cfg, std::vector<std::string>& why) {
   if (cfg.dtype != DType::f16 && cfg.dtype != DType::bf16)
     why.push_back("computes in f16 or bf16 only (dtype is " + std::string(dtype_name(cfg.dtype)) + ")");
   if (cfg.device.cpu) why.push_back("is a CUDA kernel (the device is the CPU)");
+  const DType c = cfg.cache_dtype;
+  if (c != DType::f16 && c != DType::bf16 && !is_fp8(c))
+    why.push_back("reads f16, bf16 or FP8 caches only (cache dtype is " + std::string(dtype_name(c)) + ")");
 }
 
 std::vector<std::string> mma_sync_rules(const AttentionConfig& cfg) {
@@ -40,8 +43,6 @@ std::vector<std::string> mma_sync_rules(const AttentionConfig& cfg) {
     why.push_back("serves head sizes that are multiples of 8 (16 with an fp8 cache) up to " +
                   std::to_string(kMaxHeadSize) + ", each on the next larger of its kernels' head dims " +
                   list(kMmaSyncHeadDims) + " (head size is " + std::to_string(cfg.head_size) + ")");
-  if (c != DType::f16 && c != DType::bf16 && !is_fp8(c))
-    why.push_back("reads f16, bf16 or FP8 caches only (cache dtype is " + std::string(dtype_name(c)) + ")");
   const int dim = kernel_head_dim(cfg.head_size, fa_cache_kind(c));
   if (why.empty() && dim > 0) {
     if (std::string fit = tile_smem_refusal(dim, fa_cache_kind(c), cfg.device.cc()); !fit.empty()) why.push_back(fit);
@@ -55,14 +56,11 @@ std::vector<std::string> hopper_rules(const AttentionConfig& cfg, bool built) {
   if (!cfg.device.cpu && cfg.device.cc() != kHopperCC)
     why.push_back("needs sm90 (wgmma and TMA are Hopper instructions; the device is " +
                   cfg.device.describe() + ")");
-  const DType c = cfg.cache_dtype;
-  const int dim = kernel_head_dim(cfg.head_size, fa_cache_kind(c));
+  const int dim = kernel_head_dim(cfg.head_size, fa_cache_kind(cfg.cache_dtype));
   if (!tile_instantiated(TileId::hopper, dim, CacheKind::b16))
     why.push_back("has kernels for head dims 64 / 128 / 192 / 256, serving the head sizes whose mma_sync "
                   "kernel dim is the same (head size " + std::to_string(cfg.head_size) +
                   (dim > 0 ? " runs on dim " + std::to_string(dim) + ")" : " has no kernel dim)"));
-  if (c != DType::f16 && c != DType::bf16 && !is_fp8(c))
-    why.push_back("reads f16, bf16 or FP8 caches only (cache dtype is " + std::string(dtype_name(c)) + ")");
   if (!built) why.push_back("its kernels are not built (this library has no sm_90a code)");
   return why;
 }

@@ -53,14 +53,16 @@ constexpr int cp_async_copy_threads() {
   return 0;
 }
 
-// What the two cp.async fills share: the loader through the page map, the pages of the next
-// tile read ahead, the offsets of the tile in flight, and which producer threads copy.
-template <class Tr, class Loader_, int kCopyThreads_>
+// What the two cp.async fills share: the loader of rows of kRowBytes (16-byte chunks) through
+// the page map, the pages of the next tile read ahead, the offsets of the tile in flight, and
+// which producer threads copy.
+template <class Tr, class PageMap_, int kRowBytes>
 struct HopperLoaderFill {
-  using Loader = Loader_;
-  using PageMap = typename Loader::PageMap;
-  static constexpr int kCopyThreads = kCopyThreads_;
+  using PageMap = PageMap_;
+  static constexpr int kCopyThreads = cp_async_copy_threads<Tr::kBlockN, kRowBytes / 16, Tr::kProducerThreads>();
   static_assert(kCopyThreads > 0, "a head dim whose rows split over whole producer warps");
+  using Loader =
+      cuda::PagedKVTileLoader<Tr::kBlockN, kRowBytes, cuda::Swizzle128Tile<Tr::kBlockN>, kCopyThreads, PageMap>;
   static constexpr bool kAllCopy = kCopyThreads == Tr::kProducerThreads;
   using Pipe = cuda::Pipeline<Tr::kStages>;
   using Pos = typename Pipe::State;
@@ -95,12 +97,7 @@ struct HopperLoaderFill {
 };
 
 template <class Tr, class PageMap_>
-struct HopperCpAsyncFill
-    : HopperLoaderFill<Tr,
-                       cuda::PagedKVTileLoader<Tr::kBlockN, 2 * Tr::kHeadDim, cuda::Swizzle128Tile<Tr::kBlockN>,
-                                               cp_async_copy_threads<Tr::kBlockN, Tr::kHeadDim / 8, Tr::kProducerThreads>(),
-                                               PageMap_>,
-                       cp_async_copy_threads<Tr::kBlockN, Tr::kHeadDim / 8, Tr::kProducerThreads>()> {
+struct HopperCpAsyncFill : HopperLoaderFill<Tr, PageMap_, 2 * Tr::kHeadDim> {
   using Base = typename HopperCpAsyncFill::HopperLoaderFill;
   using typename Base::Pipe;
   using typename Base::Pos;
@@ -129,12 +126,7 @@ struct HopperCpAsyncFill
 // 2(P + p), 2(P + p) + 1) overwrite only its own codes. Rows past seq_len and padding columns
 // are copied as zeros.
 template <class Tr, class PageMap_, cuda::Fp8Format kFmt>
-struct HopperConvertFill
-    : HopperLoaderFill<Tr,
-                       cuda::PagedKVTileLoader<Tr::kBlockN, Tr::kHeadDim / 2, cuda::Swizzle128Tile<Tr::kBlockN>,
-                                               cp_async_copy_threads<Tr::kBlockN, Tr::kHeadDim / 32, Tr::kProducerThreads>(),
-                                               PageMap_>,
-                       cp_async_copy_threads<Tr::kBlockN, Tr::kHeadDim / 32, Tr::kProducerThreads>()> {
+struct HopperConvertFill : HopperLoaderFill<Tr, PageMap_, Tr::kHeadDim / 2> {
   static_assert(Tr::kFp8Cache && std::is_same_v<typename Tr::MmaElem, __half>, "fp8 codes become f16 stages");
   // The loader's rows are P chunks (head dim / 2 bytes): each thread's pair p is its chunk, chunk
   // P + p lies half a row of codes further.

@@ -87,9 +87,8 @@ __device__ __forceinline__ void register_epilogue(const VarlenKernelParams& p, c
 }
 
 // fp8 caches with a bf16 Q (the GEMMs run in f16): this warpgroup's 64 rows of the Q buffer (q:
-// their first line, a generic address), converted to f16 in place times the power of two that
-// puts the largest |q| in [2^14, 2^15) (f16 range, exact scaling), which it returns; then fenced
-// for wgmma. s_max: 8 floats of shared memory. By all 128 threads of warpgroup wg (barrier 3 + wg).
+// their first line, a generic address), converted to f16 in place times their
+// cuda::f16_range_factor, which it returns; then fenced for wgmma. s_max: 8 floats of shared memory. By all 128 threads of warpgroup wg (barrier 3 + wg).
 template <class Tr>
 __device__ __forceinline__ float q_rows_to_f16(unsigned char* q, float* s_max, int wg, int wg_tid) {
   constexpr int kChunks = Tr::kHeadDim / 64 * 64 * 8;  // 16-byte chunks: regions x rows x chunks of a line
@@ -106,9 +105,7 @@ __device__ __forceinline__ float q_rows_to_f16(unsigned char* q, float* s_max, i
   if ((wg_tid & 31) == 0) s_max[wg * 4 + wg_tid / 32] = mx;
   cuda::named_bar_sync(3 + wg, 128);
   mx = fmaxf(fmaxf(s_max[wg * 4], s_max[wg * 4 + 1]), fmaxf(s_max[wg * 4 + 2], s_max[wg * 4 + 3]));
-  int e = 0;
-  frexpf(mx, &e);  // mx < 2^e
-  const float factor = (mx > 0.f && mx <= 3.0e38f) ? ldexpf(1.f, 15 - e) : 1.f;
+  const float factor = cuda::f16_range_factor(mx);
   for (int i = wg_tid; i < kChunks; i += 128) {
     uint4 v = *chunk(i);
     for (uint32_t* x : {&v.x, &v.y, &v.z, &v.w}) {

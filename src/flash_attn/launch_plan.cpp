@@ -238,7 +238,7 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
       plan.config.fill = KvFill::tma;
       plan.reason += t.hopper_tma_fill ? "; K/V by TMA (tuning)" : "; K/V by TMA (rows of one 128-byte segment)";
     } else {
-      plan.reason += converts ? "; fp8 K/V converted to f16 through the producer's registers (TMA and cp.async copy bytes)"
+      plan.reason += converts ? "; fp8 K/V copied into their stages by cp.async, converted to f16 there (TMA boxes only copy)"
                      : t.cp_async_fill                ? "; K/V by cp.async (tuning)"
                      : plan.head_dim != f.head_size   ? "; K/V by cp.async (a padded head size has no whole-row boxes)"
                      : !f.tma_geometry                ? "; K/V by cp.async (no TMA map for these K/V)"

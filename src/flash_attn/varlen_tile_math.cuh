@@ -49,9 +49,7 @@ __device__ __forceinline__ float q_tile_to_f16(unsigned char* smem, int tid) {
   mx = 0.f;
 #pragma unroll
   for (int w = 0; w < Tr::kThreads / 32; ++w) mx = fmaxf(mx, s_warp_max[w]);
-  int e = 0;
-  frexpf(mx, &e);  // mx < 2^e
-  const float factor = (mx > 0.f && mx <= 3.0e38f) ? ldexpf(1.f, 15 - e) : 1.f;
+  const float factor = f16_range_factor(mx);
   for (int i = tid; i < Tr::kBlockM * kPairsPerRow; i += Tr::kThreads) {
     uint32_t& v = q[(i / kPairsPerRow) * kPitchPairs + i % kPairsPerRow];
     const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
