@@ -11,10 +11,10 @@
 //   Fill::fix_tail_v(...)        consumers, the item's last V tile: rows past seq_len -> 0
 //   f.pages_fault(p, req)        the block-id guard over the item's pages (metadata_guard.cuh)
 //
-// CpAsyncFill: the producer threads copy 16-byte chunks (cuda/paged_kv_tile.h; all 128 but at
-// head dim 192, cp_async_copy_threads), resolving
-// pages through any page map (block table, page table, contiguous rows); rows past seq_len are
-// zero-filled by the copies themselves. TmaFill: lanes of the producer's warp 0 each own one
+// CpAsyncFill (16-bit rows): each producer thread copies 16-byte chunks of one 16-key group of
+// every tile, one chunk column of it (all 128 threads but at head dim 192: 96), resolving the
+// group's page once per tile through any page map (block table, page table, contiguous rows);
+// rows past seq_len are zero-filled by the copies themselves. TmaFill: lanes of the producer's warp 0 each own one
 // (16-key page group, 128-byte segment) of a tile and copy it as one TMA box (cuda/tensor_map.h,
 // boxes of one segment: the stage is [segment][128 keys][128 bytes], the layout wgmma reads);
 // the other producer threads only load Q. Groups past seq_len are copied from block -1, which
@@ -39,9 +39,9 @@
 
 namespace attnkit::flash_attn {
 
-// The producer warps that copy K/V chunks: all of them where a 16-key group's rows split evenly
-// over their threads (the loader's by-groups pattern, one block-table read per group); else the
-// most whole warps that do (3 at head dim 192: 24 chunks per row, 4 rows per step). The others
+// The producer warps that copy fp8 code chunks (ConvertFill, through PagedKVTileLoader's
+// by-groups pattern: one block-table read per 16-key group a thread touches): all of them where a
+// group's rows split evenly over their threads, else the most whole warps that do. The others
 // only arrive on the full barriers (an arrival without copies lands at once).
 template <int kRows, int kChunksPerRow, int kThreads>
 constexpr int cp_async_copy_threads() {
@@ -53,9 +53,10 @@ constexpr int cp_async_copy_threads() {
   return 0;
 }
 
-// What the two cp.async fills share: the loader of rows of kRowBytes (16-byte chunks) through
-// the page map, the pages of the next tile read ahead, the offsets of the tile in flight, and
-// which producer threads copy.
+// ConvertFill's copy side: the loader of rows of kRowBytes (16-byte chunks) through the page
+// map, the pages of the next tile read ahead, the offsets of the tile in flight, and which
+// producer threads copy. (The 16-bit CpAsyncFill below copies by group columns instead: one page
+// per thread and tile; moving the fp8 fill onto that pattern is open.)
 template <class Tr, class PageMap_, int kRowBytes>
 struct HopperLoaderFill {
   using PageMap = PageMap_;
