@@ -11,6 +11,7 @@
 
 #include "cuda/cp_async.h"
 #include "cuda/fast_divmod.h"
+#include "cuda/tile_copy_layout.h"
 
 namespace attnkit::cuda {
 
@@ -71,15 +72,7 @@ struct PitchedTile {
     return static_cast<uint32_t>(row * kPitchBytes + byte);
   }
 };
-// The 128-byte-swizzled layout wgmma descriptors read (wgmma_sm90.h): 64-column chunks of the
-// row are regions of kRows 128-byte lines, chunks XOR-swizzled by row % 8 inside a line.
-template <int kRows>
-struct Swizzle128Tile {
-  static constexpr int kRowStride = 128;  // for steps of whole swizzle periods (8 rows)
-  __device__ __forceinline__ static uint32_t offset(int row, int chunk) {
-    return static_cast<uint32_t>((chunk >> 3) * (kRows * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
-  }
-};
+// The 128-byte-swizzled layout wgmma descriptors read: Swizzle128Tile (cuda/tile_copy_layout.h).
 
 // kRows keys x kRowBytes bytes per key, copied by kThreads threads in kChunk-byte chunks (16;
 // 4 or 8 for small rows such as NVFP4 block scales, with a PitchedTile layout) into a shared

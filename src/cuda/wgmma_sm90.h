@@ -25,12 +25,6 @@
 
 namespace attnkit::cuda {
 
-// Byte offset of (row, 16-byte chunk `chunk` of the row's 64-column line) in a swizzled tile
-// region of 128-byte rows.
-__host__ __device__ constexpr uint32_t swizzle128_offset(int row, int chunk) {
-  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
-}
-
 // The matrix descriptor of wgmma (PTX ISA "Matrix Descriptor Format"): start address, leading
 // and stride byte offsets (all >> 4), swizzle mode 1 = 128 bytes in bits 62-63. Shared-window
 // addresses are below 256 KB, so the start (bits 0-13) needs no mask, and a descriptor moves

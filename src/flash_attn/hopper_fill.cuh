@@ -97,35 +97,19 @@ struct HopperLoaderFill {
   }
 };
 
-// The threads per 16-key group of the group-column copy (HopperCpAsyncFill): the most that
-// fill whole warps and cover the group's 16 rows in equal row phases of whole chunk columns
-// (16 at head dims 64 / 128, 32 at 256, 24 at 192: three warps of the four copy).
-template <int kGroups, int kChunksPerRow, int kThreads>
-constexpr int group_copy_threads() {
-  for (int t = kThreads / kGroups; t >= 1; --t)
-    if ((t * kGroups) % 32 == 0 && t % kChunksPerRow == 0 && 16 % (t / kChunksPerRow) == 0) return t;
-  return 0;
-}
-
 // CpAsyncFill (16-bit rows): each copying producer thread owns one 16-key group of every tile
-// (one page: block sizes are multiples of 16) and one chunk column of it, rows phase, phase +
-// P, ... (P row phases: 2 at head dim 64, else 1). So a thread reads one block-table entry per
-// tile, one tile ahead, and its copies step by the slot stride: per 16-byte copy a pointer
-// add, a swizzle XOR with a constant and a bounds compare. A warp's copy instruction covers
-// whole rows (16 threads a 256-byte row at head dim 128). K and V share the offsets (equal
-// strides: the launch rule). Rows past seq_len and padding columns are zero-filled.
+// (one page: block sizes are multiples of 16) and one chunk column of it (cuda::GroupColumns:
+// rows phase, phase + P, ..., P = 2 at head dim 64, else 1). So a thread reads one block-table
+// entry per tile, one tile ahead, and its copies step by the slot stride: per 16-byte copy a
+// pointer add, a swizzle XOR with a constant and a bounds compare. A warp's copy instruction
+// covers whole rows (16 threads a 256-byte row at head dim 128). K and V share the offsets
+// (equal strides: the launch rule). Rows past seq_len and padding columns are zero-filled.
 template <class Tr, class PageMap_>
 struct HopperCpAsyncFill {
   using PageMap = PageMap_;
   using Pipe = cuda::Pipeline<Tr::kStages>;
   using Pos = typename Pipe::State;
-  using L = cuda::Swizzle128Tile<Tr::kBlockN>;
-  static constexpr int kChunksPerRow = Tr::kHeadDim / 8, kGroups = Tr::kBlockN / 16;
-  static constexpr int kGroupThreads = group_copy_threads<kGroups, kChunksPerRow, Tr::kProducerThreads>();
-  static_assert(kGroupThreads > 0, "a 16-key group's rows split over whole chunk columns");
-  static constexpr int kCopyThreads = kGroupThreads * kGroups;
-  static constexpr int kPhases = kGroupThreads / kChunksPerRow, kRows = 16 / kPhases;  // per thread and tile
-  static_assert((kPhases & (kPhases - 1)) == 0, "row phases below the swizzle period: a power of two");
+  using Columns = cuda::GroupColumns<Tr::kBlockN, Tr::kHeadDim / 8, Tr::kProducerThreads>;
   static constexpr uint32_t kFullArrivals = Tr::kProducerThreads;
   static constexpr int kProducerRegs = Tr::kProducerRegs, kConsumerRegs = Tr::kConsumerRegs;
 
@@ -137,7 +121,7 @@ struct HopperCpAsyncFill {
   int first_key, n, seq_len;
   int group, rows_left0;   // this thread's group; its rows left at tile 0 (0: a padding column)
   int32_t row_off;         // its phase's row and its column, in bytes from its group's first slot
-  uint32_t dst0;           // its first row's chunk in a stage (the later rows XOR their phase bits in)
+  uint32_t dst0;           // where its first copy lands in a stage (Columns::at steps from there)
   int32_t blk_next = 0;    // its group's block id in the next tile to copy (read one tile ahead)
   int64_t src = 0;         // its first row in the tile being copied, bytes from a side's head base
   bool copying;
@@ -147,13 +131,13 @@ struct HopperCpAsyncFill {
         v_base(static_cast<const char*>(p.v_cache) + w.kv_head * p.v_stride_head),
         pages(page_map_for<PageMap>(p, w)), block_size(p.block_size), stride_block(p.k_stride_block),
         stride_slot(p.k_stride_slot), first_key(w.first_key), n(n_), seq_len(w.seq_len),
-        copying(kCopyThreads == Tr::kProducerThreads || ptid < kCopyThreads) {
-    group = ptid / kGroupThreads;
-    const int u = ptid % kGroupThreads, column = u % kChunksPerRow, phase = u / kChunksPerRow;
-    const bool in_row = column * 16 < p.kv_row_bytes;
-    rows_left0 = in_row ? seq_len - first_key - 16 * group - phase : 0;
-    row_off = phase * stride_slot + (in_row ? column * 16 : 0);
-    dst0 = L::offset(16 * group + phase, column);
+        copying(Columns::kThreads == Tr::kProducerThreads || ptid < Columns::kThreads) {
+    const typename Columns::Column c = Columns::of(ptid);
+    const bool in_row = c.column * 16 < p.kv_row_bytes;
+    group = c.group;
+    rows_left0 = in_row ? seq_len - first_key - Columns::row(c, 0) : 0;
+    row_off = c.phase * stride_slot + (in_row ? c.column * 16 : 0);
+    dst0 = Columns::first(c);
     if (copying) blk_next = page(0);
   }
   __device__ __forceinline__ static void prefetch_maps(const VarlenKernelParams&) {}
@@ -188,18 +172,14 @@ struct HopperCpAsyncFill {
     return key < seq_len ? key : 0;
   }
   __device__ __forceinline__ int32_t page(int t) const { return pages.at(block_size.div(group_key(t))); }
-  // This thread's rows of tile t from a side's head base into stage dst: row phase + P i lies
-  // i P lines below the first, its chunk swizzled by the row's low bits, whose phase part is
-  // in dst0 and the rest a constant XOR.
+  // This thread's rows of tile t from a side's head base into stage dst (1024-byte aligned).
   __device__ __forceinline__ void copy(const char* head_base, int t, uint32_t dst) const {
     const char* row = head_base + src;
     const int rows_left = rows_left0 - t * Tr::kBlockN;
-    const uint32_t d = dst + dst0;
 #pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      const uint32_t at = (d ^ (((i * kPhases) & 7) << 4)) + i * kPhases * L::kRowStride;
-      cuda::cp_async_16(at, row, i * kPhases < rows_left);
-      row += kPhases * stride_slot;
+    for (int i = 0; i < Columns::kRowsPerThread; ++i) {
+      cuda::cp_async_16(Columns::at(dst + dst0, i), row, i * Columns::kPhases < rows_left);
+      row += Columns::kPhases * stride_slot;
     }
   }
 };

@@ -1,0 +1,69 @@
+// Where the rows of a K/V (or Q) tile land in shared memory in the 128-byte-swizzled layout that
+// wgmma descriptors read (wgmma_sm90.h), and which rows and chunks of a K/V tile each producer
+// thread copies in the group-column pattern (flash_attn/hopper_fill.cuh HopperCpAsyncFill).
+// Host and device code: the CPU tests (tests/tile_copy_layout_test.cpp) check that the pattern
+// covers every chunk of a tile once and that its per-copy address steps land where the swizzle
+// says, at every hopper tile shape.
+#pragma once
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define ATTNKIT_LAYOUT_FN __host__ __device__ __forceinline__ static constexpr
+#else
+#define ATTNKIT_LAYOUT_FN static constexpr
+#endif
+
+namespace attnkit::cuda {
+
+// 64-column chunks of a row are regions of kRows 128-byte lines; inside a line the 16-byte chunks
+// are XOR-swizzled by row % 8. Tiles start 1024-byte aligned (the swizzle period).
+template <int kRows>
+struct Swizzle128Tile {
+  static constexpr int kRowStride = 128;  // for steps of whole swizzle periods (8 rows)
+  ATTNKIT_LAYOUT_FN uint32_t offset(int row, int chunk) {
+    return static_cast<uint32_t>((chunk >> 3) * (kRows * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+  }
+};
+
+// A tile of kTileRows keys (whole 16-key groups: one page each, as block sizes are multiples of
+// 16) of kChunksPerRow 16-byte chunks per row, copied by at most kMaxThreads threads: each
+// copying thread owns one group and one chunk column of it, rows phase, phase + kPhases, ...
+// kGroupThreads (threads per group) is the most that fill whole warps and split a group into
+// whole chunk columns and equal row phases: 16 at 128 keys x 8 or 16 chunks (head dims 64 /
+// 128: 2 and 1 phases), 32 at 64 keys x 32 chunks (256), 24 at 64 keys x 24 chunks (192: three
+// warps of four copy).
+template <int kTileRows, int kChunksPerRow, int kMaxThreads>
+struct GroupColumns {
+  static constexpr int kGroups = kTileRows / 16;
+  static_assert(kTileRows % 16 == 0, "tiles are whole 16-key groups");
+  ATTNKIT_LAYOUT_FN int group_threads() {
+    for (int t = kMaxThreads / kGroups; t >= 1; --t)
+      if ((t * kGroups) % 32 == 0 && t % kChunksPerRow == 0 && 16 % (t / kChunksPerRow) == 0) return t;
+    return 0;
+  }
+  static constexpr int kGroupThreads = group_threads();
+  static_assert(kGroupThreads > 0, "a 16-key group's rows split over whole chunk columns and warps");
+  static constexpr int kThreads = kGroupThreads * kGroups;  // the first kThreads threads copy
+  static constexpr int kPhases = kGroupThreads / kChunksPerRow;
+  static constexpr int kRowsPerThread = 16 / kPhases;  // copies per thread and tile
+  static_assert((kPhases & (kPhases - 1)) == 0, "row phases below the swizzle period: a power of two");
+
+  struct Column {
+    int group, column, phase;
+  };
+  ATTNKIT_LAYOUT_FN Column of(int tid) {
+    return {tid / kGroupThreads, tid % kGroupThreads % kChunksPerRow, tid % kGroupThreads / kChunksPerRow};
+  }
+  // The tile row of the thread's copy i.
+  ATTNKIT_LAYOUT_FN int row(const Column& c, int i) { return 16 * c.group + c.phase + i * kPhases; }
+  // Where its first copy lands in the swizzled tile (bytes from the tile).
+  ATTNKIT_LAYOUT_FN uint32_t first(const Column& c) { return Swizzle128Tile<kTileRows>::offset(row(c, 0), c.column); }
+  // Where copy i lands, from the first's address `at0` (tile aligned to 1024 bytes): row phase +
+  // kPhases i has the row bits of the phase, which at0 holds, and (i kPhases) % 8 above them,
+  // one XOR with a constant; the row itself is a constant step.
+  ATTNKIT_LAYOUT_FN uint32_t at(uint32_t at0, int i) {
+    return (at0 ^ static_cast<uint32_t>(((i * kPhases) & 7) << 4)) + static_cast<uint32_t>(i * kPhases * 128);
+  }
+};
+
+}  // namespace attnkit::cuda

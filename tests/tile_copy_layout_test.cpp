@@ -1,0 +1,87 @@
+// The group-column copy pattern of the hopper producer's cp.async fill (src/cuda/tile_copy_layout.h):
+// at every hopper tile shape, the copying threads cover each (row, chunk) of a K/V tile exactly
+// once, each copy's address (first address + Columns::at's XOR and step) is where the 128-byte
+// swizzle puts that chunk, and the pattern's thread counts are the ones the kernel relies on.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cuda/tile_copy_layout.h"
+#include "flash_attn/tile_set.h"
+
+namespace {
+
+using attnkit::cuda::GroupColumns;
+using attnkit::cuda::Swizzle128Tile;
+
+template <int kTileRows, int kChunksPerRow, int kMaxThreads>
+void check_pattern(int expect_group_threads, int expect_phases) {
+  using C = GroupColumns<kTileRows, kChunksPerRow, kMaxThreads>;
+  const std::string shape = std::to_string(kTileRows) + " rows x " + std::to_string(kChunksPerRow) + " chunks";
+  EXPECT_EQ(C::kGroupThreads, expect_group_threads) << shape;
+  EXPECT_EQ(C::kPhases, expect_phases) << shape;
+  EXPECT_LE(C::kThreads, kMaxThreads) << shape;
+  EXPECT_EQ(C::kThreads % 32, 0) << shape << ": whole warps copy";
+  std::vector<int> hits(static_cast<size_t>(kTileRows) * kChunksPerRow, 0);
+  std::set<uint32_t> addresses;
+  int wrong = 0;
+  std::string first_wrong;
+  for (int tid = 0; tid < C::kThreads; ++tid) {
+    const auto c = C::of(tid);
+    const uint32_t first = C::first(c);
+    for (int i = 0; i < C::kRowsPerThread; ++i) {
+      const int row = C::row(c, i);
+      ASSERT_TRUE(row >= 0 && row < kTileRows && row / 16 == c.group)
+          << shape << " tid " << tid << " copy " << i << ": row " << row << " outside its group " << c.group;
+      ++hits[static_cast<size_t>(row) * kChunksPerRow + c.column];
+      // The tile starts 1024-byte aligned in a stage; two such bases.
+      for (uint32_t base : {0u, 5u * 1024u}) {
+        const uint32_t got = C::at(base + first, i), want = base + Swizzle128Tile<kTileRows>::offset(row, c.column);
+        if (got != want && wrong++ == 0)
+          first_wrong = "tid " + std::to_string(tid) + " copy " + std::to_string(i) + " (row " + std::to_string(row) +
+                        ", chunk " + std::to_string(c.column) + ", base " + std::to_string(base) + "): " +
+                        std::to_string(got) + " instead of " + std::to_string(want);
+      }
+      addresses.insert(C::at(first, i));
+    }
+  }
+  EXPECT_EQ(wrong, 0) << shape << ": wrong addresses, the first at " << first_wrong;
+  int bad = 0;
+  std::string first_bad;
+  for (int r = 0; r < kTileRows; ++r)
+    for (int ch = 0; ch < kChunksPerRow; ++ch) {
+      const int n = hits[static_cast<size_t>(r) * kChunksPerRow + ch];
+      if (n != 1 && bad++ == 0)
+        first_bad = "row " + std::to_string(r) + ", chunk " + std::to_string(ch) + " copied " + std::to_string(n) + " times";
+    }
+  EXPECT_EQ(bad, 0) << shape << ": chunks not copied exactly once, the first: " << first_bad;
+  EXPECT_EQ(addresses.size(), hits.size()) << shape << ": distinct destinations";
+}
+
+// The hopper tiles (flash_attn/tile_set.h): 128 keys at head dims 64 / 128, 64 keys at 192 / 256;
+// 128 producer threads; rows of head dim / 8 chunks of 16-bit values.
+TEST(TileCopyLayout, GroupColumnsCoverEveryHopperTileOnce) {
+  using attnkit::flash_attn::CacheKind;
+  using attnkit::flash_attn::TileId;
+  using attnkit::flash_attn::tile_config;
+  static_assert(tile_config(TileId::hopper, 64, CacheKind::b16).keys == 128);
+  static_assert(tile_config(TileId::hopper, 128, CacheKind::b16).keys == 128);
+  static_assert(tile_config(TileId::hopper, 192, CacheKind::b16).keys == 64);
+  static_assert(tile_config(TileId::hopper, 256, CacheKind::b16).keys == 64);
+  check_pattern<128, 8, 128>(16, 2);   // head dim 64
+  check_pattern<128, 16, 128>(16, 1);  // 128
+  check_pattern<64, 24, 128>(24, 1);   // 192: 96 threads copy
+  check_pattern<64, 32, 128>(32, 1);   // 256
+}
+
+// Shapes the kernel does not use: the rule still yields a cover where it yields a pattern.
+TEST(TileCopyLayout, GroupColumnsOtherShapes) {
+  check_pattern<64, 8, 128>(32, 4);   // 64 keys x 8 chunks: 4 row phases
+  check_pattern<128, 4, 128>(16, 4);  // 128 keys x 4 chunks
+  check_pattern<32, 16, 64>(32, 2);   // 32 keys, 64 threads
+}
+
+}  // namespace
