@@ -14,8 +14,8 @@
 // CpAsyncFill (16-bit rows): each producer thread copies 16-byte chunks of one 16-key group of
 // every tile, one chunk column of it (all 128 threads but at head dim 192: 96), resolving the
 // group's page once per tile through any page map (block table, page table, contiguous rows);
-// rows past seq_len are zero-filled by the copies themselves. TmaFill: lanes of the producer's warp 0 each own one
-// (16-key page group, 128-byte segment) of a tile and copy it as one TMA box (cuda/tensor_map.h,
+// rows past seq_len are zero-filled by the copies themselves. TmaFill: lanes of the producer's
+// warp 0 each own one (16-key page group, 128-byte segment) of a tile and copy it as one TMA box (cuda/tensor_map.h,
 // boxes of one segment: the stage is [segment][128 keys][128 bytes], the layout wgmma reads);
 // the other producer threads only load Q. Groups past seq_len are copied from block -1, which
 // the map's bounds turn into zeros without a read; a block id outside the cache is read as
