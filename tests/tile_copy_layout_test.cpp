@@ -2,6 +2,8 @@
 // at every hopper tile shape, the copying threads cover each (row, chunk) of a K/V tile exactly
 // once, each copy's address (first address + Columns::at's XOR and step) is where the 128-byte
 // swizzle puts that chunk, and the pattern's thread counts are the ones the kernel relies on.
+// The fp8 convert fill walks the same pattern over chunk pairs: its f16 outputs cover every
+// chunk of a tile once, at the addresses the swizzle says.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -82,6 +84,70 @@ TEST(TileCopyLayout, GroupColumnsOtherShapes) {
   check_pattern<64, 8, 128>(32, 4);   // 64 keys x 8 chunks: 4 row phases
   check_pattern<128, 4, 128>(16, 4);  // 128 keys x 4 chunks
   check_pattern<32, 16, 64>(32, 2);   // 32 keys, 64 threads
+}
+
+// The fp8 convert fill (flash_attn/hopper_fill.cuh HopperConvertFill): columns are chunk pairs p
+// (P = head dim / 32); the thread of pair p writes the f16 row chunks 2p, 2p + 1 (from code
+// chunk p) and 2(P + p), 2(P + p) + 1 (code chunk P + p, converted in place), stepping from its
+// first row's chunks 2(P + p) and 2p by Columns::at, the odd chunk by flipping bit 4.
+template <int kTileRows, int kPairs, int kMaxThreads>
+void check_pair_pattern(int expect_group_threads, int expect_phases) {
+  using C = GroupColumns<kTileRows, kPairs, kMaxThreads>;
+  using L = Swizzle128Tile<kTileRows>;
+  constexpr int kChunks = 4 * kPairs;  // 16-bit row chunks
+  const std::string shape = std::to_string(kTileRows) + " rows x " + std::to_string(kPairs) + " pairs";
+  EXPECT_EQ(C::kGroupThreads, expect_group_threads) << shape;
+  EXPECT_EQ(C::kPhases, expect_phases) << shape;
+  EXPECT_EQ(C::kThreads % 32, 0) << shape << ": whole warps copy";
+  std::vector<int> hits(static_cast<size_t>(kTileRows) * kChunks, 0);
+  int wrong = 0;
+  std::string first_wrong;
+  for (int tid = 0; tid < C::kThreads; ++tid) {
+    const auto c = C::of(tid);
+    const uint32_t hi0 = L::offset(C::row(c, 0), 2 * (kPairs + c.column)), lo0 = L::offset(C::row(c, 0), 2 * c.column);
+    for (int i = 0; i < C::kRowsPerThread; ++i) {
+      const int row = C::row(c, i);
+      ASSERT_TRUE(row >= 0 && row < kTileRows && row / 16 == c.group) << shape << " tid " << tid << " copy " << i;
+      for (uint32_t base : {0u, 3u * 1024u}) {
+        const uint32_t hi = C::at(base + hi0, i), lo = C::at(base + lo0, i);
+        const int chunks[4] = {2 * (kPairs + c.column), 2 * (kPairs + c.column) + 1, 2 * c.column, 2 * c.column + 1};
+        const uint32_t got[4] = {hi, hi ^ 16u, lo, lo ^ 16u};
+        for (int k = 0; k < 4; ++k) {
+          const uint32_t want = base + L::offset(row, chunks[k]);
+          if (got[k] != want && wrong++ == 0)
+            first_wrong = "tid " + std::to_string(tid) + " copy " + std::to_string(i) + " (row " + std::to_string(row) +
+                          ", chunk " + std::to_string(chunks[k]) + ", base " + std::to_string(base) +
+                          "): " + std::to_string(got[k]) + " instead of " + std::to_string(want);
+          if (base == 0) ++hits[static_cast<size_t>(row) * kChunks + chunks[k]];
+        }
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0) << shape << ": wrong addresses, the first at " << first_wrong;
+  int bad = 0;
+  std::string first_bad;
+  for (int r = 0; r < kTileRows; ++r)
+    for (int ch = 0; ch < kChunks; ++ch) {
+      const int n = hits[static_cast<size_t>(r) * kChunks + ch];
+      if (n != 1 && bad++ == 0)
+        first_bad = "row " + std::to_string(r) + ", chunk " + std::to_string(ch) + " written " + std::to_string(n) + " times";
+    }
+  EXPECT_EQ(bad, 0) << shape << ": f16 chunks not written exactly once, the first: " << first_bad;
+}
+
+// The fp8 hopper tiles: the 16-bit tiles' keys; 96 threads copy at head dim 192.
+TEST(TileCopyLayout, ConvertPairsCoverEveryFp8HopperTileOnce) {
+  using attnkit::flash_attn::CacheKind;
+  using attnkit::flash_attn::TileId;
+  using attnkit::flash_attn::tile_config;
+  static_assert(tile_config(TileId::hopper, 64, CacheKind::fp8).keys == 128);
+  static_assert(tile_config(TileId::hopper, 128, CacheKind::fp8).keys == 128);
+  static_assert(tile_config(TileId::hopper, 192, CacheKind::fp8).keys == 64);
+  static_assert(tile_config(TileId::hopper, 256, CacheKind::fp8).keys == 64);
+  check_pair_pattern<128, 2, 128>(16, 8);  // head dim 64
+  check_pair_pattern<128, 4, 128>(16, 4);  // 128
+  check_pair_pattern<64, 6, 128>(24, 4);   // 192: 96 threads copy
+  check_pair_pattern<64, 8, 128>(32, 4);   // 256
 }
 
 }  // namespace

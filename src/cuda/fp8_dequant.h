@@ -34,6 +34,24 @@ __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t two_codes) {
   }
 }
 
+// Four codes (one word, low byte first) -> two f16x2 words: lo holds codes 0 and 1, hi codes 2
+// and 3. The same values as fp8x2_to_f16x2 of the word and of the word >> 16; e4m3 converts the
+// upper half word where it is (F2FP's .H1 operand: ptxas 13.0 does not fold the shift of
+// `x >> 16` into it, and the shift cost one instruction per two codes).
+template <Fp8Format kFmt>
+__device__ __forceinline__ void fp8x4_to_f16x4(uint32_t four, uint32_t& lo, uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if constexpr (kFmt == Fp8Format::e4m3) {
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}"
+        : "=r"(lo), "=r"(hi)
+        : "r"(four));
+    return;
+  }
+#endif
+  lo = fp8x2_to_f16x2<kFmt>(four);
+  hi = fp8x2_to_f16x2<kFmt>(four >> 16);
+}
+
 // With an fp8 cache the MMAs run in f16, so a bf16 Q tile is converted to f16 times a power of
 // two: the one that puts the tile's largest |q| (max_abs) in [2^14, 2^15), f16's top octave
 // (exact scaling; 1 for an all-zero or non-finite tile). The caller divides the softmax scale by it.

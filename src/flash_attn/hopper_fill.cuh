@@ -33,83 +33,26 @@
 #include "cuda/paged_kv_tile.h"
 #include "cuda/pipeline_sm90.h"
 #include "cuda/sync_sm90.h"
+#include "cuda/tile_copy_layout.h"
 #include "cuda/tma_sm90.h"
 #include "cuda/wgmma_sm90.h"
 #include "flash_attn/varlen_schedule.cuh"
 
 namespace attnkit::flash_attn {
 
-// The producer warps that copy fp8 code chunks (ConvertFill, through PagedKVTileLoader's
-// by-groups pattern: one block-table read per 16-key group a thread touches): all of them where a
-// group's rows split evenly over their threads, else the most whole warps that do. The others
-// only arrive on the full barriers (an arrival without copies lands at once).
-template <int kRows, int kChunksPerRow, int kThreads>
-constexpr int cp_async_copy_threads() {
-  for (int t = kThreads; t >= 32; t -= 32) {
-    const int rows_per_step = t / kChunksPerRow;
-    if (t % kChunksPerRow == 0 && (kRows * kChunksPerRow) % t == 0 && (rows_per_step >= 16 || 16 % rows_per_step == 0))
-      return t;
-  }
-  return 0;
-}
-
-// ConvertFill's copy side: the loader of rows of kRowBytes (16-byte chunks) through the page
-// map, the pages of the next tile read ahead, the offsets of the tile in flight, and which
-// producer threads copy. (The 16-bit CpAsyncFill below copies by group columns instead: one page
-// per thread and tile; moving the fp8 fill onto that pattern is open.)
-template <class Tr, class PageMap_, int kRowBytes>
-struct HopperLoaderFill {
+// What both cp.async fills share: the group-column walk (cuda::GroupColumns over the tile's
+// columns: 16-byte chunks for 16-bit rows, chunk pairs for fp8 codes). Each copying producer
+// thread owns one 16-key group of every K/V tile (one page: block sizes are multiples of 16) and
+// one column of it, rows phase, phase + P, ... So it reads one block-table entry per tile, one
+// tile ahead, and computes one 64-bit offset (start_tile); K and V share it (equal strides: the
+// launch rule). Its copies then step by the slot stride in global memory and by Columns::at in
+// the stage. Rows past seq_len and padding columns are zero-filled by the copies.
+template <class Tr, class PageMap_, class Columns_>
+struct HopperGroupFill {
   using PageMap = PageMap_;
-  static constexpr int kCopyThreads = cp_async_copy_threads<Tr::kBlockN, kRowBytes / 16, Tr::kProducerThreads>();
-  static_assert(kCopyThreads > 0, "a head dim whose rows split over whole producer warps");
-  using Loader =
-      cuda::PagedKVTileLoader<Tr::kBlockN, kRowBytes, cuda::Swizzle128Tile<Tr::kBlockN>, kCopyThreads, PageMap>;
-  static constexpr bool kAllCopy = kCopyThreads == Tr::kProducerThreads;
+  using Columns = Columns_;
   using Pipe = cuda::Pipeline<Tr::kStages>;
   using Pos = typename Pipe::State;
-  static constexpr uint32_t kFullArrivals = Tr::kProducerThreads;
-  static constexpr int kProducerRegs = Tr::kProducerRegs, kConsumerRegs = Tr::kConsumerRegs;
-
-  Loader loader;
-  typename Loader::Pages pages;  // tile t + 1's, once k(t) ran
-  typename Loader::Offsets prev{};  // tile t's, for v(t): K and V share strides (launch rule)
-  int first_key, n, ptid;
-
-  __device__ __forceinline__ HopperLoaderFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid_)
-      : loader(kv_loader_for<Loader>(p, w)), first_key(w.first_key), n(n_), ptid(ptid_) {
-    if (copies()) pages = loader.pages(first_key, ptid);
-  }
-  __device__ __forceinline__ static void prefetch_maps(const VarlenKernelParams&) {}
-  __device__ __forceinline__ static void drain() {}
-  __device__ __forceinline__ static void fix_tail_v(unsigned char*, int, int, int) {}  // (zero-filled)
-  __device__ __forceinline__ int key(int t) const { return first_key + t * Tr::kBlockN; }
-  // Whether this producer thread copies chunks (a constant where all do).
-  __device__ __forceinline__ bool copies() const { return kAllCopy || ptid < kCopyThreads; }
-  // K of tile t: its offsets from the pages read ahead; then tile t + 1's pages.
-  __device__ __forceinline__ void take_offsets(int t) {
-    prev = loader.offsets(loader.k, key(t), pages, ptid);
-    if (t + 1 < n) pages = loader.pages(key(t + 1), ptid);  // (its latency hides under the next waits)
-  }
-  // The block-id guard over the item's n tiles (cuda/metadata_guard.cuh), this thread's share.
-  __device__ __forceinline__ bool pages_fault(const VarlenKernelParams& p, int req) const {
-    return cuda::pages_fault(loader.page_map, loader.block_size, first_key, key(n), loader.seq_len, req, p.errors, ptid,
-                             Tr::kProducerThreads);
-  }
-};
-
-// CpAsyncFill (16-bit rows): each copying producer thread owns one 16-key group of every tile
-// (one page: block sizes are multiples of 16) and one chunk column of it (cuda::GroupColumns:
-// rows phase, phase + P, ..., P = 2 at head dim 64, else 1). So a thread reads one block-table
-// entry per tile, one tile ahead, and its copies step by the slot stride: per 16-byte copy a
-// pointer add, a swizzle XOR with a constant and a bounds compare. A warp's copy instruction
-// covers whole rows (16 threads a 256-byte row at head dim 128). K and V share the offsets
-// (equal strides: the launch rule). Rows past seq_len and padding columns are zero-filled.
-template <class Tr, class PageMap_>
-struct HopperCpAsyncFill {
-  using PageMap = PageMap_;
-  using Pipe = cuda::Pipeline<Tr::kStages>;
-  using Pos = typename Pipe::State;
-  using Columns = cuda::GroupColumns<Tr::kBlockN, Tr::kHeadDim / 8, Tr::kProducerThreads>;
   static constexpr uint32_t kFullArrivals = Tr::kProducerThreads;
   static constexpr int kProducerRegs = Tr::kProducerRegs, kConsumerRegs = Tr::kConsumerRegs;
 
@@ -121,48 +64,43 @@ struct HopperCpAsyncFill {
   int first_key, n, seq_len;
   int group, rows_left0;   // this thread's group; its rows left at tile 0 (0: a padding column)
   int32_t row_off;         // its phase's row and its column, in bytes from its group's first slot
-  uint32_t dst0;           // where its first copy lands in a stage (Columns::at steps from there)
   int32_t blk_next = 0;    // its group's block id in the next tile to copy (read one tile ahead)
   int64_t src = 0;         // its first row in the tile being copied, bytes from a side's head base
   bool copying;
 
-  __device__ __forceinline__ HopperCpAsyncFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid)
+  // col: this thread's column (Columns::of); column_bytes: where the column starts in a cache
+  // row (a padding column, past the row's bytes, copies zeros).
+  __device__ __forceinline__ HopperGroupFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid,
+                                             const typename Columns::Column& col, int column_bytes)
       : k_base(static_cast<const char*>(p.k_cache) + w.kv_head * p.k_stride_head),
         v_base(static_cast<const char*>(p.v_cache) + w.kv_head * p.v_stride_head),
         pages(page_map_for<PageMap>(p, w)), block_size(p.block_size), stride_block(p.k_stride_block),
-        stride_slot(p.k_stride_slot), first_key(w.first_key), n(n_), seq_len(w.seq_len),
+        stride_slot(p.k_stride_slot), first_key(w.first_key), n(n_), seq_len(w.seq_len), group(col.group),
         copying(Columns::kThreads == Tr::kProducerThreads || ptid < Columns::kThreads) {
-    const typename Columns::Column c = Columns::of(ptid);
-    const bool in_row = c.column * 16 < p.kv_row_bytes;
-    group = c.group;
-    rows_left0 = in_row ? seq_len - first_key - Columns::row(c, 0) : 0;
-    row_off = c.phase * stride_slot + (in_row ? c.column * 16 : 0);
-    dst0 = Columns::first(c);
+    const bool in_row = column_bytes < p.kv_row_bytes;
+    rows_left0 = in_row ? seq_len - first_key - Columns::row(col, 0) : 0;
+    row_off = col.phase * stride_slot + (in_row ? column_bytes : 0);
     if (copying) blk_next = page(0);
   }
   __device__ __forceinline__ static void prefetch_maps(const VarlenKernelParams&) {}
-  __device__ __forceinline__ static void drain() {}
   __device__ __forceinline__ static void fix_tail_v(unsigned char*, int, int, int) {}  // (zero-filled)
-  // K of tile t: its group's offset from the block read ahead; then tile t + 1's block.
-  __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
-    if (copying) {
-      const int key = group_key(t);
-      src = static_cast<int64_t>(pages.readable(blk_next)) * stride_block +
-            ((key - block_size.div(key) * block_size.divisor) * stride_slot + row_off);
-      if (t + 1 < n) blk_next = page(t + 1);  // (its latency hides under the next waits)
-      copy(k_base, t, dst);
-    }
-    pipe.commit_cp_async(at);
-  }
-  __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
-    if (copying) copy(v_base, t, dst);
-    pipe.commit_cp_async(at);
-  }
   // The block-id guard over the item's n tiles (cuda/metadata_guard.cuh), this thread's share.
   __device__ __forceinline__ bool pages_fault(const VarlenKernelParams& p, int req) const {
     return cuda::pages_fault(pages, block_size, first_key, first_key + n * Tr::kBlockN, seq_len, req, p.errors,
                              static_cast<int>(threadIdx.x % 128), 128);
   }
+
+ protected:
+  // K of tile t (a copying thread): its group's offset from the block read ahead; then tile t +
+  // 1's block (its latency hides under the next waits).
+  __device__ __forceinline__ void start_tile(int t) {
+    const int key = group_key(t);
+    src = static_cast<int64_t>(pages.readable(blk_next)) * stride_block +
+          ((key - block_size.div(key) * block_size.divisor) * stride_slot + row_off);
+    if (t + 1 < n) blk_next = page(t + 1);
+  }
+  // Its rows of tile t left before seq_len (row i of its column is in when i * P < this).
+  __device__ __forceinline__ int rows_left(int t) const { return rows_left0 - t * Tr::kBlockN; }
 
  private:
   // The first key of this thread's group in tile t, or key 0 (always backed by a block) past
@@ -172,14 +110,48 @@ struct HopperCpAsyncFill {
     return key < seq_len ? key : 0;
   }
   __device__ __forceinline__ int32_t page(int t) const { return pages.at(block_size.div(group_key(t))); }
+};
+
+// CpAsyncFill (16-bit rows): group columns of 16-byte chunks (P = 2 row phases at head dim 64,
+// else 1; all 128 producer threads copy but at head dim 192: 96). Per 16-byte copy a pointer
+// add, a swizzle XOR with a constant and a bounds compare; a warp's copy instruction covers
+// whole rows (16 threads a 256-byte row at head dim 128).
+template <class Tr, class PageMap_>
+struct HopperCpAsyncFill
+    : HopperGroupFill<Tr, PageMap_, cuda::GroupColumns<Tr::kBlockN, Tr::kHeadDim / 8, Tr::kProducerThreads>> {
+  using Base = typename HopperCpAsyncFill::HopperGroupFill;
+  using typename Base::Columns;
+  using typename Base::Pipe;
+  using typename Base::Pos;
+  uint32_t dst0;  // where its first copy lands in a stage (Columns::at steps from there)
+
+  __device__ __forceinline__ HopperCpAsyncFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid)
+      : HopperCpAsyncFill(p, w, n_, ptid, Columns::of(ptid)) {}
+  __device__ __forceinline__ static void drain() {}
+  __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
+    if (this->copying) {
+      this->start_tile(t);
+      copy(this->k_base, t, dst);
+    }
+    pipe.commit_cp_async(at);
+  }
+  __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
+    if (this->copying) copy(this->v_base, t, dst);
+    pipe.commit_cp_async(at);
+  }
+
+ private:
+  __device__ __forceinline__ HopperCpAsyncFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid,
+                                               const typename Columns::Column& c)
+      : Base(p, w, n_, ptid, c, c.column * 16), dst0(Columns::first(c)) {}
   // This thread's rows of tile t from a side's head base into stage dst (1024-byte aligned).
   __device__ __forceinline__ void copy(const char* head_base, int t, uint32_t dst) const {
-    const char* row = head_base + src;
-    const int rows_left = rows_left0 - t * Tr::kBlockN;
+    const char* row = head_base + this->src;
+    const int rows_left = this->rows_left(t);
 #pragma unroll
     for (int i = 0; i < Columns::kRowsPerThread; ++i) {
       cuda::cp_async_16(Columns::at(dst + dst0, i), row, i * Columns::kPhases < rows_left);
-      row += Columns::kPhases * stride_slot;
+      row += Columns::kPhases * this->stride_slot;
     }
   }
 };
@@ -189,39 +161,37 @@ struct HopperCpAsyncFill {
 // scales fold in elsewhere) in place by the thread that copied them, which then arrives on the
 // full barrier. A call copies its side and converts the side before it (whose copies flew
 // while this call's stage was acquired); drain() converts an item's last side. In place
-// without a barrier: a thread owns code chunks p and P + p of its rows (P = head dim / 32, a
-// row's codes are 2P chunks) and copies chunk P + p to 16-bit row chunk 2(P + p), chunk p to
-// 2(P + p) + 1 (both in the row's upper half), so its outputs (row chunks 2p, 2p + 1 and
-// 2(P + p), 2(P + p) + 1) overwrite only its own codes. Rows past seq_len and padding columns
-// are copied as zeros.
+// without a barrier: the group columns are chunk pairs (P = head dim / 32 of them, a row's
+// codes being 2P chunks): the thread of pair p copies code chunk P + p to 16-bit row chunk
+// 2(P + p), chunk p to 2(P + p) + 1 (both in the row's upper half), so its outputs (row chunks
+// 2p, 2p + 1 and 2(P + p), 2(P + p) + 1) overwrite only its own codes. Row phases 8 / 4 / 4 /
+// 4 at head dims 64 / 128 / 192 / 256 (96 threads copy at 192).
 template <class Tr, class PageMap_, cuda::Fp8Format kFmt>
-struct HopperConvertFill : HopperLoaderFill<Tr, PageMap_, Tr::kHeadDim / 2> {
+struct HopperConvertFill
+    : HopperGroupFill<Tr, PageMap_, cuda::GroupColumns<Tr::kBlockN, Tr::kHeadDim / 32, Tr::kProducerThreads>> {
   static_assert(Tr::kFp8Cache && std::is_same_v<typename Tr::MmaElem, __half>, "fp8 codes become f16 stages");
-  // The loader's rows are P chunks (head dim / 2 bytes): each thread's pair p is its chunk, chunk
-  // P + p lies half a row of codes further.
-  using Base = typename HopperConvertFill::HopperLoaderFill;
-  using typename Base::Loader;
+  using Base = typename HopperConvertFill::HopperGroupFill;
+  using typename Base::Columns;
   using typename Base::Pipe;
   using typename Base::Pos;
   static constexpr int kPairs = Tr::kHeadDim / 32;  // P
-  static_assert(Loader::kByGroups && Loader::kRowsPerIter % 8 == 0, "16-key groups, rows a swizzle period apart");
+  using L = cuda::Swizzle128Tile<Tr::kBlockN>;
 
-  int row0, pair, row_bytes;
+  uint32_t hi0, lo0;  // its first row's chunks 2(P + p) (codes in, then f16) and 2p (f16 out) in a stage
+  bool hi_in;         // code chunk P + p inside the row (else zeros)
   uint32_t pending = 0, pending_bar = 0;  // the side copied last: its stage, its full barrier
 
-  __device__ __forceinline__ HopperConvertFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid_)
-      : Base(p, w, n_, ptid_), row0(ptid_ / kPairs), pair(ptid_ % kPairs), row_bytes(p.kv_row_bytes) {
-    this->loader.row_bytes = Tr::kHeadDim / 2;  // (every pair's offset; the real row bytes are checked per chunk)
-  }
+  __device__ __forceinline__ HopperConvertFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid)
+      : HopperConvertFill(p, w, n_, ptid, Columns::of(ptid)) {}
   __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
-    if (this->copies()) {
-      this->take_offsets(t);
-      copy(this->loader.k.head_base, this->key(t), dst);
+    if (this->copying) {
+      this->start_tile(t);
+      copy(this->k_base, t, dst);
     }
     next(dst, pipe.full(at));
   }
   __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
-    if (this->copies()) copy(this->loader.v.head_base, this->key(t), dst);
+    if (this->copying) copy(this->v_base, t, dst);
     next(dst, pipe.full(at));
   }
   // The item's last side: its copies landed, converted, arrived.
@@ -231,7 +201,10 @@ struct HopperConvertFill : HopperLoaderFill<Tr, PageMap_, Tr::kHeadDim / 2> {
   }
 
  private:
-  using L = cuda::Swizzle128Tile<Tr::kBlockN>;
+  __device__ __forceinline__ HopperConvertFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid,
+                                               const typename Columns::Column& c)
+      : Base(p, w, n_, ptid, c, c.column * 16), hi0(L::offset(Columns::row(c, 0), 2 * (kPairs + c.column))),
+        lo0(L::offset(Columns::row(c, 0), 2 * c.column)), hi_in((kPairs + c.column) * 16 < p.kv_row_bytes) {}
   // This call's side is committed as one cp.async group; the one before it (all but the newest
   // group landed) is converted and arrives.
   __device__ __forceinline__ void next(uint32_t dst, uint32_t bar) {
@@ -243,33 +216,30 @@ struct HopperConvertFill : HopperLoaderFill<Tr, PageMap_, Tr::kHeadDim / 2> {
     pending = dst;
     pending_bar = bar;
   }
-  // This thread's code chunks p and P + p of its rows of the tile at key0 -> the upper half of
-  // the stage (row chunks 2(P + p) + 1 and 2(P + p)).
-  __device__ __forceinline__ void copy(const char* head_base, int key0, uint32_t dst) const {
-    const int rows_left = this->loader.seq_len - key0;
-    const bool lo_in = pair * 16 < row_bytes, hi_in = (kPairs + pair) * 16 < row_bytes;  // (padding columns: zeros)
-    const uint32_t slot = dst + L::offset(row0, 2 * (kPairs + pair));
+  // This thread's code chunks p and P + p of its rows of tile t -> the upper half of stage dst
+  // (row chunks 2(P + p) + 1 and 2(P + p): the swizzle flips bit 4 of the one to get the other).
+  __device__ __forceinline__ void copy(const char* head_base, int t, uint32_t dst) const {
+    const char* row = head_base + this->src;
+    const int rows_left = this->rows_left(t);
 #pragma unroll
-    for (int i = 0; i < Loader::kIters; ++i) {
-      const char* src = head_base + this->prev.g[i / Loader::kItersPerGroup] +
-                        (i % Loader::kItersPerGroup) * (Loader::kRowsPerIter * this->prev.stride_slot);
-      const bool row_in = row0 + i * Loader::kRowsPerIter < rows_left;
-      const uint32_t at = slot + i * Loader::kRowsPerIter * L::kRowStride;
-      cuda::cp_async_16(at, src + Tr::kHeadDim / 2, row_in && hi_in);
-      cuda::cp_async_16(at ^ 16, src, row_in && lo_in);  // (row chunk 2(P + p) + 1: the swizzle flips bit 4 alike)
+    for (int i = 0; i < Columns::kRowsPerThread; ++i) {
+      const bool row_in = i * Columns::kPhases < rows_left;
+      const uint32_t at = Columns::at(dst + hi0, i);
+      cuda::cp_async_16(at, row + Tr::kHeadDim / 2, row_in && hi_in);
+      cuda::cp_async_16(at ^ 16, row, row_in);
+      row += Columns::kPhases * this->stride_slot;
     }
   }
   // The pending side's codes (this thread's) -> f16 in place; then its arrival. The stores are
   // generic-proxy writes that wgmma reads through the async proxy (the consumers fence too).
   __device__ __forceinline__ void finish() const {
-    if (this->copies()) {
-      const uint32_t slot = pending + L::offset(row0, 2 * (kPairs + pair)), low = pending + L::offset(row0, 2 * pair);
+    if (this->copying) {
 #pragma unroll
-      for (int i = 0; i < Loader::kIters; ++i) {
-        const uint32_t step = i * Loader::kRowsPerIter * L::kRowStride;
-        const uint4 hi = cuda::ld_shared_v4(slot + step), lo = cuda::ld_shared_v4((slot + step) ^ 16);
-        store_f16(low + step, lo);
-        store_f16(slot + step, hi);
+      for (int i = 0; i < Columns::kRowsPerThread; ++i) {
+        const uint32_t hi = Columns::at(pending + hi0, i);
+        const uint4 codes_hi = cuda::ld_shared_v4(hi), codes_lo = cuda::ld_shared_v4(hi ^ 16);
+        store_f16(Columns::at(pending + lo0, i), codes_lo);
+        store_f16(hi, codes_hi);
       }
       cuda::fence_proxy_async_smem();
     }
@@ -278,10 +248,13 @@ struct HopperConvertFill : HopperLoaderFill<Tr, PageMap_, Tr::kHeadDim / 2> {
   // 16 codes -> 16 f16 values at row chunks c (this address) and c + 1 (c even: the address with
   // bit 4 flipped, as the swizzle XORs the chunk index).
   __device__ __forceinline__ static void store_f16(uint32_t at, uint4 c) {
-    cuda::st_shared_v4(at, make_uint4(cuda::fp8x2_to_f16x2<kFmt>(c.x), cuda::fp8x2_to_f16x2<kFmt>(c.x >> 16),
-                                      cuda::fp8x2_to_f16x2<kFmt>(c.y), cuda::fp8x2_to_f16x2<kFmt>(c.y >> 16)));
-    cuda::st_shared_v4(at ^ 16, make_uint4(cuda::fp8x2_to_f16x2<kFmt>(c.z), cuda::fp8x2_to_f16x2<kFmt>(c.z >> 16),
-                                           cuda::fp8x2_to_f16x2<kFmt>(c.w), cuda::fp8x2_to_f16x2<kFmt>(c.w >> 16)));
+    uint4 a, b;
+    cuda::fp8x4_to_f16x4<kFmt>(c.x, a.x, a.y);
+    cuda::fp8x4_to_f16x4<kFmt>(c.y, a.z, a.w);
+    cuda::fp8x4_to_f16x4<kFmt>(c.z, b.x, b.y);
+    cuda::fp8x4_to_f16x4<kFmt>(c.w, b.z, b.w);
+    cuda::st_shared_v4(at, a);
+    cuda::st_shared_v4(at ^ 16, b);
   }
 };
 
