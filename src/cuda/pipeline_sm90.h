@@ -69,6 +69,11 @@ struct Pipeline {
     static_assert(kEmpty, "a pipeline without empty barriers frees its stages by other means");
     mbar_wait(empty(s), s.phase ^ 1u);
   }
+  // Whether acquire(s) would return at once (the stage is empty).
+  __device__ __forceinline__ bool can_acquire(const State& s) const {
+    static_assert(kEmpty, "a pipeline without empty barriers frees its stages by other means");
+    return mbar_test(empty(s), s.phase ^ 1u);
+  }
   // The calling thread's cp.async copies so far count as its arrival once they land.
   __device__ __forceinline__ void commit_cp_async(const State& s) const { mbar_arrive_on_cp_async(full(s)); }
   // One arrival that also waits for `bytes` of asynchronous (TMA) copies onto the full barrier.

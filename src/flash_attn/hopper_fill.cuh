@@ -3,6 +3,8 @@
 // producer loop (hopper_kernel.cuh) is the same for all.
 //
 //   Fill f(p, w, n, ptid);       all 128 producer threads, per work item of n tiles
+//   f.acquire(pipe, at);         wait for stage `at` of a ring to be empty (ConvertFill: and
+//                                converts while it waits)
 //   f.k(t, dst, pipe, at);       K of tile t -> stage dst, completing the full barrier `at`
 //   f.v(t, dst, pipe, at);       V of tile t (called after k(t), before k(t + 1))
 //   f.drain();                   after the item's last v: what the fill still owes (ConvertFill)
@@ -83,6 +85,7 @@ struct HopperGroupFill {
     if (copying) blk_next = page(0);
   }
   __device__ __forceinline__ static void prefetch_maps(const VarlenKernelParams&) {}
+  __device__ __forceinline__ static void acquire(const Pipe& pipe, const Pos& at) { pipe.acquire(at); }
   __device__ __forceinline__ static void fix_tail_v(unsigned char*, int, int, int) {}  // (zero-filled)
   // The block-id guard over the item's n tiles (cuda/metadata_guard.cuh), this thread's share.
   __device__ __forceinline__ bool pages_fault(const VarlenKernelParams& p, int req) const {
@@ -160,7 +163,8 @@ struct HopperCpAsyncFill
 // upper half of its own 16-bit stage, then converted to f16 (exact: cuda/fp8_dequant.h; the
 // scales fold in elsewhere) in place by the thread that copied them, which then arrives on the
 // full barrier. A call copies its side and converts the side before it (whose copies flew
-// while this call's stage was acquired); drain() converts an item's last side. In place
+// while this call's stage was acquired), unless acquire() converted it already because the
+// stage was not free; drain() converts an item's last side. In place
 // without a barrier: the group columns are chunk pairs (P = head dim / 32 of them, a row's
 // codes being 2P chunks): the thread of pair p copies code chunk P + p to 16-bit row chunk
 // 2(P + p), chunk p to 2(P + p) + 1 (both in the row's upper half), so its outputs (row chunks
@@ -194,10 +198,23 @@ struct HopperConvertFill
     if (this->copying) copy(this->v_base, t, dst);
     next(dst, pipe.full(at));
   }
+  // The next side's stage. Where it is not empty yet, the pending side is converted first: a
+  // side's arrival then never waits for the next stage (with two stages, head dims 192 / 256,
+  // the consumers would wait for every conversion). Else its copies fly while this one's issue.
+  __device__ __forceinline__ void acquire(const Pipe& pipe, const Pos& at) {
+    if (pending_bar != 0 && !pipe.can_acquire(at)) {
+      cuda::cp_async_wait<0>();
+      finish();
+      pending_bar = 0;
+    }
+    pipe.acquire(at);
+  }
   // The item's last side: its copies landed, converted, arrived.
   __device__ __forceinline__ void drain() {
+    if (pending_bar == 0) return;
     cuda::cp_async_wait<0>();
     finish();
+    pending_bar = 0;
   }
 
  private:
@@ -292,6 +309,7 @@ struct HopperTmaFill {
     cuda::prefetch_tensor_map(&p.k_map);
     cuda::prefetch_tensor_map(&p.v_map);
   }
+  __device__ __forceinline__ static void acquire(const Pipe& pipe, const Pos& at) { pipe.acquire(at); }
   __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
     copy(k_map, page_cur, t, dst, pipe, at);
     page_prev = page_cur;

@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       // and every page it loaded: a block outside the cache) into s_fault, released by producer
       // thread 0's arrival on that tile's full barrier (before any other tile's: at once).
       auto load_v = [&](int t) {
-        v_pipe.acquire(v_at);
+        fill.acquire(v_pipe, v_at);
         fill.v(t, v_stage(v_at), v_pipe, v_at);
         if constexpr (kDeviceGuards) {
           if (t == n - 1) {
@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       };
       for (int t = 0; t < n; ++t) {
         if (t >= 1) load_v(t - 1);
-        k_pipe.acquire(k_at);
+        fill.acquire(k_pipe, k_at);
         fill.k(t, k_stage(k_at), k_pipe, k_at);
         k_at.advance();
         if (t == 0) {
