@@ -164,7 +164,7 @@ struct HopperCpAsyncFill
 // scales fold in elsewhere) in place by the thread that copied them, which then arrives on the
 // full barrier. A call copies its side and converts the side before it (whose copies flew
 // while this call's stage was acquired), unless acquire() converted it already because the
-// stage was not free; drain() converts an item's last side. In place
+// stage was not free (rings of two stages); drain() converts an item's last side. In place
 // without a barrier: the group columns are chunk pairs (P = head dim / 32 of them, a row's
 // codes being 2P chunks): the thread of pair p copies code chunk P + p to 16-bit row chunk
 // 2(P + p), chunk p to 2(P + p) + 1 (both in the row's upper half), so its outputs (row chunks
@@ -198,11 +198,16 @@ struct HopperConvertFill
     if (this->copying) copy(this->v_base, t, dst);
     next(dst, pipe.full(at));
   }
-  // The next side's stage. Where it is not empty yet, the pending side is converted first: a
-  // side's arrival then never waits for the next stage (with two stages, head dims 192 / 256,
-  // the consumers would wait for every conversion). Else its copies fly while this one's issue.
+  // Rings of two stages (head dim 256, the two-Q-buffer tiles): a side's conversion must not
+  // wait for the next stage, which frees only once the consumers are done with the side before
+  // it: they would wait for every conversion. Deeper rings have a stage of slack, and there the
+  // next side's copies go out first (DECISIONS.md: fp8 caches converted in their stage).
+  static constexpr bool kConvertWhileWaiting = Tr::kStages <= 2;
+  // The next side's stage. With kConvertWhileWaiting, where it is not empty yet, the pending side
+  // is converted first (waiting for its copies) and arrives; else its copies fly while this
+  // side's issue.
   __device__ __forceinline__ void acquire(const Pipe& pipe, const Pos& at) {
-    if (pending_bar != 0 && !pipe.can_acquire(at)) {
+    if (kConvertWhileWaiting && pending_bar != 0 && !pipe.can_acquire(at)) {
       cuda::cp_async_wait<0>();
       finish();
       pending_bar = 0;
