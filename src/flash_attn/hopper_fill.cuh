@@ -3,7 +3,6 @@
 // producer loop (hopper_kernel.cuh) is the same for all.
 //
 //   Fill f(p, w, n, ptid);       all 128 producer threads, per work item of n tiles
-//   Fill::init_barriers()        one thread, at the kernel's start: the fill's own barriers
 //   f.acquire(pipe, at);         wait for stage `at` of a ring to be empty (ConvertFill: and
 //                                converts while it waits)
 //   f.k(t, dst, pipe, at);       K of tile t -> stage dst, completing the full barrier `at`
@@ -86,7 +85,6 @@ struct HopperGroupFill {
     if (copying) blk_next = page(0);
   }
   __device__ __forceinline__ static void prefetch_maps(const VarlenKernelParams&) {}
-  __device__ __forceinline__ static void init_barriers() {}
   __device__ __forceinline__ static void acquire(const Pipe& pipe, const Pos& at) { pipe.acquire(at); }
   __device__ __forceinline__ static void fix_tail_v(unsigned char*, int, int, int) {}  // (zero-filled)
   // The block-id guard over the item's n tiles (cuda/metadata_guard.cuh), this thread's share.
@@ -164,17 +162,14 @@ struct HopperCpAsyncFill
 // ConvertFill (fp8 caches): the codes of a side (K or V tile) are copied by cp.async into the
 // upper half of its own 16-bit stage, then converted to f16 (exact: cuda/fp8_dequant.h; the
 // scales fold in elsewhere) in place by the thread that copied them, which then arrives on the
-// full barrier. In place without a barrier between threads: the group columns are chunk pairs
-// (P = head dim / 32 of them, a row's codes being 2P chunks): the thread of pair p copies code
-// chunk P + p to 16-bit row chunk 2(P + p), chunk p to 2(P + p) + 1 (both in the row's upper
-// half), so its outputs (row chunks 2p, 2p + 1 and 2(P + p), 2(P + p) + 1) overwrite only its
-// own codes. Row phases 8 / 4 / 4 / 4 at head dims 64 / 128 / 192 / 256 (96 threads copy at 192).
-//
-// When: the producer's copies of a side arrive on that stage's "landed" barrier (count: the 128
-// producer threads; cp.async.mbarrier.arrive), and the producer converts the sides it has in
-// flight, oldest first, while it waits for a stage (acquire), and whenever it would have a
-// third in flight; drain() converts the item's last ones. So it never waits for copies it just
-// issued while a stage is free, and a side's conversion never waits for the next stage.
+// full barrier. A call copies its side and converts the side before it (whose copies flew
+// while this call's stage was acquired), unless acquire() converted it already because the
+// stage was not free (rings of two stages); drain() converts an item's last side. In place
+// without a barrier: the group columns are chunk pairs (P = head dim / 32 of them, a row's
+// codes being 2P chunks): the thread of pair p copies code chunk P + p to 16-bit row chunk
+// 2(P + p), chunk p to 2(P + p) + 1 (both in the row's upper half), so its outputs (row chunks
+// 2p, 2p + 1 and 2(P + p), 2(P + p) + 1) overwrite only its own codes. Row phases 8 / 4 / 4 /
+// 4 at head dims 64 / 128 / 192 / 256 (96 threads copy at 192).
 template <class Tr, class PageMap_, cuda::Fp8Format kFmt>
 struct HopperConvertFill
     : HopperGroupFill<Tr, PageMap_, cuda::GroupColumns<Tr::kBlockN, Tr::kHeadDim / 32, Tr::kProducerThreads>> {
@@ -186,41 +181,45 @@ struct HopperConvertFill
   static constexpr int kPairs = Tr::kHeadDim / 32;  // P
   using L = cuda::Swizzle128Tile<Tr::kBlockN>;
 
-  // A side in flight: its stage, its full barrier, its landed barrier with the lap's parity in bit 0.
-  struct Side {
-    uint32_t stage, full, landed;
-  };
   uint32_t hi0, lo0;  // its first row's chunks 2(P + p) (codes in, then f16) and 2p (f16 out) in a stage
   bool hi_in;         // code chunk P + p inside the row (else zeros)
-  Side oldest{}, newest{};
-  int in_flight = 0;  // 0, 1 (oldest) or 2 (oldest, newest)
+  uint32_t pending = 0, pending_bar = 0;  // the side copied last: its stage, its full barrier
 
   __device__ __forceinline__ HopperConvertFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid)
       : HopperConvertFill(p, w, n_, ptid, Columns::of(ptid)) {}
-  // The landed barriers, one per stage of each ring (K: 0, V: 1); by one thread at the kernel's start.
-  __device__ __forceinline__ static void init_barriers() {
-    for (int ring = 0; ring < 2; ++ring)
-      for (int s = 0; s < Tr::kStages; ++s) cuda::mbar_init(landed_bar(ring, s), Tr::kProducerThreads);
-  }
-  // The next side's stage; while it is not empty, the sides in flight are converted.
-  __device__ __forceinline__ void acquire(const Pipe& pipe, const Pos& at) {
-    while (in_flight > 0 && !pipe.can_acquire(at)) convert_oldest();
-    pipe.acquire(at);
-  }
   __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
     if (this->copying) {
       this->start_tile(t);
       copy(this->k_base, t, dst);
     }
-    issued({dst, pipe.full(at), landed_bar(0, at.stage) | at.phase});
+    next(dst, pipe.full(at));
   }
   __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
     if (this->copying) copy(this->v_base, t, dst);
-    issued({dst, pipe.full(at), landed_bar(1, at.stage) | at.phase});
+    next(dst, pipe.full(at));
   }
-  // The item's last sides: landed, converted, arrived.
+  // Rings of two stages (head dim 256, the two-Q-buffer tiles): a side's conversion must not
+  // wait for the next stage, which frees only once the consumers are done with the side before
+  // it: they would wait for every conversion. Deeper rings have a stage of slack, and there the
+  // next side's copies go out first (DECISIONS.md: fp8 caches converted in their stage).
+  static constexpr bool kConvertWhileWaiting = Tr::kStages <= 2;
+  // The next side's stage. With kConvertWhileWaiting, where it is not empty yet, the pending side
+  // is converted first (waiting for its copies) and arrives; else its copies fly while this
+  // side's issue.
+  __device__ __forceinline__ void acquire(const Pipe& pipe, const Pos& at) {
+    if (kConvertWhileWaiting && pending_bar != 0 && !pipe.can_acquire(at)) {
+      cuda::cp_async_wait<0>();
+      finish();
+      pending_bar = 0;
+    }
+    pipe.acquire(at);
+  }
+  // The item's last side: its copies landed, converted, arrived.
   __device__ __forceinline__ void drain() {
-    while (in_flight > 0) convert_oldest();
+    if (pending_bar == 0) return;
+    cuda::cp_async_wait<0>();
+    finish();
+    pending_bar = 0;
   }
 
  private:
@@ -228,37 +227,16 @@ struct HopperConvertFill
                                                const typename Columns::Column& c)
       : Base(p, w, n_, ptid, c, c.column * 16), hi0(L::offset(Columns::row(c, 0), 2 * (kPairs + c.column))),
         lo0(L::offset(Columns::row(c, 0), 2 * c.column)), hi_in((kPairs + c.column) * 16 < p.kv_row_bytes) {}
-  __device__ __forceinline__ static uint32_t landed_bar(int ring, int stage) {
-    __shared__ uint64_t bars[2][Tr::kStages];
-    return cuda::smem_addr(&bars[ring][stage]);
-  }
-  // This thread's copies of the side just issued arrive on its landed barrier once they land (a
-  // thread without copies: at once); at most two sides stay in flight.
-  __device__ __forceinline__ void issued(const Side& side) {
-    cuda::mbar_arrive_on_cp_async(side.landed & ~1u);
-    if (in_flight == 2) convert_oldest();
-    if (in_flight == 0) oldest = side;
-    else newest = side;
-    ++in_flight;
-  }
-  // The oldest side in flight, once every producer thread's copies of it landed: this thread's
-  // codes -> f16 in place, then its arrival on the side's full barrier. The stores are
-  // generic-proxy writes that wgmma reads through the async proxy (the consumers fence too).
-  __device__ __forceinline__ void convert_oldest() {
-    cuda::mbar_wait(oldest.landed & ~1u, oldest.landed & 1u);
-    if (this->copying) {
-#pragma unroll
-      for (int i = 0; i < Columns::kRowsPerThread; ++i) {
-        const uint32_t hi = Columns::at(oldest.stage + hi0, i);
-        const uint4 codes_hi = cuda::ld_shared_v4(hi), codes_lo = cuda::ld_shared_v4(hi ^ 16);
-        store_f16(Columns::at(oldest.stage + lo0, i), codes_lo);
-        store_f16(hi, codes_hi);
-      }
-      cuda::fence_proxy_async_smem();
+  // This call's side is committed as one cp.async group; the one before it (all but the newest
+  // group landed) is converted and arrives.
+  __device__ __forceinline__ void next(uint32_t dst, uint32_t bar) {
+    cuda::cp_async_commit();
+    if (pending_bar != 0) {
+      cuda::cp_async_wait<1>();
+      finish();
     }
-    cuda::mbar_arrive(oldest.full);
-    oldest = newest;
-    --in_flight;
+    pending = dst;
+    pending_bar = bar;
   }
   // This thread's code chunks p and P + p of its rows of tile t -> the upper half of stage dst
   // (row chunks 2(P + p) + 1 and 2(P + p): the swizzle flips bit 4 of the one to get the other).
@@ -273,6 +251,21 @@ struct HopperConvertFill
       cuda::cp_async_16(at ^ 16, row, row_in);
       row += Columns::kPhases * this->stride_slot;
     }
+  }
+  // The pending side's codes (this thread's) -> f16 in place; then its arrival. The stores are
+  // generic-proxy writes that wgmma reads through the async proxy (the consumers fence too).
+  __device__ __forceinline__ void finish() const {
+    if (this->copying) {
+#pragma unroll
+      for (int i = 0; i < Columns::kRowsPerThread; ++i) {
+        const uint32_t hi = Columns::at(pending + hi0, i);
+        const uint4 codes_hi = cuda::ld_shared_v4(hi), codes_lo = cuda::ld_shared_v4(hi ^ 16);
+        store_f16(Columns::at(pending + lo0, i), codes_lo);
+        store_f16(hi, codes_hi);
+      }
+      cuda::fence_proxy_async_smem();
+    }
+    cuda::mbar_arrive(pending_bar);
   }
   // 16 codes -> 16 f16 values at row chunks c (this address) and c + 1 (c even: the address with
   // bit 4 flipped, as the swizzle XORs the chunk index).
@@ -321,7 +314,6 @@ struct HopperTmaFill {
     cuda::prefetch_tensor_map(&p.k_map);
     cuda::prefetch_tensor_map(&p.v_map);
   }
-  __device__ __forceinline__ static void init_barriers() {}
   __device__ __forceinline__ static void acquire(const Pipe& pipe, const Pos& at) { pipe.acquire(at); }
   __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
     copy(k_map, page_cur, t, dst, pipe, at);

@@ -163,7 +163,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     k_pipe.init(Fill::kFullArrivals, Tr::kConsumerThreads);
     v_pipe.init(Fill::kFullArrivals + (kDeviceGuards ? 1 : 0), Tr::kConsumerThreads);  // (+ the guard's: below)
     q_pipe.init(Tr::kProducerThreads, Tr::kConsumerThreads);
-    Fill::init_barriers();
     fence_mbarrier_init();  // (TMA completes on them)
   }
   __syncthreads();  // the last CTA-wide barrier: producer and consumers part here
