@@ -19,6 +19,19 @@ namespace {
 using attnkit::cuda::GroupColumns;
 using attnkit::cuda::Swizzle128Tile;
 
+// Each (row, chunk) of a tile hit exactly once: the count of those that are not, and the first.
+std::string not_once(const std::vector<int>& hits, int rows, int chunks, const char* what, int& bad) {
+  bad = 0;
+  std::string first;
+  for (int r = 0; r < rows; ++r)
+    for (int ch = 0; ch < chunks; ++ch) {
+      const int n = hits[static_cast<size_t>(r) * chunks + ch];
+      if (n != 1 && bad++ == 0)
+        first = "row " + std::to_string(r) + ", chunk " + std::to_string(ch) + " " + what + " " + std::to_string(n) + " times";
+    }
+  return first;
+}
+
 template <int kTileRows, int kChunksPerRow, int kMaxThreads>
 void check_pattern(int expect_group_threads, int expect_phases) {
   using C = GroupColumns<kTileRows, kChunksPerRow, kMaxThreads>;
@@ -52,27 +65,24 @@ void check_pattern(int expect_group_threads, int expect_phases) {
   }
   EXPECT_EQ(wrong, 0) << shape << ": wrong addresses, the first at " << first_wrong;
   int bad = 0;
-  std::string first_bad;
-  for (int r = 0; r < kTileRows; ++r)
-    for (int ch = 0; ch < kChunksPerRow; ++ch) {
-      const int n = hits[static_cast<size_t>(r) * kChunksPerRow + ch];
-      if (n != 1 && bad++ == 0)
-        first_bad = "row " + std::to_string(r) + ", chunk " + std::to_string(ch) + " copied " + std::to_string(n) + " times";
-    }
+  const std::string first_bad = not_once(hits, kTileRows, kChunksPerRow, "copied", bad);
   EXPECT_EQ(bad, 0) << shape << ": chunks not copied exactly once, the first: " << first_bad;
   EXPECT_EQ(addresses.size(), hits.size()) << shape << ": distinct destinations";
 }
 
-// The hopper tiles (flash_attn/tile_set.h): 128 keys at head dims 64 / 128, 64 keys at 192 / 256;
-// 128 producer threads; rows of head dim / 8 chunks of 16-bit values.
-TEST(TileCopyLayout, GroupColumnsCoverEveryHopperTileOnce) {
+// The hopper tiles (flash_attn/tile_set.h), 16-bit and fp8 caches alike: 128 keys at head dims
+// 64 / 128, 64 keys at 192 / 256; 128 producer threads.
+constexpr bool hopper_keys(int head_dim, int keys) {
   using attnkit::flash_attn::CacheKind;
   using attnkit::flash_attn::TileId;
   using attnkit::flash_attn::tile_config;
-  static_assert(tile_config(TileId::hopper, 64, CacheKind::b16).keys == 128);
-  static_assert(tile_config(TileId::hopper, 128, CacheKind::b16).keys == 128);
-  static_assert(tile_config(TileId::hopper, 192, CacheKind::b16).keys == 64);
-  static_assert(tile_config(TileId::hopper, 256, CacheKind::b16).keys == 64);
+  return tile_config(TileId::hopper, head_dim, CacheKind::b16).keys == keys &&
+         tile_config(TileId::hopper, head_dim, CacheKind::fp8).keys == keys;
+}
+static_assert(hopper_keys(64, 128) && hopper_keys(128, 128) && hopper_keys(192, 64) && hopper_keys(256, 64));
+
+// 16-bit rows: head dim / 8 chunks.
+TEST(TileCopyLayout, GroupColumnsCoverEveryHopperTileOnce) {
   check_pattern<128, 8, 128>(16, 2);   // head dim 64
   check_pattern<128, 16, 128>(16, 1);  // 128
   check_pattern<64, 24, 128>(24, 1);   // 192: 96 threads copy
@@ -125,25 +135,12 @@ void check_pair_pattern(int expect_group_threads, int expect_phases) {
   }
   EXPECT_EQ(wrong, 0) << shape << ": wrong addresses, the first at " << first_wrong;
   int bad = 0;
-  std::string first_bad;
-  for (int r = 0; r < kTileRows; ++r)
-    for (int ch = 0; ch < kChunks; ++ch) {
-      const int n = hits[static_cast<size_t>(r) * kChunks + ch];
-      if (n != 1 && bad++ == 0)
-        first_bad = "row " + std::to_string(r) + ", chunk " + std::to_string(ch) + " written " + std::to_string(n) + " times";
-    }
+  const std::string first_bad = not_once(hits, kTileRows, kChunks, "written", bad);
   EXPECT_EQ(bad, 0) << shape << ": f16 chunks not written exactly once, the first: " << first_bad;
 }
 
-// The fp8 hopper tiles: the 16-bit tiles' keys; 96 threads copy at head dim 192.
+// fp8 rows: head dim / 32 chunk pairs; 96 threads copy at head dim 192.
 TEST(TileCopyLayout, ConvertPairsCoverEveryFp8HopperTileOnce) {
-  using attnkit::flash_attn::CacheKind;
-  using attnkit::flash_attn::TileId;
-  using attnkit::flash_attn::tile_config;
-  static_assert(tile_config(TileId::hopper, 64, CacheKind::fp8).keys == 128);
-  static_assert(tile_config(TileId::hopper, 128, CacheKind::fp8).keys == 128);
-  static_assert(tile_config(TileId::hopper, 192, CacheKind::fp8).keys == 64);
-  static_assert(tile_config(TileId::hopper, 256, CacheKind::fp8).keys == 64);
   check_pair_pattern<128, 2, 128>(16, 8);  // head dim 64
   check_pair_pattern<128, 4, 128>(16, 4);  // 128
   check_pair_pattern<64, 6, 128>(24, 4);   // 192: 96 threads copy
