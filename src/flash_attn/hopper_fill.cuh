@@ -207,19 +207,12 @@ struct HopperConvertFill
   // is converted first (waiting for its copies) and arrives; else its copies fly while this
   // side's issue.
   __device__ __forceinline__ void acquire(const Pipe& pipe, const Pos& at) {
-    if (kConvertWhileWaiting && pending_bar != 0 && !pipe.can_acquire(at)) {
-      cuda::cp_async_wait<0>();
-      finish();
-      pending_bar = 0;
-    }
+    if (kConvertWhileWaiting && pending_bar != 0 && !pipe.can_acquire(at)) finish_now();
     pipe.acquire(at);
   }
   // The item's last side: its copies landed, converted, arrived.
   __device__ __forceinline__ void drain() {
-    if (pending_bar == 0) return;
-    cuda::cp_async_wait<0>();
-    finish();
-    pending_bar = 0;
+    if (pending_bar != 0) finish_now();
   }
 
  private:
@@ -251,6 +244,12 @@ struct HopperConvertFill
       cuda::cp_async_16(at ^ 16, row, row_in);
       row += Columns::kPhases * this->stride_slot;
     }
+  }
+  // The pending side, once its copies (all this thread's) landed; none pending after.
+  __device__ __forceinline__ void finish_now() {
+    cuda::cp_async_wait<0>();
+    finish();
+    pending_bar = 0;
   }
   // The pending side's codes (this thread's) -> f16 in place; then its arrival. The stores are
   // generic-proxy writes that wgmma reads through the async proxy (the consumers fence too).
