@@ -9,6 +9,15 @@
 
 namespace attnkit::cuda {
 
+// Whether the code being compiled has TMA: the sm90+ device passes and the host pass. Kernels
+// whose stages fill by TMA have no body in the other device passes (their launch decision takes
+// them on sm90 code only), which keeps those passes from compiling code that never runs.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+inline constexpr bool kTmaCode = false;
+#else
+inline constexpr bool kTmaCode = true;
+#endif
+
 // A CUtensorMap's 128 bytes, kept opaque so that host headers need not include <cuda.h>. It
 // must live in kernel parameter space (a __grid_constant__ parameter) or global memory.
 struct alignas(64) TmaDesc {

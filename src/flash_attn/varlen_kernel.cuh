@@ -49,6 +49,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
   using namespace attnkit::cuda;
   using T = typename Tr::Elem;
   using Math = detail::TileMath<Tr, kFmt, typename Source::Layout>;
+  if constexpr (Tr::kTmaStages != 0 && !kTmaCode) {
+    __trap();  // (a TMA tile in a pre-sm90 pass: launch_plan.cpp never launches it there)
+    return;
+  }
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ typename Source::Barriers bars;
 
