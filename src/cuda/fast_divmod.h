@@ -1,6 +1,7 @@
 // Division by a runtime-constant positive divisor with a precomputed multiplier (one mul.hi
 // and a shift instead of a ~20-instruction integer division), exact for dividends in [0, 2^31).
-// Used where a kernel divides by the block size for every key it loads.
+// Used where a kernel divides by the block size for every key it loads, and by the GQA group
+// for every packed query row it loads, masks or writes.
 #pragma once
 #include <cstdint>
 
@@ -24,6 +25,12 @@ struct FastDivmod {
 #if defined(__CUDACC__)
   __device__ __forceinline__ int div(int n) const {
     return multiplier == 0 ? n : static_cast<int>(__umulhi(static_cast<uint32_t>(n), multiplier) >> shift);
+  }
+  // n / divisor, with n % divisor in rem.
+  __device__ __forceinline__ int divmod(int n, int& rem) const {
+    const int q = div(n);
+    rem = n - q * divisor;
+    return q;
   }
 #endif
 };

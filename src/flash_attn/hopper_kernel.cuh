@@ -64,9 +64,9 @@ __device__ __forceinline__ void register_epilogue(const VarlenKernelParams& p, c
     const float mx[1] = {max_log2[r]}, sm[1] = {sum[r]};
     float wt[1];
     float lse = cuda::combine_row_parts<1>(mx, sm, wt);
-    const int gm = w.m0 + m;
-    const int64_t token = w.q_start + gm / p.group;
-    const int head = w.kv_head * p.group + gm % p.group;
+    int in_group;
+    const int64_t token = w.q_start + p.group.divmod(w.m0 + m, in_group);
+    const int head = w.kv_head * p.group.divisor + in_group;
     float sink_weight = 1.f;
     if (p.sinks != nullptr) {  // a part with LSE = sink logit and no value
       float w_sink;
@@ -390,9 +390,11 @@ void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStre
     auto launch = [&]<class Fill>() {
       dim3 grid;
       if (!varlen_grid(p, plan, Tr::kSmemBytes, where, grid)) return;
-      const PersistentScheduler<Tr::kBlockM, Tr::kBlockN> items{static_cast<int>(grid.x), static_cast<int>(grid.y),
-                                                                static_cast<int>(grid.z), plan.grid_ctas};
-      ATTNKIT_REQUIRE(plan.ctas <= 0x7fffffff, where, "work items", plan.ctas, "must fit one grid dimension");
+      // (the walk's item indices are 32-bit; the CTAs, at most the items, one grid dimension)
+      ATTNKIT_REQUIRE(plan.grid_ctas <= 0x7fffffff, where, "work items", plan.grid_ctas, "must be < 2^31");
+      const PersistentScheduler<Tr::kBlockM, Tr::kBlockN> items{cuda::FastDivmod(static_cast<int>(grid.x)),
+                                                                cuda::FastDivmod(static_cast<int>(grid.y)),
+                                                                static_cast<int>(plan.grid_ctas)};
       auto kernel = hopper_varlen_kernel<Tr, Fill, PersistentScheduler<Tr::kBlockM, Tr::kBlockN>>;
       ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
       cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(plan.ctas)), dim3(Tr::kThreads), Tr::kSmemBytes, stream,

@@ -215,7 +215,7 @@ VarlenKernelParams varlen_kernel_params(const VarlenArgs& a) {
   p.num_reqs = a.num_reqs;
   p.num_heads = a.num_heads;
   p.num_kv_heads = c.num_kv_heads;
-  p.group = a.num_heads / c.num_kv_heads;
+  p.group = cuda::FastDivmod(a.num_heads / c.num_kv_heads);
 
   p.scale = ap.resolved_scale(head_size);
   p.causal = ap.causal;
@@ -302,7 +302,7 @@ static LaunchFacts varlen_launch_facts(const VarlenArgs& a, const VarlenKernelPa
   f.alibi_per_request = p.alibi_req_stride != 0 || (a.params.alibi_slopes.defined() && a.params.alibi_slopes.ndim == 2);
   f.num_reqs = a.num_reqs;
   f.num_kv_heads = p.num_kv_heads;
-  f.group = p.group;
+  f.group = p.group.divisor;
   f.max_query_len = a.max_query_len;
   f.max_seq_len = a.max_seq_len;
   f.num_splits = a.num_splits;

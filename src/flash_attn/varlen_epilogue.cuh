@@ -50,8 +50,9 @@ template <class T>
 __device__ __forceinline__ MergedRow<T> merged_row(const VarlenKernelParams& p, const WorkItem& w, int m) {
   MergedRow<T> r;
   const int gm = w.m0 + m;
-  r.token = w.q_start + gm / p.group;
-  r.head = w.kv_head * p.group + gm % p.group;
+  int in_group;
+  r.token = w.q_start + p.group.divmod(gm, in_group);
+  r.head = w.kv_head * p.group.divisor + in_group;
   r.out = static_cast<T*>(p.out) + r.token * p.out_stride_token + r.head * p.out_stride_head;
   r.lse = p.lse != nullptr ? p.lse + r.head * p.lse_stride_head + r.token * p.lse_stride_token : nullptr;
   r.sink = p.sinks != nullptr ? p.sinks + r.head * p.sinks_stride : nullptr;
@@ -76,7 +77,7 @@ __device__ __forceinline__ void combine_splits_if_last(const VarlenKernelParams&
   __syncthreads();  // every thread's partials are written before thread 0 releases them
   if (tid == 0) {
     unsigned int* counter =
-        p.partials.counters + (static_cast<int64_t>(w.kv_head) * p.num_tokens + w.q_start) * p.group + w.m0;
+        p.partials.counters + (static_cast<int64_t>(w.kv_head) * p.num_tokens + w.q_start) * p.group.divisor + w.m0;
     // Releases this CTA's partials; the last arrival acquires everybody's.
     const unsigned int arrived = atomic_add_acq_rel_gpu(counter, 1u);
     s_last = arrived == static_cast<unsigned int>(p.num_splits - 1);
@@ -196,8 +197,9 @@ struct SplitKvEpilogue {
       // round to 0, however far the scores) and its NaN reaches the output.
       if (w.fault) lse = split ? FLT_MAX : __int_as_float(0x7fffffff);
       const int gm = w.m0 + m;
-      const int64_t token = w.q_start + gm / p.group;
-      const int head = w.kv_head * p.group + gm % p.group;
+      int in_group;
+      const int64_t token = w.q_start + p.group.divmod(gm, in_group);
+      const int head = w.kv_head * p.group.divisor + in_group;
       float sink_weight = 1.f;
       if (!split && p.sinks != nullptr) {  // a part with LSE = sink logit and no value
         float w_sink;
@@ -235,8 +237,9 @@ struct SplitKvEpilogue {
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = __int_as_float(0x7fffffff);
       const int gm = w.m0 + m;
-      const int64_t token = w.q_start + gm / p.group;
-      const int head = w.kv_head * p.group + gm % p.group;
+      int in_group;
+      const int64_t token = w.q_start + p.group.divmod(gm, in_group);
+      const int head = w.kv_head * p.group.divisor + in_group;
       if (split && p.cluster_merge) {
         float4* dst = reinterpret_cast<float4*>(smem + Tr::kClusterPartOffset) + (m * Tr::kODim + c) / 4;
         dst[0] = make_float4(v[0], v[1], v[2], v[3]);

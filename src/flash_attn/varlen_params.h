@@ -46,7 +46,8 @@ struct VarlenKernelParams {
   const int32_t* block_table = nullptr;
   int max_blocks_per_req = 0;
   int num_reqs = 0;
-  int num_heads = 0, num_kv_heads = 0, group = 1;  // group = num_heads / num_kv_heads
+  int num_heads = 0, num_kv_heads = 0;
+  cuda::FastDivmod group;  // num_heads / num_kv_heads: packed row m is token m / group, head m % group of the KV head's
 
   // Semantics (docs/architecture.md section 4).
   float scale = 1.f;  // resolved softmax scale

@@ -52,7 +52,7 @@ __device__ __forceinline__ int32_t load_meta(const int32_t* p) {
 __device__ __forceinline__ void tile_row_keys(const VarlenKernelParams& p, const WorkItem& w, cuda::KeyRange& first,
                                               cuda::KeyRange& last) {
   const cuda::KeyVisibility vis{w.seq_len, p.causal, p.window_left, p.window_right};
-  const int i_first = w.m0 / p.group, i_last = (w.m0 + w.rows - 1) / p.group;
+  const int i_first = p.group.div(w.m0), i_last = p.group.div(w.m0 + w.rows - 1);
   first = vis.of(cuda::query_position(w.seq_len, w.q_len, i_first));
   last = vis.of(cuda::query_position(w.seq_len, w.q_len, i_last));
 }
@@ -102,8 +102,8 @@ __device__ __forceinline__ void guard_lengths(const VarlenKernelParams& p, WorkI
                                               bool reporter) {
   const int64_t cap = key_capacity(p, w.req);
   if (w.q_len < 0 || w.q_start < 0 || int64_t{w.q_start} + w.q_len > p.num_tokens ||
-      int64_t{w.q_len} * p.group > grid_rows || w.seq_len < 0 || w.seq_len > cap) {
-    const guard_detail::Lengths l = guard_detail::repair(p.errors, p.num_tokens, p.group, grid_rows, cap, w.req,
+      int64_t{w.q_len} * p.group.divisor > grid_rows || w.seq_len < 0 || w.seq_len > cap) {
+    const guard_detail::Lengths l = guard_detail::repair(p.errors, p.num_tokens, p.group.divisor, grid_rows, cap, w.req,
                                                          w.q_start, w.q_len, w.seq_len, reporter);
     w.q_len = l.q_len;
     w.seq_len = l.seq_len;
@@ -136,7 +136,7 @@ __device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, int x
   w.seq_len = load_meta<kL2Only>(p.seqused_k + w.req);
   w.fault = false;
   if constexpr (kGuard) guard_lengths(p, w, int64_t{grid_row_tiles} * kBlockM, reporter);
-  const int rows_total = max(w.q_len, 0) * p.group;
+  const int rows_total = max(w.q_len, 0) * p.group.divisor;
   const int num_row_tiles = (rows_total + kBlockM - 1) / kBlockM;
   if (x >= num_row_tiles) return false;
   w.m0 = (num_row_tiles - 1 - x) * kBlockM;
@@ -206,7 +206,7 @@ struct PlanScheduler {
     w.q_start = __ldg(p.cu_seqlens_q + w.req);
     w.q_len = __ldg(p.cu_seqlens_q + w.req + 1) - w.q_start;
     w.m0 = q_tile * p.plan_tile_q;
-    w.rows = min(p.plan_tile_q, w.q_len * p.group - w.m0);
+    w.rows = min(p.plan_tile_q, w.q_len * p.group.divisor - w.m0);
     w.seq_len = __ldg(p.seqused_k + w.req);
     cuda::KeyRange first, last;
     tile_row_keys(p, w, first, last);
@@ -242,19 +242,19 @@ struct PlanWalk {
 // are taken in reverse, so under a causal mask each (request, head) starts with its longest
 // items. Every role of a CTA that walks the list counts the same rounds.
 template <int kBlockM, int kBlockN>
+// Item indices are 32-bit (total < 2^31: the launcher checks), split by precomputed divisors.
 struct PersistentScheduler {
-  int nx, ny, nz;
-  int64_t total;
+  cuda::FastDivmod nx, ny;
+  int total;
   // The next item with rows from round r on (r advances past it); false when none is left.
   __device__ __forceinline__ bool next(const VarlenKernelParams& p, int64_t& r, WorkItem& w) const {
     const int64_t G = gridDim.x, b = blockIdx.x;
     for (; r * G < total; ++r) {
       const int64_t i = r * G + ((r & 1) ? G - 1 - b : b);
       if (i >= total) continue;
-      const int64_t yz = i / nx;
-      if (schedule_work<kBlockM, kBlockN>(p, static_cast<int>(i - yz * nx), static_cast<int>(yz % ny),
-                                          static_cast<int>(yz / ny), nx, w))
-        return true;
+      int x, y;
+      const int z = ny.divmod(nx.divmod(static_cast<int>(i), x), y);
+      if (schedule_work<kBlockM, kBlockN>(p, x, y, z, nx.divisor, w)) return true;
     }
     return false;
   }
@@ -313,9 +313,9 @@ __device__ __forceinline__ void load_q_tile(const VarlenKernelParams& p, const W
     const bool valid = m < w.rows && chunk * 8 < p.head_size;
     const T* src = q;
     if (valid) {
-      const int gm = w.m0 + m;
-      const int64_t token = w.q_start + gm / p.group;
-      const int head = w.kv_head * p.group + gm % p.group;
+      int in_group;
+      const int64_t token = w.q_start + p.group.divmod(w.m0 + m, in_group);
+      const int head = w.kv_head * p.group.divisor + in_group;
       src = q + token * p.q_stride_token + head * p.q_stride_head + chunk * 8;
     }
     cuda::cp_async_16(sq + Layout::offset(m, chunk), src, valid);
@@ -376,8 +376,9 @@ __device__ __forceinline__ cuda::RowFacts row_facts(const VarlenKernelParams& p,
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int m = w.m0 + warp_row0 + Lay::row(lane, r);
-    const int token = m / p.group;
-    const int head = w.kv_head * p.group + m % p.group;
+    int in_group;
+    const int token = p.group.divmod(m, in_group);
+    const int head = w.kv_head * p.group.divisor + in_group;
     f.pos[r] = cuda::query_position(w.seq_len, w.q_len, token);
     f.keys[r] = vis.of(f.pos[r]);
     f.keys[r].lo = max(f.keys[r].lo, w.key_lo);  // (the item's keys: a planned chunk's)
