@@ -1,9 +1,16 @@
 // Division by a runtime-constant positive divisor with a precomputed multiplier (one mul.hi
 // and a shift instead of a ~20-instruction integer division), exact for dividends in [0, 2^31).
 // Used where a kernel divides by the block size for every key it loads, and by the GQA group
-// for every packed query row it loads, masks or writes.
+// for every packed query row it loads, masks or writes. The host computes the same quotients
+// (tests/fast_divmod_test.cpp checks them against `/` and `%`).
 #pragma once
 #include <cstdint>
+
+#if defined(__CUDACC__)
+#define ATTNKIT_DIVMOD_FN __host__ __device__ __forceinline__
+#else
+#define ATTNKIT_DIVMOD_FN inline
+#endif
 
 namespace attnkit::cuda {
 
@@ -22,17 +29,24 @@ struct FastDivmod {
     shift = p - 32;
   }
 
-#if defined(__CUDACC__)
-  __device__ __forceinline__ int div(int n) const {
-    return multiplier == 0 ? n : static_cast<int>(__umulhi(static_cast<uint32_t>(n), multiplier) >> shift);
+  ATTNKIT_DIVMOD_FN int div(int n) const {
+    return multiplier == 0 ? n : static_cast<int>(mul_hi(static_cast<uint32_t>(n), multiplier) >> shift);
   }
   // n / divisor, with n % divisor in rem.
-  __device__ __forceinline__ int divmod(int n, int& rem) const {
+  ATTNKIT_DIVMOD_FN int divmod(int n, int& rem) const {
     const int q = div(n);
     rem = n - q * divisor;
     return q;
   }
+
+ private:
+  ATTNKIT_DIVMOD_FN static uint32_t mul_hi(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+    return __umulhi(a, b);
+#else
+    return static_cast<uint32_t>((static_cast<uint64_t>(a) * b) >> 32);
 #endif
+  }
 };
 
 }  // namespace attnkit::cuda
