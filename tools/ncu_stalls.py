@@ -2,8 +2,10 @@
 """Reads the per-instruction table of an Nsight Compute source page (`ncu -i rep --page source
 --csv --print-source sass`, written by tools/gpu-check.sh's profile step) and prints where the
 warps of the kernel stall: the stall reasons over all samples, the instructions with the most
-samples (with their top reasons and execution counts), and the samples per execution count,
-which separates the code of warp roles that run different loops (e.g. producer vs consumers).
+samples (with their top reasons and execution counts), the samples per execution count, which
+separates the code of warp roles that run different loops (e.g. producer vs consumers), and the
+regions of the code: runs of consecutive instructions with one execution count (a loop body, a
+per-item prologue or epilogue of one role), in address order, with their samples and reasons.
 
 Usage: python3 tools/ncu_stalls.py sass30.csv [top_n]
 """
@@ -53,6 +55,23 @@ def main() -> int:
     print("samples by execution count (one count per loop of one warp role):")
     for e, v in per_exec.most_common(8):
         print(f"  exec {e:>12}  {count[e]:5} instructions  {100 * v / total:5.1f}% of samples")
+    print("regions (consecutive instructions of one execution count, >= 0.3% of samples):")
+    regions = []  # [first address, last address, exec, instructions, samples, Counter of reasons]
+    for r in data:
+        e = num(r, "Instructions Executed")
+        if not regions or regions[-1][2] != e:
+            regions.append([r[ix["Address"]], r[ix["Address"]], e, 0, 0, Counter()])
+        g = regions[-1]
+        g[1] = r[ix["Address"]]
+        g[3] += 1
+        g[4] += num(r, samples_col)
+        for st in stalls:
+            g[5][st] += num(r, st)
+    for first, last, e, n, v, why in regions:
+        if e == 0 or v < 0.003 * total:
+            continue
+        reasons = ", ".join(f"{st[6:]} {100 * c / total:.1f}" for st, c in why.most_common(3) if c)
+        print(f"  {first[-5:]}-{last[-5:]}  exec {e:>10}  {n:4} instructions  {100 * v / total:5.1f}%  ({reasons})")
     return 0
 
 
