@@ -15,8 +15,13 @@
 #                      and, on request only, soak: with python, the engine-path soak at
 #                      SOAK_BATCHES (default 10000) batches; guards: the bench with and without the device
 #                      guards in turns (build-noguards/; $LOG/guards.md), profile: Nsight Compute on one kernel of the bench,
-#                      and sm80: the GPU tests on a build of compute_80 code (build-sm80/,
-#                      compiled for sm_90; SM80_TEST_FILTER, default GPU_TEST_FILTER; T_SM80)
+#                      sm80: the GPU tests on a build of compute_80 code (build-sm80/,
+#                      compiled for sm_90; SM80_TEST_FILTER, default GPU_TEST_FILTER; T_SM80),
+#                      and patches: the bench of the tree with each of PATCHES applied, in turns
+#   PATCHES            patches: unified diffs (paths; -R:PATH reverts one, e.g. the diff of the
+#                      tree against a commit: the commit), each applied to a copy of the tree in
+#                      build-patch-N/ whose bench (sm_90a) runs in turns with the tree's, two
+#                      rounds, on BENCH_ARGS / BENCH_MATCH; $LOG/patches.md (tools/bench_ab.py)
 #   PROFILE_KERNEL     profile: kernel name regex (default hopper_varlen)
 #   PROFILE_LAUNCHES   profile: which launches of it to profile, counted from 0 (default '0 30':
 #                      with BENCH_ARGS='--quick --only prefill', 512 x 32 and 1 x 16k); the
@@ -292,6 +297,45 @@ if [[ ",$STEPS," == *",guards,"* ]] && [ -x "$BUILD/bench/attnkit_bench" ]; then
   else
     FAILED=1
   fi
+fi
+
+# ---- on request: patched copies of the tree in turns with it (PATCHES) ------------------------------
+# How a kernel change is measured against the code without it: same machine, same run, in turns
+# (the card drifts by a few percent along a run).
+if [[ ",$STEPS," == *",patches,"* ]] && [ -x "$BUILD/bench/attnkit_bench" ]; then
+  n=0
+  bins=("$BUILD/bench/attnkit_bench") specs=(tree)
+  for spec in ${PATCHES:-}; do
+    n=$((n + 1))
+    rev=""; file=$spec
+    [[ $spec == -R:* ]] && { rev=-R; file=${spec#-R:}; }
+    dir=build-patch-$n
+    rm -rf "$dir" && mkdir -p "$dir/tree"
+    git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$dir/tree" 2>/dev/null
+    if step "patch $n ($spec)" 60 "$LOG/build.log" patch $rev -p1 -s -d "$dir/tree" -i "$ROOT/$file" &&
+       step "configure patch $n" "${T_BUILD:-420}" "$LOG/build.log" cmake -S "$dir/tree" -B "$dir/build" -G Ninja \
+         -DCMAKE_BUILD_TYPE=Release -DATTNKIT_CUDA=ON -DATTNKIT_TESTS=OFF -DATTNKIT_BENCH=ON \
+         -DATTNKIT_CUDA_ARCHS=90a -DCMAKE_CUDA_ARCHITECTURES=90a &&
+       step "build patch $n" "${T_BUILD:-420}" "$LOG/build.log" cmake --build "$dir/build" -j "$JOBS" --target attnkit_bench; then
+      bins+=("$dir/build/bench/attnkit_bench") specs+=("$spec")
+    else
+      FAILED=1
+    fi
+  done
+  for turn in 1 2; do
+    for i in "${!bins[@]}"; do
+      # shellcheck disable=SC2086
+      step "bench variant $i, turn $turn" "${T_BENCH:-240}" "$LOG/patches.log" "${bins[$i]}" --json "$LOG/variant$i-$turn.jsonl" \
+        ${BENCH_ARGS:-} ${BENCH_MATCH:+--match "$BENCH_MATCH"}
+    done
+  done
+  : >"$LOG/patches.md"
+  for ((i = 1; i < ${#bins[@]}; ++i)); do
+    { echo "## variant $i: ${specs[$i]} (A = the tree, B = the patched copy; B / A - 1 of the time)"
+      python3 tools/bench_ab.py "$LOG/variant0-1.jsonl,$LOG/variant0-2.jsonl" "$LOG/variant$i-1.jsonl,$LOG/variant$i-2.jsonl"
+      echo; } >>"$LOG/patches.md" 2>&1
+    SUMMARY+=("  variant $i (${specs[$i]}): $(tail -2 "$LOG/patches.md" | head -1)")
+  done
 fi
 
 # ---- on request: Nsight Compute source-level profile of one kernel of the bench -------------------
