@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "attnkit/detail/merge_rule.h"  // (ATTNKIT_HD)
+#include "attnkit/detail/host_device.h"
 #include "attnkit/tensor.h"
 
 namespace attnkit::cuda {

@@ -6,11 +6,7 @@
 #pragma once
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define ATTNKIT_DIVMOD_FN __host__ __device__ __forceinline__
-#else
-#define ATTNKIT_DIVMOD_FN inline
-#endif
+#include "attnkit/detail/host_device.h"
 
 namespace attnkit::cuda {
 
@@ -29,18 +25,18 @@ struct FastDivmod {
     shift = p - 32;
   }
 
-  ATTNKIT_DIVMOD_FN int div(int n) const {
+  ATTNKIT_HD int div(int n) const {
     return multiplier == 0 ? n : static_cast<int>(mul_hi(static_cast<uint32_t>(n), multiplier) >> shift);
   }
   // n / divisor, with n % divisor in rem.
-  ATTNKIT_DIVMOD_FN int divmod(int n, int& rem) const {
+  ATTNKIT_HD int divmod(int n, int& rem) const {
     const int q = div(n);
     rem = n - q * divisor;
     return q;
   }
 
  private:
-  ATTNKIT_DIVMOD_FN static uint32_t mul_hi(uint32_t a, uint32_t b) {
+  ATTNKIT_HD static uint32_t mul_hi(uint32_t a, uint32_t b) {
 #if defined(__CUDA_ARCH__)
     return __umulhi(a, b);
 #else

@@ -64,16 +64,14 @@ __device__ __forceinline__ void register_epilogue(const VarlenKernelParams& p, c
     const float mx[1] = {max_log2[r]}, sm[1] = {sum[r]};
     float wt[1];
     float lse = cuda::combine_row_parts<1>(mx, sm, wt);
-    int in_group;
-    const int64_t token = w.q_start + p.group.divmod(w.m0 + m, in_group);
-    const int head = w.kv_head * p.group.divisor + in_group;
+    const PackedRow row = packed_row(p, w, w.m0 + m);
     float sink_weight = 1.f;
     if (p.sinks != nullptr) {  // a part with LSE = sink logit and no value
       float w_sink;
-      lse = merge_weights(lse, p.sinks[head * p.sinks_stride], &sink_weight, &w_sink);
+      lse = merge_weights(lse, p.sinks[row.head * p.sinks_stride], &sink_weight, &w_sink);
     }
     const float f = wt[0] * sink_weight * v_scale;
-    T* dst = static_cast<T*>(p.out) + token * p.out_stride_token + head * p.out_stride_head + 2 * (lane & 3);
+    T* dst = static_cast<T*>(p.out) + row.token * p.out_stride_token + row.head * p.out_stride_head + 2 * (lane & 3);
 #pragma unroll
     for (int dn = 0; dn < Tr::kOFrags; ++dn)
     {
@@ -82,7 +80,7 @@ __device__ __forceinline__ void register_epilogue(const VarlenKernelParams& p, c
       if (dn * 8 >= p.head_size) break;
       *reinterpret_cast<uint32_t*>(dst + dn * 8) = cuda::pack2<T>(o[dn].c[2 * r] * f, o[dn].c[2 * r + 1] * f);
     }
-    if ((lane & 3) == 0 && p.lse != nullptr) p.lse[head * p.lse_stride_head + token * p.lse_stride_token] = lse;
+    if ((lane & 3) == 0 && p.lse != nullptr) p.lse[row.head * p.lse_stride_head + row.token * p.lse_stride_token] = lse;
   }
 }
 

@@ -49,10 +49,9 @@ struct MergedRow {
 template <class T>
 __device__ __forceinline__ MergedRow<T> merged_row(const VarlenKernelParams& p, const WorkItem& w, int m) {
   MergedRow<T> r;
-  const int gm = w.m0 + m;
-  int in_group;
-  r.token = w.q_start + p.group.divmod(gm, in_group);
-  r.head = w.kv_head * p.group.divisor + in_group;
+  const PackedRow row = packed_row(p, w, w.m0 + m);
+  r.token = row.token;
+  r.head = row.head;
   r.out = static_cast<T*>(p.out) + r.token * p.out_stride_token + r.head * p.out_stride_head;
   r.lse = p.lse != nullptr ? p.lse + r.head * p.lse_stride_head + r.token * p.lse_stride_token : nullptr;
   r.sink = p.sinks != nullptr ? p.sinks + r.head * p.sinks_stride : nullptr;
@@ -196,23 +195,20 @@ struct SplitKvEpilogue {
       // largest finite LSE, so that the merge gives it all the weight (the other parts' weights
       // round to 0, however far the scores) and its NaN reaches the output.
       if (w.fault) lse = split ? FLT_MAX : __int_as_float(0x7fffffff);
-      const int gm = w.m0 + m;
-      int in_group;
-      const int64_t token = w.q_start + p.group.divmod(gm, in_group);
-      const int head = w.kv_head * p.group.divisor + in_group;
+      const PackedRow row = packed_row(p, w, w.m0 + m);
       float sink_weight = 1.f;
       if (!split && p.sinks != nullptr) {  // a part with LSE = sink logit and no value
         float w_sink;
-        lse = merge_weights(lse, p.sinks[head * p.sinks_stride], &sink_weight, &w_sink);
+        lse = merge_weights(lse, p.sinks[row.head * p.sinks_stride], &sink_weight, &w_sink);
       }
 #pragma unroll
       for (int n = 0; n < kN; ++n) s_weight[m * kN + n] = wt[n] * v_scale * sink_weight;
       if (split && p.cluster_merge) {
         reinterpret_cast<float*>(smem + Tr::kClusterPartOffset + Tr::kBlockM * Tr::kODim * 4)[m] = lse;
       } else if (split) {
-        if (col0 == 0) *Partials::lse(p, w, m, token, head) = lse;
+        if (col0 == 0) *Partials::lse(p, w, m, row.token, row.head) = lse;
       } else if (p.lse != nullptr && col0 == 0) {  // (every output slice has the row's LSE: the first writes it)
-        p.lse[head * p.lse_stride_head + token * p.lse_stride_token] = lse;
+        p.lse[row.head * p.lse_stride_head + row.token * p.lse_stride_token] = lse;
       }
     }
     __syncthreads();
@@ -236,18 +232,15 @@ struct SplitKvEpilogue {
       if (w.fault)
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = __int_as_float(0x7fffffff);
-      const int gm = w.m0 + m;
-      int in_group;
-      const int64_t token = w.q_start + p.group.divmod(gm, in_group);
-      const int head = w.kv_head * p.group.divisor + in_group;
+      const PackedRow row = packed_row(p, w, w.m0 + m);
       if (split && p.cluster_merge) {
         float4* dst = reinterpret_cast<float4*>(smem + Tr::kClusterPartOffset) + (m * Tr::kODim + c) / 4;
         dst[0] = make_float4(v[0], v[1], v[2], v[3]);
         dst[1] = make_float4(v[4], v[5], v[6], v[7]);
       } else if (split) {
-        store8(Partials::o(p, w, m, token, head) + col0 + c, v);
+        store8(Partials::o(p, w, m, row.token, row.head) + col0 + c, v);
       } else {
-        store8(static_cast<T*>(p.out) + token * p.out_stride_token + head * p.out_stride_head + col0 + c, v);
+        store8(static_cast<T*>(p.out) + row.token * p.out_stride_token + row.head * p.out_stride_head + col0 + c, v);
       }
     }
   }

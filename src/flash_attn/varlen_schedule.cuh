@@ -46,6 +46,19 @@ __device__ __forceinline__ int32_t load_meta(const int32_t* p) {
   }
 }
 
+// Packed row gm of work item w's request and KV head (rows are query x GQA head, the group's heads
+// innermost): its query within the request, that query's token and its head.
+struct PackedRow {
+  int query;
+  int64_t token;
+  int head;
+};
+__device__ __forceinline__ PackedRow packed_row(const VarlenKernelParams& p, const WorkItem& w, int gm) {
+  int in_group;
+  const int query = p.group.divmod(gm, in_group);
+  return {query, w.q_start + query, w.kv_head * p.group.divisor + in_group};
+}
+
 // The visible keys of the tile's first and last query rows (w's request, rows [m0, m0 + rows)).
 // Visible keys are monotone in the query position, so these two bound the keys of all its rows:
 // every row sees keys within [first.lo, last.hi), and all rows see [last.lo, first.hi).
@@ -313,10 +326,8 @@ __device__ __forceinline__ void load_q_tile(const VarlenKernelParams& p, const W
     const bool valid = m < w.rows && chunk * 8 < p.head_size;
     const T* src = q;
     if (valid) {
-      int in_group;
-      const int64_t token = w.q_start + p.group.divmod(w.m0 + m, in_group);
-      const int head = w.kv_head * p.group.divisor + in_group;
-      src = q + token * p.q_stride_token + head * p.q_stride_head + chunk * 8;
+      const PackedRow r = packed_row(p, w, w.m0 + m);
+      src = q + r.token * p.q_stride_token + r.head * p.q_stride_head + chunk * 8;
     }
     cuda::cp_async_16(sq + Layout::offset(m, chunk), src, valid);
   }
@@ -375,17 +386,14 @@ __device__ __forceinline__ cuda::RowFacts row_facts(const VarlenKernelParams& p,
   cuda::RowFacts f;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int m = w.m0 + warp_row0 + Lay::row(lane, r);
-    int in_group;
-    const int token = p.group.divmod(m, in_group);
-    const int head = w.kv_head * p.group.divisor + in_group;
-    f.pos[r] = cuda::query_position(w.seq_len, w.q_len, token);
+    const PackedRow row = packed_row(p, w, w.m0 + warp_row0 + Lay::row(lane, r));
+    f.pos[r] = cuda::query_position(w.seq_len, w.q_len, row.query);
     f.keys[r] = vis.of(f.pos[r]);
     f.keys[r].lo = max(f.keys[r].lo, w.key_lo);  // (the item's keys: a planned chunk's)
     f.keys[r].hi = max(f.keys[r].lo, min(f.keys[r].hi, w.key_hi));
     f.alibi_slope[r] =
         p.alibi_slopes != nullptr
-            ? p.alibi_slopes[(per_request_alibi ? w.req * p.alibi_req_stride : 0) + head * p.alibi_stride]
+            ? p.alibi_slopes[(per_request_alibi ? w.req * p.alibi_req_stride : 0) + row.head * p.alibi_stride]
             : 0.f;
   }
   return f;

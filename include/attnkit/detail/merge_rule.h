@@ -2,11 +2,7 @@
 #pragma once
 #include <cmath>
 
-#if defined(__CUDACC__)
-#define ATTNKIT_HD __host__ __device__ __forceinline__
-#else
-#define ATTNKIT_HD inline
-#endif
+#include "attnkit/detail/host_device.h"
 
 namespace attnkit {
 
