@@ -274,6 +274,23 @@ if want bench; then
   fi
 fi
 
+# bench_in_turns NAME BIN...: the bench binaries run twice, in turns (the card drifts along a run),
+# on BENCH_ARGS / BENCH_MATCH, into $LOG/NAME<i>-<turn>.jsonl (i: the binary's position); then
+# ab_of NAME I J: tools/bench_ab.py of binary I's runs (A) against binary J's (B).
+bench_in_turns() {
+  local name=$1 turn i
+  shift
+  local bins=("$@")
+  for turn in 1 2; do
+    for i in "${!bins[@]}"; do
+      # shellcheck disable=SC2086
+      step "bench $name$i, turn $turn" "${T_BENCH:-240}" "$LOG/$name.log" "${bins[$i]}" --json "$LOG/$name$i-$turn.jsonl" \
+        ${BENCH_ARGS:-} ${BENCH_MATCH:+--match "$BENCH_MATCH"}
+    done
+  done
+}
+ab_of() { python3 tools/bench_ab.py "$LOG/$1$2-1.jsonl,$LOG/$1$2-2.jsonl" "$LOG/$1$3-1.jsonl,$LOG/$1$3-2.jsonl"; }
+
 # ---- on request: the cost of the device-side guards (src/cuda/metadata_guard.cuh) ------------------
 # A second bench built with -DATTNKIT_DEVICE_GUARDS=OFF (build-noguards/), both run twice in turns
 # on BENCH_ARGS / BENCH_MATCH; tools/bench_ab.py prints each row's cost (issue 22: at most 1%).
@@ -282,17 +299,8 @@ if [[ ",$STEPS," == *",guards,"* ]] && [ -x "$BUILD/bench/attnkit_bench" ]; then
        -DCMAKE_BUILD_TYPE=Release -DATTNKIT_CUDA=ON -DATTNKIT_TESTS=OFF -DATTNKIT_BENCH=ON -DATTNKIT_DEVICE_GUARDS=OFF \
        -DATTNKIT_CUDA_ARCHS=90a -DCMAKE_CUDA_ARCHITECTURES=90a &&
      step build-noguards "${T_BUILD:-420}" "$LOG/build.log" cmake --build build-noguards -j "$JOBS" --target attnkit_bench; then
-    for turn in 1 2; do
-      for side in noguards guards; do
-        bin=$BUILD/bench/attnkit_bench
-        [ $side = noguards ] && bin=build-noguards/bench/attnkit_bench
-        # shellcheck disable=SC2086
-        step "bench $side $turn" "${T_BENCH:-240}" "$LOG/ab.log" "$bin" --json "$LOG/ab-$side-$turn.jsonl" ${BENCH_ARGS:-} \
-          ${BENCH_MATCH:+--match "$BENCH_MATCH"}
-      done
-    done
-    python3 tools/bench_ab.py "$LOG/ab-noguards-1.jsonl,$LOG/ab-noguards-2.jsonl" \
-      "$LOG/ab-guards-1.jsonl,$LOG/ab-guards-2.jsonl" >"$LOG/guards.md" 2>&1
+    bench_in_turns guards build-noguards/bench/attnkit_bench "$BUILD/bench/attnkit_bench"
+    ab_of guards 0 1 >"$LOG/guards.md" 2>&1
     SUMMARY+=("  guards cost: $(tail -1 "$LOG/guards.md")")
   else
     FAILED=1
@@ -322,17 +330,11 @@ if [[ ",$STEPS," == *",patches,"* ]] && [ -x "$BUILD/bench/attnkit_bench" ]; the
       FAILED=1
     fi
   done
-  for turn in 1 2; do
-    for i in "${!bins[@]}"; do
-      # shellcheck disable=SC2086
-      step "bench variant $i, turn $turn" "${T_BENCH:-240}" "$LOG/patches.log" "${bins[$i]}" --json "$LOG/variant$i-$turn.jsonl" \
-        ${BENCH_ARGS:-} ${BENCH_MATCH:+--match "$BENCH_MATCH"}
-    done
-  done
+  bench_in_turns variant "${bins[@]}"
   : >"$LOG/patches.md"
   for ((i = 1; i < ${#bins[@]}; ++i)); do
     { echo "## variant $i: ${specs[$i]} (A = the tree, B = the patched copy; B / A - 1 of the time)"
-      python3 tools/bench_ab.py "$LOG/variant0-1.jsonl,$LOG/variant0-2.jsonl" "$LOG/variant$i-1.jsonl,$LOG/variant$i-2.jsonl"
+      ab_of variant 0 "$i"
       echo; } >>"$LOG/patches.md" 2>&1
     SUMMARY+=("  variant $i (${specs[$i]}): $(tail -2 "$LOG/patches.md" | head -1)")
   done
