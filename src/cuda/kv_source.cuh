@@ -32,11 +32,10 @@ namespace attnkit::cuda {
 
 // What a source reads: one request's pages and one KV head of both cache sides, the item's
 // tiles [first_key, first_key + n_tiles * kBlockN), and its stages.
-template <class PageMap = BlockTablePages>
 struct KvSourceArgs {
   PagedSideBytes k, v;         // bases offset to the KV head, byte strides
   PagedSideBytes k_scales, v_scales;  // NVFP4 block scales of the two sides (else unused)
-  PageMap pages;               // the request's pages
+  KvPages pages;               // the request's pages
   FastDivmod block_size;
   int seq_len, kv_head;
   int row_bytes;               // bytes of a row in the cache (<= G::kKvRowBytes; cp.async sources)
@@ -52,24 +51,24 @@ struct KvSourceArgs {
 // after each side's tile of packed rows, by the first kThreads threads (a tile of short rows
 // has fewer chunks than the CTA has threads), in 16-key groups whose pages are read one tile
 // ahead, as the packed rows' are. Without scales, every call is a no-op.
-template <class G, class PageMap, bool = (G::kScaleRowBytes > 0)>
+template <class G, bool = (G::kScaleRowBytes > 0)>
 struct ScaleRows {
   struct Pages {};
-  __device__ __forceinline__ ScaleRows(const KvSourceArgs<PageMap>&, int) {}
+  __device__ __forceinline__ ScaleRows(const KvSourceArgs&, int) {}
   __device__ __forceinline__ Pages pages(int, int) const { return {}; }
   __device__ __forceinline__ void load(int, uint32_t, uint32_t, int) const {}
   __device__ __forceinline__ void load(int, const Pages&, uint32_t, uint32_t, int) const {}
 };
-template <class G, class PageMap>
-struct ScaleRows<G, PageMap, true> {
+template <class G>
+struct ScaleRows<G, true> {
   static constexpr int kChunksPerTile = G::kBlockN * G::kScaleRowBytes / 4;
   static constexpr int kThreads = kChunksPerTile < G::kThreads ? kChunksPerTile : G::kThreads;
-  using Loader = PagedKVTileLoader<G::kBlockN, G::kScaleRowBytes, PitchedTile<G::kScaleRowBytes>, kThreads, PageMap, 4>;
+  using Loader = PagedKVTileLoader<G::kBlockN, G::kScaleRowBytes, PitchedTile<G::kScaleRowBytes>, kThreads, 4>;
   static_assert(Loader::kByGroups, "scale rows are copied by 16-key groups");
   using Pages = typename Loader::Pages;
   const Loader loader;
   const bool active;  // this thread copies scale chunks
-  __device__ __forceinline__ ScaleRows(const KvSourceArgs<PageMap>& a, int tid)
+  __device__ __forceinline__ ScaleRows(const KvSourceArgs& a, int tid)
       : loader{a.k_scales, a.v_scales, a.pages, a.block_size, a.seq_len, G::kScaleRowBytes}, active(tid < kThreads) {}
   __device__ __forceinline__ Pages pages(int first_key, int tid) const {
     return active ? loader.pages(first_key, tid) : Pages{};
@@ -84,13 +83,12 @@ struct ScaleRows<G, PageMap, true> {
   }
 };
 
-template <class G, class PageMapT = BlockTablePages>
+template <class G>
 struct CpAsyncPagedSource {
-  using PageMap = PageMapT;
   using Ring = StageRing<G::kStages>;
   using Layout = PitchedTile<G::kStagePitchBytes>;  // where a stage's bytes lie (fragment loaders)
-  using Loader = PagedKVTileLoader<G::kBlockN, G::kKvRowBytes, Layout, G::kThreads, PageMap>;
-  using Scales = ScaleRows<G, PageMap>;
+  using Loader = PagedKVTileLoader<G::kBlockN, G::kKvRowBytes, Layout, G::kThreads>;
+  using Scales = ScaleRows<G>;
   struct Barriers {};  // cp.async groups need none
   // Block-table entries of the next tile to load, read one iteration ahead (where the loader
   // copies by 16-key groups): their latency overlaps the MMAs instead of stalling the copies.
@@ -104,7 +102,7 @@ struct CpAsyncPagedSource {
   typename Loader::Pages next_pages;  // (written before any read: start, issue_ahead)
   typename Scales::Pages next_scale_pages;
 
-  __device__ __forceinline__ CpAsyncPagedSource(const KvSourceArgs<PageMap>& a, Barriers&, int tid_)
+  __device__ __forceinline__ CpAsyncPagedSource(const KvSourceArgs& a, Barriers&, int tid_)
       : loader{a.k, a.v, a.pages, a.block_size, a.seq_len, a.row_bytes}, scales(a, tid_), stages(a.stages),
         first_key(a.first_key), n_tiles(a.n_tiles), tid(tid_) {}
   __device__ __forceinline__ int tile_key(int i) const { return first_key + i * G::kBlockN; }
@@ -161,10 +159,10 @@ struct CpAsyncPagedSource {
 // block-table entries are never read); the tail tile's rows past seq_len are zeroed once it
 // has landed, as cp.async's zero fill does. Stages are dense, 128-byte swizzled
 // (kv_smem_layout.h PagedSwizzle128) and 1024-byte aligned.
-template <class G, class PageMapT = BlockTablePages>
+// The pages must be a block-table row (the launch plan never takes a TMA tile for contiguous
+// K/V: their view has no whole-block boxes).
+template <class G>
 struct TmaBlockTableSource {
-  static_assert(std::is_base_of_v<BlockTablePages, PageMapT>, "TMA fills read a block-table row");
-  using PageMap = PageMapT;
   using Layout = PagedSwizzle128<G::kKvRowBytes>;
   using Pipe = Pipeline<G::kStages, /*kEmpty=*/false>;  // a stage is free once the CTA synced past it
   using State = typename Pipe::State;
@@ -182,7 +180,7 @@ struct TmaBlockTableSource {
   Pipe pipe;
   const TmaDesc* k_map;
   const TmaDesc* v_map;
-  PageMap pages;  // the request's block-table row
+  KvPages pages;  // the request's block-table row
   FastDivmod block_size;
   int seq_len, kv_head, first_key, n_tiles, tid, lane;
   bool evict_first, issuer;  // issuer: warp 0
@@ -191,7 +189,7 @@ struct TmaBlockTableSource {
   unsigned char* stages_ptr;
   int32_t page_cur = 0, page_next = 0;  // this lane's page group of the current / next batch
 
-  __device__ __forceinline__ TmaBlockTableSource(const KvSourceArgs<PageMap>& a, Barriers& bars, int tid_)
+  __device__ __forceinline__ TmaBlockTableSource(const KvSourceArgs& a, Barriers& bars, int tid_)
       : pipe(bars), k_map(a.k_map), v_map(a.v_map), pages(a.pages), block_size(a.block_size),
         seq_len(a.seq_len), kv_head(a.kv_head), first_key(a.first_key), n_tiles(a.n_tiles), tid(tid_),
         lane(tid_ & 31), evict_first(a.evict_first), issuer(tid_ < 32),

@@ -64,13 +64,13 @@ __device__ __forceinline__ bool named_bar_or(int id, int count, bool pred) {
 // seq_len)) holds a block outside the cache (pages.holds), each such page recorded (the same ids
 // the loaders read, so from L1 / L2). Threads tid of nthreads share the pages; the caller ORs
 // the results over them. Contiguous K/V read no ids.
-template <class PageMap>
-__device__ __forceinline__ bool pages_fault(const PageMap& pages, const FastDivmod& block_size, int first_key,
+__device__ __forceinline__ bool pages_fault(const KvPages& pages, const FastDivmod& block_size, int first_key,
                                             int key_end, int seq_len, int req, DeviceErrorRecord* errors, int tid,
                                             int nthreads) {
-  if constexpr (std::is_same_v<PageMap, ContiguousPages> || !kDeviceGuards) {
+  if constexpr (!kDeviceGuards) {
     return false;
   } else {
+    if (pages.contiguous()) return false;
     const int k1 = min(key_end, seq_len);
     if (k1 <= first_key) return false;
     bool bad = false;

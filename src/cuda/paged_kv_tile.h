@@ -22,17 +22,31 @@ struct PagedSideBytes {
   int32_t stride_block, stride_slot;
 };
 
-// Page maps: `at(page)` is the block id of a request's page `page` (of block_size keys), read
-// through L1 (`at_l2`: L2 only, for reads before the PDL wait). A side's address of key j is
-// at(j / block_size) * stride_block + (j % block_size) * stride_slot.
-// `holds(blk)`: whether a block id read from the map lies inside the cache; `readable(blk)`: the
-// block a loader reads for it (cuda/metadata_guard.cuh).
-// vLLM's block table: one row of block ids per request.
-struct BlockTablePages {
-  const int32_t* row;
+// The page map of one request: `at(page)` is the block id of its page `page` (of block_size
+// keys), read through L1 (`at_l2`: L2 only, for reads before the PDL wait). A side's address of
+// key j is at(j / block_size) * stride_block + (j % block_size) * stride_slot. Two kinds, one
+// type (the choice is a select per page lookup, so every kernel is compiled once for both):
+//  - a block-table row (vLLM's block table, one row per request; FlashInfer's page table, the
+//    row starting at indptr[r]): ids read from memory;
+//  - contiguous rows (varlen K/V with cu_seqlens_k; `row` null): "pages" of kContiguousPageKeys
+//    keys whose block id is the row index of their first key, over a view whose block stride is
+//    one row (stride_block == stride_slot): key j of the request is row first_row + j, and no
+//    memory is read.
+// `holds(blk)`: whether a block id read from the map lies inside the cache (contiguous rows
+// always do); `readable(blk)`: the block a loader reads for it, blk or block 0 for one outside
+// the cache (the kernel then writes the item's rows as NaN: cuda/metadata_guard.cuh).
+struct KvPages {
+  static constexpr int kContiguousPageKeys = 16;  // (the contiguous view's block size)
+  const int32_t* row = nullptr;       // the request's block-table row; null: contiguous rows
+  int32_t first_row = 0;              // contiguous rows: the request's first
   uint32_t num_blocks = 0xffffffffu;  // the cache's blocks: ids in [0, num_blocks) are inside it
-  __device__ __forceinline__ int32_t at(int page) const { return __ldg(row + page); }
-  __device__ __forceinline__ int32_t at_l2(int page) const { return __ldcg(row + page); }
+  __device__ __forceinline__ bool contiguous() const { return row == nullptr; }
+  __device__ __forceinline__ int32_t at(int page) const {
+    return contiguous() ? first_row + kContiguousPageKeys * page : __ldg(row + page);
+  }
+  __device__ __forceinline__ int32_t at_l2(int page) const {
+    return contiguous() ? first_row + kContiguousPageKeys * page : __ldcg(row + page);
+  }
   __device__ __forceinline__ bool holds(int32_t blk) const {
 #if defined(ATTNKIT_DEVICE_GUARDS) && !ATTNKIT_DEVICE_GUARDS
     return true;  // (a build without the guards: cuda/metadata_guard.cuh)
@@ -40,23 +54,7 @@ struct BlockTablePages {
     return static_cast<uint32_t>(blk) < num_blocks;
 #endif
   }
-  // The block a loader reads for id blk: blk, or block 0 for one outside the cache (the kernel
-  // then writes the item's rows as NaN).
   __device__ __forceinline__ int32_t readable(int32_t blk) const { return holds(blk) ? blk : 0; }
-};
-// FlashInfer's page table (indptr / indices): request r's pages are indices[indptr[r] ..], a
-// block-table row that starts at indptr[r].
-struct PageTablePages : BlockTablePages {};
-// Contiguous rows (varlen K/V with cu_seqlens_k): "pages" of 16 keys whose block id is the row
-// index of their first key, over a view whose block stride is one row (stride_block ==
-// stride_slot): key j of the request is row first_row + j. No memory is read.
-struct ContiguousPages {
-  static constexpr int kPageKeys = 16;  // (the view's block size)
-  int32_t first_row;
-  __device__ __forceinline__ int32_t at(int page) const { return first_row + kPageKeys * page; }
-  __device__ __forceinline__ int32_t at_l2(int page) const { return at(page); }
-  __device__ __forceinline__ static constexpr bool holds(int32_t) { return true; }
-  __device__ __forceinline__ static constexpr int32_t readable(int32_t blk) { return blk; }
 };
 
 // Where 16-byte chunk `chunk` of tile row `row` lands in shared memory (bytes from the tile).
@@ -79,9 +77,8 @@ struct PitchedTile {
 // tile laid out by Layout. K and V of the same keys are loaded together: the page
 // lookup is shared. All page lookups of a tile are issued before the first copy so their
 // latencies overlap.
-template <int kRows, int kRowBytes, class Layout, int kThreads, class PageMap_ = BlockTablePages, int kChunk = 16>
+template <int kRows, int kRowBytes, class Layout, int kThreads, int kChunk = 16>
 struct PagedKVTileLoader {
-  using PageMap = PageMap_;
   static_assert(kChunk == 16 || kChunk == 8 || kChunk == 4, "cp.async copies 4, 8 or 16 bytes");
   static_assert(kRowBytes % kChunk == 0, "rows must be whole chunks");
   static_assert(kRows % 16 == 0, "tiles are whole 16-key groups");
@@ -90,7 +87,7 @@ struct PagedKVTileLoader {
   static constexpr int kIters = (kChunks + kThreads - 1) / kThreads;
 
   PagedSideBytes k, v;
-  PageMap page_map;  // this request's pages
+  KvPages page_map;  // this request's pages
   FastDivmod block_size;
   int seq_len;
   // Bytes of a row in the cache (a multiple of kChunk, <= kRowBytes): chunks past it are

@@ -49,9 +49,8 @@ namespace attnkit::flash_attn {
 // tile ahead, and computes one 64-bit offset (start_tile); K and V share it (equal strides: the
 // launch rule). Its copies then step by the slot stride in global memory and by Columns::at in
 // the stage. Rows past seq_len and padding columns are zero-filled by the copies.
-template <class Tr, class PageMap_, class Columns_>
+template <class Tr, class Columns_>
 struct HopperGroupFill {
-  using PageMap = PageMap_;
   using Columns = Columns_;
   using Pipe = cuda::Pipeline<Tr::kStages>;
   using Pos = typename Pipe::State;
@@ -60,7 +59,7 @@ struct HopperGroupFill {
 
   const char* k_base;
   const char* v_base;
-  PageMap pages;
+  cuda::KvPages pages;
   cuda::FastDivmod block_size;
   int32_t stride_block, stride_slot;
   int first_key, n, seq_len;
@@ -76,7 +75,7 @@ struct HopperGroupFill {
                                              const typename Columns::Column& col, int column_bytes)
       : k_base(static_cast<const char*>(p.k_cache) + w.kv_head * p.k_stride_head),
         v_base(static_cast<const char*>(p.v_cache) + w.kv_head * p.v_stride_head),
-        pages(page_map_for<PageMap>(p, w)), block_size(p.block_size), stride_block(p.k_stride_block),
+        pages(page_map_for(p, w)), block_size(p.block_size), stride_block(p.k_stride_block),
         stride_slot(p.k_stride_slot), first_key(w.first_key), n(n_), seq_len(w.seq_len), group(col.group),
         copying(Columns::kThreads == Tr::kProducerThreads || ptid < Columns::kThreads) {
     const bool in_row = column_bytes < p.kv_row_bytes;
@@ -119,9 +118,9 @@ struct HopperGroupFill {
 // else 1; all 128 producer threads copy but at head dim 192: 96). Per 16-byte copy a pointer
 // add, a swizzle XOR with a constant and a bounds compare; a warp's copy instruction covers
 // whole rows (16 threads a 256-byte row at head dim 128).
-template <class Tr, class PageMap_>
+template <class Tr>
 struct HopperCpAsyncFill
-    : HopperGroupFill<Tr, PageMap_, cuda::GroupColumns<Tr::kBlockN, Tr::kHeadDim / 8, Tr::kProducerThreads>> {
+    : HopperGroupFill<Tr, cuda::GroupColumns<Tr::kBlockN, Tr::kHeadDim / 8, Tr::kProducerThreads>> {
   using Base = typename HopperCpAsyncFill::HopperGroupFill;
   using typename Base::Columns;
   using typename Base::Pipe;
@@ -170,9 +169,9 @@ struct HopperCpAsyncFill
 // 2(P + p), chunk p to 2(P + p) + 1 (both in the row's upper half), so its outputs (row chunks
 // 2p, 2p + 1 and 2(P + p), 2(P + p) + 1) overwrite only its own codes. Row phases 8 / 4 / 4 /
 // 4 at head dims 64 / 128 / 192 / 256 (96 threads copy at 192).
-template <class Tr, class PageMap_, cuda::Fp8Format kFmt>
+template <class Tr, cuda::Fp8Format kFmt>
 struct HopperConvertFill
-    : HopperGroupFill<Tr, PageMap_, cuda::GroupColumns<Tr::kBlockN, Tr::kHeadDim / 32, Tr::kProducerThreads>> {
+    : HopperGroupFill<Tr, cuda::GroupColumns<Tr::kBlockN, Tr::kHeadDim / 32, Tr::kProducerThreads>> {
   static_assert(Tr::kFp8Cache && std::is_same_v<typename Tr::MmaElem, __half>, "fp8 codes become f16 stages");
   using Base = typename HopperConvertFill::HopperGroupFill;
   using typename Base::Columns;
@@ -279,10 +278,9 @@ struct HopperConvertFill
   }
 };
 
-template <class Tr, class PageMap_>
+// The pages must be a block-table row (with_fill, hopper_kernel.cuh, refuses contiguous K/V).
+template <class Tr>
 struct HopperTmaFill {
-  using PageMap = PageMap_;
-  static_assert(std::is_base_of_v<cuda::BlockTablePages, PageMap>, "TMA fills read a block-table row");
   using Pipe = cuda::Pipeline<Tr::kStages>;
   using Pos = typename Pipe::State;
   static constexpr uint32_t kFullArrivals = 1;  // lane 0's arrive.expect_tx; the bytes do the rest
@@ -295,7 +293,7 @@ struct HopperTmaFill {
 
   const cuda::TmaDesc* k_map;
   const cuda::TmaDesc* v_map;
-  PageMap pages;  // the request's block-table row
+  cuda::KvPages pages;  // the request's block-table row
   cuda::FastDivmod block_size;
   int seq_len, kv_head, first_key, n;
   bool warp0, issuer;           // warp 0 of the producers; a lane of it that owns a box
@@ -303,7 +301,7 @@ struct HopperTmaFill {
   int32_t page_prev = -1, page_cur = -1;  // its group's block in tile t (for v) and t + 1 (for k)
 
   __device__ __forceinline__ HopperTmaFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid)
-      : k_map(&p.k_map), v_map(&p.v_map), pages(page_map_for<PageMap>(p, w)), block_size(p.block_size),
+      : k_map(&p.k_map), v_map(&p.v_map), pages(page_map_for(p, w)), block_size(p.block_size),
         seq_len(w.seq_len), kv_head(w.kv_head), first_key(w.first_key), n(n_), warp0(ptid < 32),
         issuer(ptid < kBoxes), group(ptid / kSegments), segment(ptid % kSegments) {
     if (issuer) page_cur = page(0);

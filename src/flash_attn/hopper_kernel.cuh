@@ -358,23 +358,22 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
 // The plan's fill (hopper_fill.cuh), as f.template operator()<Fill>(): an fp8 cache's codes are
 // converted on their way in (in p's format), 16-bit rows are copied by TMA boxes (block tables
-// only) or by cp.async.
-template <class Tr, class PageMap, class F>
+// only: not contiguous K/V, p.cu_seqlens_k) or by cp.async.
+template <class Tr, class F>
 void with_fill(const VarlenKernelParams& p, const LaunchPlan& plan, const char* where, F&& f) {
   const bool tma = plan.config.fill == KvFill::tma;
   if constexpr (Tr::kFp8Cache) {
     ATTNKIT_REQUIRE(plan.config.fill == KvFill::convert, where, "fill", static_cast<int>(plan.config.fill),
                     "must be the convert fill: fp8 codes are converted on their way into the stages");
     if (p.fp8_format == static_cast<int>(cuda::Fp8Format::e5m2))
-      f.template operator()<HopperConvertFill<Tr, PageMap, cuda::Fp8Format::e5m2>>();
+      f.template operator()<HopperConvertFill<Tr, cuda::Fp8Format::e5m2>>();
     else
-      f.template operator()<HopperConvertFill<Tr, PageMap, cuda::Fp8Format::e4m3>>();
-  } else if constexpr (std::is_base_of_v<cuda::BlockTablePages, PageMap>) {
-    if (tma) f.template operator()<HopperTmaFill<Tr, PageMap>>();
-    else f.template operator()<HopperCpAsyncFill<Tr, PageMap>>();
+      f.template operator()<HopperConvertFill<Tr, cuda::Fp8Format::e4m3>>();
+  } else if (tma) {
+    ATTNKIT_REQUIRE(p.cu_seqlens_k == nullptr, where, "fill", "tma", "reads a block table, not contiguous K/V");
+    f.template operator()<HopperTmaFill<Tr>>();
   } else {
-    ATTNKIT_REQUIRE(!tma, where, "fill", "tma", "reads a block table, not contiguous K/V");
-    f.template operator()<HopperCpAsyncFill<Tr, PageMap>>();
+    f.template operator()<HopperCpAsyncFill<Tr>>();
   }
 }
 
@@ -398,9 +397,7 @@ void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStre
       cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(plan.ctas)), dim3(Tr::kThreads), Tr::kSmemBytes, stream,
                           plan.pdl, dim3(1, 1, 1), p, items);
     };
-    // Contiguous K/V rows (cu_seqlens_k) or the block table.
-    if (p.cu_seqlens_k != nullptr) with_fill<Tr, cuda::ContiguousPages>(p, plan, where, launch);
-    else with_fill<Tr, cuda::BlockTablePages>(p, plan, where, launch);
+    with_fill<Tr>(p, plan, where, launch);
   };
   constexpr bool kShort = tile_instantiated(TileId::hopper_short, kHeadDim, kCache);
   if constexpr (kShort) {
@@ -424,7 +421,7 @@ void launch_hopper_planned(const VarlenKernelParams& p, const LaunchPlan& plan, 
   const int64_t ctas = grid_items * p.num_kv_heads;  // (PlanScheduler: item-major, KV heads inner)
   ATTNKIT_REQUIRE(grid_items > 0 && ctas <= 0x7fffffff, where, "plan item capacity x num_kv_heads", ctas,
                   "must be in [1, 2^31) (one grid dimension)");
-  with_fill<Tr, cuda::PageTablePages>(p, plan, where, [&]<class Fill>() {
+  with_fill<Tr>(p, plan, where, [&]<class Fill>() {
     auto kernel = hopper_varlen_kernel<Tr, Fill, PlanWalk<Tr::kBlockM, Tr::kBlockN>>;
     ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
     cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(ctas)), dim3(Tr::kThreads), Tr::kSmemBytes, stream, plan.pdl,

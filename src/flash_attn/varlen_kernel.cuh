@@ -37,11 +37,10 @@
 
 namespace attnkit::flash_attn {
 
-// The K/V source of a tile: its fill (tile_set.h) through a page map (the block table or
-// contiguous rows: cuda/paged_kv_tile.h; TMA fills read block tables only).
-template <class Tr, class PageMap = cuda::BlockTablePages>
-using KvSourceOf =
-    std::conditional_t<Tr::kTmaStages, cuda::TmaBlockTableSource<Tr, PageMap>, cuda::CpAsyncPagedSource<Tr, PageMap>>;
+// The K/V source of a tile: its fill (tile_set.h) through the request's page map (the block
+// table, a page table or contiguous rows: cuda/paged_kv_tile.h; TMA fills read block tables only).
+template <class Tr>
+using KvSourceOf = std::conditional_t<Tr::kTmaStages, cuda::TmaBlockTableSource<Tr>, cuda::CpAsyncPagedSource<Tr>>;
 
 template <class Tr, class Scheduler, class Source, class Epilogue, cuda::Fp8Format kFmt>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
@@ -61,7 +60,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if constexpr (Scheduler::kGridItems)
     if (p.l2_prefetch && static_cast<int64_t>(linear_block_index()) < p.l2_prefetch_ctas)
-      prefetch_first_tiles<Tr::kBlockM, Tr::kBlockN, typename CpAsyncPagedSource<Tr, typename Source::PageMap>::Loader,
+      prefetch_first_tiles<Tr::kBlockM, Tr::kBlockN, typename CpAsyncPagedSource<Tr>::Loader,
                            Tr::kStages, Tr::kOSliceCols>(p, threadIdx.x);
 #endif
   pdl_wait();  // everything below may read what the previous kernel wrote (metadata, q, cache)
@@ -82,7 +81,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
   // aligned for the swizzle; kTmaSlack reserves the round-up).
   const uint32_t s_q = smem_addr(smem);
   const uint32_t s_stages = Source::stages_at(s_q + Tr::kStagesOffset);
-  Source kv(kv_source_args<Tr::kBlockN, typename Source::PageMap>(p, w, s_stages, smem + (s_stages - s_q)), bars, tid);
+  Source kv(kv_source_args<Tr::kBlockN>(p, w, s_stages, smem + (s_stages - s_q)), bars, tid);
   kv.init();
 
   // Prologue: Q in its own cp.async group, then kStages - 1 K/V tiles.
@@ -94,8 +93,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
   // The block-id guard (cuda/metadata_guard.cuh) over the item's pages, with the first tiles'
   // copies in flight: its id reads go out with the loaders' and its barrier waits no longer than
   // the first tile does. A bad id marks the item (s_fault); the loaders read block 0 for it.
-  if constexpr (kDeviceGuards && !std::is_same_v<typename Source::PageMap, cuda::ContiguousPages>) {
-    if (__syncthreads_or(item_pages_fault<typename Source::PageMap>(p, w, kv.tile_key(n_tiles), tid, Tr::kThreads)) &&
+  if constexpr (kDeviceGuards) {
+    if (__syncthreads_or(item_pages_fault(p, w, kv.tile_key(n_tiles), tid, Tr::kThreads)) &&
         tid == 0)
       s_fault = true;
   }

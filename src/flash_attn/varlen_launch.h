@@ -63,7 +63,7 @@ void varlen_workspace_init(void* workspace, size_t bytes, void* stream);
 
 // The cache view of contiguous K/V rows k / v [total_k, num_kv_heads, head_size] (last dim
 // contiguous, any row and head strides) that VarlenArgs::cache takes with cu_seqlens_k: 16-row
-// "blocks" starting at every row (cuda/paged_kv_tile.h ContiguousPages), no copy.
+// "blocks" starting at every row (cuda/paged_kv_tile.h KvPages), no copy.
 PagedKV contiguous_kv_view(const TensorView& k, const TensorView& v);
 
 // The facts choose_launch decides this launch by (the current device's, and whether the cache's

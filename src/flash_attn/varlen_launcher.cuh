@@ -35,13 +35,13 @@ void for_each_tile(F&& f) {
   }(std::make_index_sequence<std::size(kAllTiles)>{});
 }
 
-template <class Tr, class PageMap>
+template <class Tr>
 void launch_varlen(VarlenKernelParams p, const LaunchPlan& plan, cudaStream_t stream) {
   dim3 grid;
   if (!varlen_grid(p, plan, Tr::kSmemBytes, "flash_attn varlen attention", grid)) return;
   using Sched = GridScheduler<Tr::kBlockM, Tr::kBlockN, Tr::kOSliceCols>;
   using Epi = detail::SplitKvEpilogue<Tr>;
-  const auto kernel = kernel_for<Tr, Sched, KvSourceOf<Tr, PageMap>, Epi>(p);
+  const auto kernel = kernel_for<Tr, Sched, KvSourceOf<Tr>, Epi>(p);
   p.l2_prefetch = plan.l2_prefetch;
   p.l2_prefetch_ctas = plan.cta_slots;  // (the first wave only: CTAs are dispatched in linear order)
   p.kv_evict_first = plan.kv_evict_first;
@@ -52,7 +52,8 @@ void launch_varlen(VarlenKernelParams p, const LaunchPlan& plan, cudaStream_t st
 }
 
 // The plan's tile over the launch's pages: the block table, or (p.cu_seqlens_k set) contiguous
-// rows, which only the cp.async tiles read (the plan never picks a TMA tile for them).
+// rows, which only the cp.async tiles read (the plan never picks a TMA tile for them). One
+// kernel per tile serves both (the page map is a runtime choice: cuda/paged_kv_tile.h KvPages).
 template <class Elem, int kHeadDim, CacheKind kCache>
 void launch_mma_sync(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   bool launched = false;
@@ -60,15 +61,9 @@ void launch_mma_sync(const VarlenKernelParams& p, const LaunchPlan& plan, cudaSt
   auto try_tile = [&]<TileId kTile>() {
     constexpr TileConfig kCfg = tile_config(kTile, kHeadDim, kCache);
     if constexpr (tile_instantiated(kTile, kHeadDim, kCache) && kCfg.generation == Generation::mma_sync) {
-      if (plan.tile == kTile && !contiguous) {
-        launch_varlen<VarlenTraits<Elem, kHeadDim, kCache, kTile>, cuda::BlockTablePages>(p, plan, stream);
+      if (plan.tile == kTile && (!contiguous || kCfg.fill == KvFill::cp_async)) {
+        launch_varlen<VarlenTraits<Elem, kHeadDim, kCache, kTile>>(p, plan, stream);
         launched = true;
-      }
-      if constexpr (kCfg.fill == KvFill::cp_async) {
-        if (plan.tile == kTile && contiguous) {
-          launch_varlen<VarlenTraits<Elem, kHeadDim, kCache, kTile>, cuda::ContiguousPages>(p, plan, stream);
-          launched = true;
-        }
       }
     }
   };
@@ -97,7 +92,7 @@ void launch_planned(VarlenKernelParams p, const LaunchPlan& plan, int64_t grid_i
       using Tr = VarlenTraits<Elem, kHeadDim, kCache, kTile>;
       using Sched = PlanScheduler<Tr::kBlockM, Tr::kBlockN>;
       using Epi = detail::SplitKvEpilogue<Tr, detail::PlanPartials>;
-      using Src = KvSourceOf<Tr, cuda::PageTablePages>;
+      using Src = KvSourceOf<Tr>;
       // (an item has min(tile_q, its packed rows) rows; the transposed tile is chosen only where
       // every request has at most kMaxRows)
       ATTNKIT_REQUIRE(p.plan_tile_q >= 1 && p.plan_tile_q <= Tr::kBlockM, where, "plan tile_q", p.plan_tile_q,

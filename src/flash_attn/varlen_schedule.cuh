@@ -277,27 +277,28 @@ struct PersistentScheduler {
 // straight from the parameters, so the loaders may reload it rather than hold a register).
 __device__ __forceinline__ uint32_t cache_blocks(const VarlenKernelParams& p) { return static_cast<uint32_t>(p.num_blocks); }
 
-// The page map (cuda/paged_kv_tile.h) of the work item's request: its block-table row, its
-// page-table row, or its first row of contiguous K/V (cu_seqlens_k; kL2Only: a read before the
-// PDL wait).
-template <class PageMap, bool kL2Only = false>
-__device__ __forceinline__ PageMap page_map_for(const VarlenKernelParams& p, const WorkItem& w) {
-  if constexpr (std::is_same_v<PageMap, cuda::ContiguousPages>) {
-    return {load_meta<kL2Only>(p.cu_seqlens_k + w.req)};
-  } else if constexpr (std::is_same_v<PageMap, cuda::PageTablePages>) {
-    return {{p.block_table + load_meta<kL2Only>(p.page_indptr + w.req), cache_blocks(p)}};
+// The page map (cuda/paged_kv_tile.h) of the work item's request: its first row of contiguous
+// K/V (cu_seqlens_k set), its page-table row (a planned launch: page_indptr set), or its
+// block-table row (kL2Only: metadata reads before the PDL wait).
+template <bool kL2Only = false>
+__device__ __forceinline__ cuda::KvPages page_map_for(const VarlenKernelParams& p, const WorkItem& w) {
+  cuda::KvPages pages;
+  if (p.cu_seqlens_k != nullptr) {
+    pages.first_row = load_meta<kL2Only>(p.cu_seqlens_k + w.req);
   } else {
-    return {p.block_table + static_cast<int64_t>(w.req) * p.max_blocks_per_req, cache_blocks(p)};
+    pages.row = p.block_table + (p.page_indptr != nullptr ? static_cast<int64_t>(load_meta<kL2Only>(p.page_indptr + w.req))
+                                                          : static_cast<int64_t>(w.req) * p.max_blocks_per_req);
+    pages.num_blocks = cache_blocks(p);
   }
+  return pages;
 }
 
 // The block-id guard of a work item (cuda/metadata_guard.cuh pages_fault) over its tiles' keys
 // [w.first_key, key_end).
-template <class PageMap>
 __device__ __forceinline__ bool item_pages_fault(const VarlenKernelParams& p, const WorkItem& w, int key_end, int tid,
                                                  int nthreads) {
-  return cuda::pages_fault(page_map_for<PageMap>(p, w), p.block_size, w.first_key, key_end, w.seq_len, w.req, p.errors,
-                           tid, nthreads);
+  return cuda::pages_fault(page_map_for(p, w), p.block_size, w.first_key, key_end, w.seq_len, w.req, p.errors, tid,
+                           nthreads);
 }
 
 // A paged K/V tile loader (cuda/paged_kv_tile.h) over the work item's request and KV head.
@@ -306,7 +307,7 @@ __device__ __forceinline__ Loader kv_loader_for(const VarlenKernelParams& p, con
   Loader loader;
   loader.k = {static_cast<const char*>(p.k_cache) + w.kv_head * p.k_stride_head, p.k_stride_block, p.k_stride_slot};
   loader.v = {static_cast<const char*>(p.v_cache) + w.kv_head * p.v_stride_head, p.v_stride_block, p.v_stride_slot};
-  loader.page_map = page_map_for<typename Loader::PageMap, kL2Only>(p, w);
+  loader.page_map = page_map_for<kL2Only>(p, w);
   loader.block_size = p.block_size;
   loader.seq_len = w.seq_len;
   loader.row_bytes = p.kv_row_bytes;
@@ -334,10 +335,10 @@ __device__ __forceinline__ void load_q_tile(const VarlenKernelParams& p, const W
 }
 
 // What a K/V source (cuda/kv_source.cuh) reads for work item w, with its stages.
-template <int kBlockN, class PageMap>
-__device__ __forceinline__ cuda::KvSourceArgs<PageMap> kv_source_args(const VarlenKernelParams& p, const WorkItem& w,
+template <int kBlockN>
+__device__ __forceinline__ cuda::KvSourceArgs kv_source_args(const VarlenKernelParams& p, const WorkItem& w,
                                                                      uint32_t stages, unsigned char* stages_ptr) {
-  cuda::KvSourceArgs<PageMap> a;
+  cuda::KvSourceArgs a;
   a.k = {static_cast<const char*>(p.k_cache) + w.kv_head * p.k_stride_head, p.k_stride_block, p.k_stride_slot};
   a.v = {static_cast<const char*>(p.v_cache) + w.kv_head * p.v_stride_head, p.v_stride_block, p.v_stride_slot};
   if (p.k_block_scales != nullptr) {  // (NVFP4)
@@ -346,7 +347,7 @@ __device__ __forceinline__ cuda::KvSourceArgs<PageMap> kv_source_args(const Varl
     a.v_scales = {static_cast<const char*>(p.v_block_scales) + w.kv_head * p.v_bscale_stride_head,
                   p.v_bscale_stride_block, p.v_bscale_stride_slot};
   }
-  a.pages = page_map_for<PageMap>(p, w);
+  a.pages = page_map_for(p, w);
   a.block_size = p.block_size;
   a.seq_len = w.seq_len;
   a.kv_head = w.kv_head;

@@ -25,7 +25,7 @@ PagedKV contiguous_kv_view(const TensorView& k, const TensorView& v) {
   kv.device = k.device;
   kv.device_index = k.device_index;
   kv.num_blocks = k.shape[0];
-  kv.block_size = 16;  // (cuda::ContiguousPages::kPageKeys)
+  kv.block_size = 16;  // (cuda::KvPages::kContiguousPageKeys)
   kv.num_kv_heads = static_cast<int>(k.shape[1]);
   kv.head_size = static_cast<int>(k.shape[2]);
   for (auto [side, t] : {std::pair{&kv.k, &k}, {&kv.v, &v}}) {

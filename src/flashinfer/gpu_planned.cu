@@ -20,7 +20,7 @@ namespace {
 constexpr std::string_view kWhere = "flashinfer planned part";
 constexpr int kItemInts = 7;  // plan.h WorkItem, as the kernel reads it (PlanScheduler)
 static_assert(sizeof(WorkItem) == kItemInts * sizeof(int32_t), "WorkItem is 7 int32");
-static_assert(kRaggedPageRows == cuda::ContiguousPages::kPageKeys, "ragged pages are the contiguous view's blocks");
+static_assert(kRaggedPageRows == cuda::KvPages::kContiguousPageKeys, "ragged pages are the contiguous view's blocks");
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
