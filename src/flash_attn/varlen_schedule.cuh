@@ -127,20 +127,22 @@ __device__ __forceinline__ void guard_lengths(const VarlenKernelParams& p, WorkI
 // The work item at grid coordinates (x, y, z); false when x is past the request's row tiles.
 // kOSliceCols > 0: the tile's items have output-column slices of that width, the slice outermost
 // in y (y = (slice x kv heads + kv_head) x splits + split: a cluster of one item's splits stays
-// contiguous in y).
-template <int kBlockM, int kBlockN, bool kL2Only = false, int kOSliceCols = 0>
+// contiguous in y). kUnsplit: a launch of one split (the hopper walk's), y = kv_head, no division
+// by the split count.
+template <int kBlockM, int kBlockN, bool kL2Only = false, int kOSliceCols = 0, bool kUnsplit = false>
 __device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, int x, int y, int z, int grid_row_tiles,
                                               WorkItem& w, bool record = true) {
+  const int splits = kUnsplit ? 1 : p.num_splits;
   w.o_col0 = 0;
   if constexpr (kOSliceCols > 0) {
-    const int per_slice = p.num_kv_heads * p.num_splits;
+    const int per_slice = p.num_kv_heads * splits;
     const int slice = y / per_slice;
     y -= slice * per_slice;
     w.o_col0 = slice * kOSliceCols;
   }
   w.req = z;
-  w.kv_head = y / p.num_splits;
-  w.split = y % p.num_splits;
+  w.kv_head = y / splits;
+  w.split = y % splits;
   w.q_start = load_meta<kL2Only>(p.cu_seqlens_q + w.req);
   w.q_len = load_meta<kL2Only>(p.cu_seqlens_q + w.req + 1) - w.q_start;
   // (the guards: not before the PDL wait, when the lengths may be stale; not without guards)
@@ -165,13 +167,13 @@ __device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, int x
     t_lo = key_lo / kBlockN;
     t_hi = (key_hi + kBlockN - 1) / kBlockN;
   }
-  const int per_split = (t_hi - t_lo + p.num_splits - 1) / p.num_splits;
+  const int per_split = (t_hi - t_lo + splits - 1) / splits;
   w.tile_begin = min(t_hi, t_lo + w.split * per_split);
   w.tile_end = min(t_hi, w.tile_begin + per_split);
   w.first_key = w.tile_begin * kBlockN;
   w.key_lo = 0;
   w.key_hi = w.seq_len;
-  w.num_chunks = p.num_splits;
+  w.num_chunks = splits;
   w.partial_base = -1;
   return true;
 }
@@ -253,9 +255,10 @@ struct PlanWalk {
 // by G gave every CTA the same row tile of each request when the row-tile count divides G:
 // causal work then piles up on a quarter of the CTAs, e.g. 4 row tiles, 132 SMs). Row tiles
 // are taken in reverse, so under a causal mask each (request, head) starts with its longest
-// items. Every role of a CTA that walks the list counts the same rounds.
+// items. Every role of a CTA that walks the list counts the same rounds. Item indices are 32-bit
+// (total < 2^31: the launcher checks), split by precomputed divisors; launches of one split only
+// (the hopper kernel's), so y is the KV head.
 template <int kBlockM, int kBlockN>
-// Item indices are 32-bit (total < 2^31: the launcher checks), split by precomputed divisors.
 struct PersistentScheduler {
   cuda::FastDivmod nx, ny;
   int total;
@@ -267,7 +270,7 @@ struct PersistentScheduler {
       if (i >= total) continue;
       int x, y;
       const int z = ny.divmod(nx.divmod(static_cast<int>(i), x), y);
-      if (schedule_work<kBlockM, kBlockN>(p, x, y, z, nx.divisor, w)) return true;
+      if (schedule_work<kBlockM, kBlockN, false, 0, /*kUnsplit=*/true>(p, x, y, z, nx.divisor, w)) return true;
     }
     return false;
   }
