@@ -1,5 +1,5 @@
-// 16-byte loads and stores of shared memory by shared address (the form cp.async and wgmma
-// descriptors use), for data that passes through registers on its way between two stages.
+// Loads and stores of shared memory by shared address (the form cp.async and wgmma descriptors
+// use), for data that passes through registers on its way between two stages.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -19,6 +19,10 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t src) {
 __device__ __forceinline__ void st_shared_v4(uint32_t dst, uint4 v) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
+}
+
+__device__ __forceinline__ void st_shared_u32(uint32_t dst, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(dst), "r"(v) : "memory");
 }
 
 }  // namespace attnkit::cuda

@@ -28,12 +28,14 @@
 #include "attnkit/detail/merge_rule.h"
 #include "cuda/cp_async.h"
 #include "cuda/cuda_check.h"
+#include "cuda/ld_st.h"
 #include "cuda/online_softmax.h"
 #include "cuda/output_store.h"
 #include "cuda/paged_kv_tile.h"
 #include "cuda/pdl.h"
 #include "cuda/pipeline_sm90.h"
 #include "cuda/sync_sm90.h"
+#include "cuda/tile_copy_layout.h"
 #include "cuda/wgmma_sm90.h"
 #include "flash_attn/hopper_fill.cuh"
 #include "flash_attn/hopper_traits.h"
@@ -46,31 +48,84 @@ namespace attnkit::flash_attn {
 
 namespace detail {
 
-// Output rows straight from the accumulator: the two rows (g, g + 8) this thread holds of
-// its warp's 16, normalised, with the sink folded in; LSE from one thread per row.
+// The epilogue's per-row work: the factor of each of this thread's two rows (g, g + 8 of its
+// warp's 16: normalisation, sink weight, V's dequant scale) and their LSE, written by one thread
+// per row.
 template <class Tr>
-__device__ __forceinline__ void register_epilogue(const VarlenKernelParams& p, const WorkItem& w,
-                                                  const cuda::FragC (&o)[Tr::kOFrags],
-                                                  const cuda::RowSoftmax& softmax, float unit, int warp_row0,
-                                                  int lane) {
-  using T = typename Tr::Elem;
+__device__ __forceinline__ void finish_rows(const VarlenKernelParams& p, const WorkItem& w,
+                                            const cuda::RowSoftmax& softmax, float unit, int warp_row0, int lane,
+                                            float (&f)[2]) {
   float max_log2[2], sum[2];
   softmax.finish(unit, max_log2, sum);
   const float v_scale = cache_scale<Tr>(p.v_scale, p.v_scale_stride, w.kv_head);  // (fp8 caches; else 1)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int m = warp_row0 + (lane >> 2) + 8 * r;
-    if (m >= w.rows) continue;
     const float mx[1] = {max_log2[r]}, sm[1] = {sum[r]};
     float wt[1];
     float lse = cuda::combine_row_parts<1>(mx, sm, wt);
-    const PackedRow row = packed_row(p, w, w.m0 + m);
     float sink_weight = 1.f;
-    if (p.sinks != nullptr) {  // a part with LSE = sink logit and no value
-      float w_sink;
-      lse = merge_weights(lse, p.sinks[row.head * p.sinks_stride], &sink_weight, &w_sink);
+    const bool lse_row = m < w.rows && (lane & 3) == 0 && p.lse != nullptr;
+    if (p.sinks != nullptr || lse_row) {
+      const PackedRow row = packed_row(p, w, w.m0 + m);
+      if (p.sinks != nullptr) {  // a part with LSE = sink logit and no value
+        float w_sink;
+        lse = merge_weights(lse, p.sinks[row.head * p.sinks_stride], &sink_weight, &w_sink);
+      }
+      if (lse_row) p.lse[row.head * p.lse_stride_head + row.token * p.lse_stride_token] = lse;
     }
-    const float f = wt[0] * sink_weight * v_scale;
+    f[r] = wt[0] * sink_weight * v_scale;
+  }
+}
+
+// Output rows through shared memory: the warp's 16 rows of the item's Q buffer (s_q_buf: its
+// base), free once the item's last S is done, take the rows as 4-byte stores in the buffer's
+// swizzled layout (conflict-free); whole rows leave as 16-byte loads and coalesced 16-byte
+// global stores (two 256-byte rows per warp instruction at head dim 128), not the 4-byte
+// scattered stores of the accumulator layout.
+template <class Tr>
+__device__ __forceinline__ void staged_epilogue(const VarlenKernelParams& p, const WorkItem& w,
+                                                const cuda::FragC (&o)[Tr::kOFrags], const cuda::RowSoftmax& softmax,
+                                                float unit, int warp_row0, int lane, uint32_t s_q_buf) {
+  using T = typename Tr::Elem;
+  using L = cuda::Swizzle128Tile<Tr::kBlockM>;
+  float f[2];
+  finish_rows<Tr>(p, w, softmax, unit, warp_row0, lane, f);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int m = warp_row0 + (lane >> 2) + 8 * r;
+#pragma unroll
+    for (int dn = 0; dn < Tr::kOFrags; ++dn)
+      cuda::st_shared_u32(s_q_buf + L::offset(m, dn) + 4 * (lane & 3),
+                          cuda::pack2<T>(o[dn].c[2 * r] * f[r], o[dn].c[2 * r + 1] * f[r]));
+  }
+  __syncwarp();
+  constexpr int kChunks = Tr::kHeadDim / 8;  // 16-byte chunks of a row
+#pragma unroll 4
+  for (int i = lane; i < 16 * kChunks; i += 32) {
+    const int m = warp_row0 + i / kChunks, c = i % kChunks;
+    if (m >= w.rows || c * 8 >= p.head_size) continue;
+    const PackedRow row = packed_row(p, w, w.m0 + m);
+    T* dst = static_cast<T*>(p.out) + row.token * p.out_stride_token + row.head * p.out_stride_head + c * 8;
+    *reinterpret_cast<uint4*>(dst) = cuda::ld_shared_v4(s_q_buf + L::offset(m, c));
+  }
+}
+
+// Output rows straight from the accumulator (tiles with one Q buffer: it takes the next item's
+// Q during this epilogue): each thread's two rows, 4-byte stores.
+template <class Tr>
+__device__ __forceinline__ void register_epilogue(const VarlenKernelParams& p, const WorkItem& w,
+                                                  const cuda::FragC (&o)[Tr::kOFrags],
+                                                  const cuda::RowSoftmax& softmax, float unit, int warp_row0,
+                                                  int lane) {
+  using T = typename Tr::Elem;
+  float f[2];
+  finish_rows<Tr>(p, w, softmax, unit, warp_row0, lane, f);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int m = warp_row0 + (lane >> 2) + 8 * r;
+    if (m >= w.rows) continue;
+    const PackedRow row = packed_row(p, w, w.m0 + m);
     T* dst = static_cast<T*>(p.out) + row.token * p.out_stride_token + row.head * p.out_stride_head + 2 * (lane & 3);
 #pragma unroll
     for (int dn = 0; dn < Tr::kOFrags; ++dn)
@@ -78,9 +133,8 @@ __device__ __forceinline__ void register_epilogue(const VarlenKernelParams& p, c
       // The columns of the head size only (a break, not a guarded store: the guard left the
       // consumers spilling 72-100 bytes).
       if (dn * 8 >= p.head_size) break;
-      *reinterpret_cast<uint32_t*>(dst + dn * 8) = cuda::pack2<T>(o[dn].c[2 * r] * f, o[dn].c[2 * r + 1] * f);
+      *reinterpret_cast<uint32_t*>(dst + dn * 8) = cuda::pack2<T>(o[dn].c[2 * r] * f[r], o[dn].c[2 * r + 1] * f[r]);
     }
-    if ((lane & 3) == 0 && p.lse != nullptr) p.lse[row.head * p.lse_stride_head + row.token * p.lse_stride_token] = lse;
   }
 }
 
@@ -137,6 +191,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // S = Q K^T is done, while V is still needed for O += P V one step later. The rings run on
   // across the CTA's work items (their PipelineStates); so does the ring of Q buffers (one or two).
   constexpr int kQB = Tr::kQBuffers;
+  // The output leaves through the item's Q buffer where the next item's Q has a buffer of its own
+  // (two): the buffer is released after the epilogue (detail::staged_epilogue); with one, right
+  // after the item's last S, so the producer loads the next Q under the epilogue.
+  constexpr bool kStagedOutput = kQB > 1;
   using Pipe = Pipeline<kS>;
   using Pos = typename Pipe::State;
   __shared__ PipelineBarriers<kS> k_bars, v_bars;
@@ -182,7 +240,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     WorkItem w;
     for (int64_t r = 0; next_item(r, w); ++r) {
       const int n = w.tile_end - w.tile_begin;
-      if (n == 0) continue;  // nothing to load: the consumers write the empty result
+      if (n == 0) {  // nothing to load: the consumers write the empty result (through a Q buffer)
+        if constexpr (kStagedOutput) {
+          q_pipe.acquire(q_at);
+          q_pipe.commit_cp_async(q_at);
+          q_at.advance();
+        }
+        continue;
+      }
       Fill fill(p, w, n, ptid);
       // V of tile t; after the last one's copies, the guards' verdict on the item (its metadata,
       // and every page it loaded: a block outside the cache) into s_fault, released by producer
@@ -324,16 +389,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       mod.scale = p.scale * detail::cache_scale<Tr>(p.k_scale, p.k_scale_stride, w.kv_head);
       unit = mod.unit();
     }
+    if (n > 0 || kStagedOutput) q_pipe.wait(q_at);
     if (n > 0) {
-      q_pipe.wait(q_at);
       if constexpr (kConvertQ) {
         mod.scale /= detail::q_rows_to_f16<Tr>(smem + (s_q_group() - s_base), s_q_max, wg, tid & 127);
         unit = mod.unit();
       }
       step(0, std::false_type{});
       for (int it = 1; it < n; ++it) step(it, std::true_type{});
-      q_pipe.release(q_at);  // every S of the item is done: the producer may reuse it
-      q_at.advance();
+      if constexpr (!kStagedOutput) {
+        q_pipe.release(q_at);  // every S of the item is done: the producer may reuse it
+        q_at.advance();
+      }
       v_pipe.wait(prev_at);
       if constexpr (kDeviceGuards) fault = s_fault[prev_at.stage];
       Fill::fix_tail_v(smem + (v_stage(prev_at) - s_base), w.seq_len - tile_key(w, n - 1), wg, tid & 127);
@@ -346,7 +413,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       v_pipe.release(prev_at);
     }
     if (fault) fill_nan(o);  // (the metadata guards: NaN rows; the epilogue multiplies, NaN x 0 = NaN)
-    if (warp_row0 < w.rows) detail::register_epilogue<Tr>(p, w, o, softmax, unit, warp_row0, lane);
+    if constexpr (kStagedOutput) {
+      if (warp_row0 < w.rows) detail::staged_epilogue<Tr>(p, w, o, softmax, unit, warp_row0, lane, s_q(q_at.stage));
+      q_pipe.release(q_at);  // the item's output rows have left its Q buffer
+      q_at.advance();
+    } else if (warp_row0 < w.rows) {
+      detail::register_epilogue<Tr>(p, w, o, softmax, unit, warp_row0, lane);
+    }
   }
   // Warpgroup 1 handed warpgroup 0 one more turn than warpgroup 0 took: take it, so no arrival
   // is left pending on barrier 1.
