@@ -73,7 +73,8 @@ constexpr bool cache_head_dim(int d, CacheKind c) {
   return c == CacheKind::b16 ? true : c == CacheKind::fp8 ? d % 32 == 0 : d % 64 == 0;
 }
 
-// The head dims of the planned (FlashInfer-style) kernels (src/flashinfer/planned_hd*.cu).
+// The head dims of the planned (FlashInfer-style) launches (launch_planned, instantiated in
+// varlen_hd{64,128,256}_*.cu).
 inline constexpr int kPlannedHeadDims[] = {64, 128, 256};
 
 // The runtime head sizes a cache kind allows: 16-bit rows are copied in 16-byte chunks (multiples

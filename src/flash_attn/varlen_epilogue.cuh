@@ -128,41 +128,37 @@ __device__ __forceinline__ void merge_splits_in_cluster(const VarlenKernelParams
   cluster_sync();
 }
 
-// Where a split work item's partial rows go, and who merges them.
-// The FlashAttention-style split workspace: partials [split][token][head]; the item's last split
-// CTA (or the cluster) merges them in the kernel.
-struct WorkspacePartials {
-  __device__ __forceinline__ static bool split(const VarlenKernelParams& p, const WorkItem&) { return p.num_splits > 1; }
-  __device__ __forceinline__ static float* o(const VarlenKernelParams& p, const WorkItem& w, int, int64_t token, int head) {
-    return p.partials.o + p.partials.o_index(w.split, token, head);
+// Where a split work item's partial rows go, and who merges them; one policy, chosen per launch
+// at run time:
+//  - a FlashAttention-style launch: the split workspace, partials [split][token][head]; the
+//    item's last split CTA (or the cluster) merges them in the kernel (finish, num_splits > 1);
+//  - a FlashInfer-style planned launch (p.plan_items set, num_splits 1): the plan's partial rows,
+//    tile row m of chunk j is partial row partial_base + m * num_chunks + j (per KV head); a merge
+//    kernel after the launch folds them (merge_indptr).
+struct SplitPartials {
+  __device__ __forceinline__ static bool planned(const VarlenKernelParams& p) { return p.plan_items != nullptr; }
+  __device__ __forceinline__ static bool split(const VarlenKernelParams& p, const WorkItem& w) {
+    return planned(p) ? w.num_chunks > 1 : p.num_splits > 1;
   }
-  __device__ __forceinline__ static float* lse(const VarlenKernelParams& p, const WorkItem& w, int, int64_t token,
-                                               int head) {
-    return p.partials.lse + p.partials.lse_index(w.split, token, head);
-  }
-  static constexpr bool kMergesInKernel = true;
-};
-// The FlashInfer-style plan's partial rows: tile row m of chunk j is partial row partial_base +
-// m * num_chunks + j (per KV head); a merge kernel after the launch folds them (merge_indptr).
-struct PlanPartials {
-  __device__ __forceinline__ static bool split(const VarlenKernelParams&, const WorkItem& w) { return w.num_chunks > 1; }
-  __device__ __forceinline__ static int64_t row(const VarlenKernelParams& p, const WorkItem& w, int m) {
+  __device__ __forceinline__ static int64_t plan_row(const VarlenKernelParams& p, const WorkItem& w, int m) {
     return (static_cast<int64_t>(w.partial_base) + static_cast<int64_t>(m) * w.num_chunks + w.split) * p.num_kv_heads +
            w.kv_head;
   }
-  __device__ __forceinline__ static float* o(const VarlenKernelParams& p, const WorkItem& w, int m, int64_t, int) {
-    return p.plan_part_o + row(p, w, m) * p.head_size;
+  __device__ __forceinline__ static float* o(const VarlenKernelParams& p, const WorkItem& w, int m, int64_t token, int head) {
+    return planned(p) ? p.plan_part_o + plan_row(p, w, m) * p.head_size
+                      : p.partials.o + p.partials.o_index(w.split, token, head);
   }
-  __device__ __forceinline__ static float* lse(const VarlenKernelParams& p, const WorkItem& w, int m, int64_t, int) {
-    return p.plan_part_lse + row(p, w, m);
+  __device__ __forceinline__ static float* lse(const VarlenKernelParams& p, const WorkItem& w, int m, int64_t token,
+                                               int head) {
+    return planned(p) ? p.plan_part_lse + plan_row(p, w, m) : p.partials.lse + p.partials.lse_index(w.split, token, head);
   }
-  static constexpr bool kMergesInKernel = false;
 };
 
 // The epilogue policy: direct (one split), or split partials (Partials) merged through the
 // workspace or in the cluster, or by a later kernel.
-template <class Tr, class Partials = WorkspacePartials>
+template <class Tr>
 struct SplitKvEpilogue {
+  using Partials = SplitPartials;
   // All threads, after the main loop and a CTA barrier; reuses all shared memory. Math: the
   // tile math policy (varlen_tile_math.cuh) holding the warp's O and softmax state.
   template <class Math>
@@ -248,8 +244,7 @@ struct SplitKvEpilogue {
   // After run (all threads): the merge of the item's splits, in the cluster or by the last
   // split CTA through the workspace.
   __device__ __forceinline__ static void finish(const VarlenKernelParams& p, const unsigned char* smem) {
-    if constexpr (!Partials::kMergesInKernel) return;
-    if (p.num_splits <= 1) return;
+    if (p.num_splits <= 1) return;  // (planned launches too: their merge kernel runs after)
     if constexpr (Tr::kClusterMerge) {
       if (p.cluster_merge) {
         merge_splits_in_cluster<Tr>(p, smem);

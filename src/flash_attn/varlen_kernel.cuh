@@ -11,7 +11,8 @@
 //             (Epilogue; the last split CTA of the item merges the splits)
 //
 // The policies: Tile = the VarlenTraits of a tile of tile_set.h (its fragment layout picks the
-// TileMath of varlen_tile_math.cuh); Scheduler = GridScheduler (varlen_schedule.cuh); KvSource
+// TileMath of varlen_tile_math.cuh); Scheduler = GridScheduler (varlen_schedule.cuh: the grid's
+// coordinates, or a FlashInfer-style plan's item); KvSource
 // = cuda/kv_source.cuh (the block table by cp.async or by TMA); Epilogue = SplitKvEpilogue
 // (varlen_epilogue.cuh). Tr's cache kind picks the fragment conversions of TileMath (16-bit,
 // fp8: cuda/fp8_dequant.h, NVFP4: cuda/fp4_dequant.h). kFmt: the fp8 cache format, a template parameter so the loop converts

@@ -90,8 +90,10 @@ void launch_planned(VarlenKernelParams p, const LaunchPlan& plan, int64_t grid_i
                   kCfg.o_slices == 1) {
       if (plan.tile != kTile) return;
       using Tr = VarlenTraits<Elem, kHeadDim, kCache, kTile>;
-      using Sched = PlanScheduler<Tr::kBlockM, Tr::kBlockN>;
-      using Epi = detail::SplitKvEpilogue<Tr, detail::PlanPartials>;
+      // (the varlen launch's kernel: GridScheduler and SplitPartials take the plan's items and
+      // partial rows where p.plan_items is set)
+      using Sched = GridScheduler<Tr::kBlockM, Tr::kBlockN, Tr::kOSliceCols>;
+      using Epi = detail::SplitKvEpilogue<Tr>;
       using Src = KvSourceOf<Tr>;
       // (an item has min(tile_q, its packed rows) rows; the transposed tile is chosen only where
       // every request has at most kMaxRows)

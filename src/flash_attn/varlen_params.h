@@ -91,7 +91,8 @@ struct VarlenKernelParams {
   // TMA stage fills read K/V with an L2 evict-first policy (LaunchPlan::kv_evict_first).
   bool kv_evict_first = false;
 
-  // Planned launches (FlashInfer-style, PlanScheduler; src/flashinfer/plan.h): the plan's work
+  // Planned launches (FlashInfer-style; set plan_items: the kernels' schedulers then take the
+  // plan's items, PlanScheduler, and split tiles write its partial rows; src/flashinfer/plan.h): the plan's work
   // items (7 int32 each) and their count on the device, its query tile, the page table's indptr
   // (block_table is then its indices), and the partial rows of split tiles: o [rows][num_kv_heads]
   // [head_size], lse [rows][num_kv_heads] (merged after the launch through merge_indptr).

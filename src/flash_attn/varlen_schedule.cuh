@@ -4,8 +4,9 @@
 // Work item (x, y, z): x = packed-row tile (sized by max_query_len * group), y = kv_head *
 // num_splits + split, z = request. Items past their request's row tiles are empty. Row tiles
 // are taken in reverse so that, under the causal mask, the longest ones start first.
-// Schedulers: GridScheduler (one CTA per item, the grid's coordinates: the mma_sync kernel) and
-// PersistentScheduler (a CTA walks the item list: the hopper kernel).
+// Schedulers: GridScheduler (one CTA per item, the grid's coordinates or a FlashInfer-style
+// plan's item: the mma_sync kernel) and PersistentScheduler (a CTA walks the item list: the
+// hopper kernel; PlanWalk over a plan).
 #pragma once
 #include <string>
 
@@ -185,16 +186,6 @@ __device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, WorkI
                                                                static_cast<int>(gridDim.x), w, record);
 }
 
-// The grid scheduler: the CTA's item is its grid coordinates.
-template <int kBlockM, int kBlockN, int kOSliceCols = 0>
-struct GridScheduler {
-  static constexpr bool kGridItems = true;  // (the early L2 prefetch can guess the item)
-  // This CTA's item; false: it has none (past its request's row tiles).
-  __device__ __forceinline__ static bool take(const VarlenKernelParams& p, WorkItem& w) {
-    return schedule_work<kBlockM, kBlockN, false, kOSliceCols>(p, w);
-  }
-};
-
 // The plan scheduler (FlashInfer-style, src/flashinfer/plan.h): CTA b of a 1-D grid runs planned
 // work item b / num_kv_heads (request, packed-row tile of plan_tile_q rows, KV chunk [kv_begin,
 // kv_end), chunk j of n, partial base) for KV head b % num_kv_heads, so the CTAs running together
@@ -237,9 +228,25 @@ struct PlanScheduler {
   }
 };
 
+// The mma_sync kernel's scheduler: one work item per CTA, its grid coordinates (schedule_work),
+// or, in a planned launch (p.plan_items set: the FlashInfer-style parts), the plan's item
+// (PlanScheduler). One kernel serves both launches; the choice is made once per CTA.
+template <int kBlockM, int kBlockN, int kOSliceCols = 0>
+struct GridScheduler {
+  static constexpr bool kGridItems = true;  // (the early L2 prefetch can guess the item: grid launches, p.l2_prefetch)
+  // This CTA's item; false: it has none (past its request's row tiles, or past the plan's count).
+  __device__ __forceinline__ static bool take(const VarlenKernelParams& p, WorkItem& w) {
+    if constexpr (kOSliceCols == 0) {  // (tiles of output-column slices have no planned launches)
+      if (p.plan_items != nullptr) return PlanScheduler<kBlockM, kBlockN>::take(p, w);
+    }
+    return schedule_work<kBlockM, kBlockN, false, kOSliceCols>(p, w);
+  }
+};
+
 // The plan's items as the hopper kernel's roles walk them (next(p, r, w), as PersistentScheduler):
 // one item per CTA, PlanScheduler's, as a list of one. (Unsplit plans only: the hopper epilogue
-// writes the output, no partial rows: launch_plan.cpp.)
+// writes the output, no partial rows: launch_plan.cpp.) A kernel of its own: with both walks in
+// one kernel the consumers' loop spilled (ptxas 13.0, hd128, 80 spill instructions).
 template <int kBlockM, int kBlockN>
 struct PlanWalk {
   __device__ __forceinline__ bool next(const VarlenKernelParams& p, int64_t r, WorkItem& w) const {

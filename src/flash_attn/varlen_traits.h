@@ -125,7 +125,8 @@ template <class Elem, int kHeadDim, CacheKind kCache>
 void launch_mma_sync(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStream_t stream);
 
 // The planned (FlashInfer-style) decode of (Elem, kHeadDim, kCache) for plan.tile
-// (varlen_launcher.cuh, instantiated in src/flashinfer/planned_hd*.cu for kPlannedHeadDims).
+// (varlen_launcher.cuh, instantiated in varlen_hd{64,128,256}_*.cu for kPlannedHeadDims: the
+// varlen launches' kernels, which take the plan's items where p.plan_items is set).
 template <class Elem, int kHeadDim, CacheKind kCache>
 void launch_planned(VarlenKernelParams p, const LaunchPlan& plan, int64_t grid_items, cudaStream_t stream);
 
