@@ -2,8 +2,8 @@
 // configured by HopperTraits, instantiated in hopper_hd*.cu. Same work items, masks and
 // online softmax as the mma_sync kernel (varlen_kernel.cuh); what differs is the GEMMs (each
 // warpgroup issues wgmma.mma_async on 64 rows x a tile of keys with Q / K / V read from swizzled
-// shared memory by descriptor) and the epilogue (straight from registers: without split
-// partials there is nothing to merge across warps).
+// shared memory by descriptor) and the epilogue (without split partials there is nothing to
+// merge across warps: rows from registers, through the item's Q buffer where there are two).
 //
 // Warp-specialised: a producer warpgroup copies Q (cp.async) and the K/V tiles through the page
 // map (TMA boxes or cp.async; fp8 codes converted to f16 in their stage: hopper_fill.cuh) into
