@@ -191,10 +191,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // S = Q K^T is done, while V is still needed for O += P V one step later. The rings run on
   // across the CTA's work items (their PipelineStates); so does the ring of Q buffers (one or two).
   constexpr int kQB = Tr::kQBuffers;
-  // The output leaves through the item's Q buffer where the next item's Q has a buffer of its own
-  // (two): the buffer is released after the epilogue (detail::staged_epilogue); with one, right
-  // after the item's last S, so the producer loads the next Q under the epilogue.
-  constexpr bool kStagedOutput = kQB > 1;
+  constexpr bool kStagedOutput = Tr::kStagedOutput;  // (the output through the item's Q buffer)
   using Pipe = Pipeline<kS>;
   using Pos = typename Pipe::State;
   __shared__ PipelineBarriers<kS> k_bars, v_bars;

@@ -154,11 +154,10 @@ struct SplitPartials {
   }
 };
 
-// The epilogue policy: direct (one split), or split partials (Partials) merged through the
+// The epilogue policy: direct (one split), or split partials (SplitPartials) merged through the
 // workspace or in the cluster, or by a later kernel.
 template <class Tr>
 struct SplitKvEpilogue {
-  using Partials = SplitPartials;
   // All threads, after the main loop and a CTA barrier; reuses all shared memory. Math: the
   // tile math policy (varlen_tile_math.cuh) holding the warp's O and softmax state.
   template <class Math>
@@ -175,7 +174,7 @@ struct SplitKvEpilogue {
     __syncthreads();
 
     // Per row: merge the warps' parts, fold in v_scale and the sink, write the LSE.
-    const bool split = Partials::split(p, w);
+    const bool split = SplitPartials::split(p, w);
     const int col0 = Tr::kOSlices > 1 ? w.o_col0 : 0;  // this CTA's first output column
     const float v_scale = cache_scale<Tr>(p.v_scale, p.v_scale_stride, w.kv_head);
     for (int m = tid; m < w.rows; m += Tr::kThreads) {
@@ -202,7 +201,7 @@ struct SplitKvEpilogue {
       if (split && p.cluster_merge) {
         reinterpret_cast<float*>(smem + Tr::kClusterPartOffset + Tr::kBlockM * Tr::kODim * 4)[m] = lse;
       } else if (split) {
-        if (col0 == 0) *Partials::lse(p, w, m, row.token, row.head) = lse;
+        if (col0 == 0) *SplitPartials::lse(p, w, m, row.token, row.head) = lse;
       } else if (p.lse != nullptr && col0 == 0) {  // (every output slice has the row's LSE: the first writes it)
         p.lse[row.head * p.lse_stride_head + row.token * p.lse_stride_token] = lse;
       }
@@ -234,7 +233,7 @@ struct SplitKvEpilogue {
         dst[0] = make_float4(v[0], v[1], v[2], v[3]);
         dst[1] = make_float4(v[4], v[5], v[6], v[7]);
       } else if (split) {
-        store8(Partials::o(p, w, m, row.token, row.head) + col0 + c, v);
+        store8(SplitPartials::o(p, w, m, row.token, row.head) + col0 + c, v);
       } else {
         store8(static_cast<T*>(p.out) + row.token * p.out_stride_token + row.head * p.out_stride_head + col0 + c, v);
       }
