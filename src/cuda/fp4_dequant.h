@@ -23,6 +23,7 @@
 
 #include <cstdint>
 
+#include "cuda/fp8_dequant.h"
 #include "cuda/mma_sm80.h"
 
 namespace attnkit::cuda {
@@ -46,9 +47,7 @@ __device__ __forceinline__ uint32_t e2m1x2_to_f16x2(uint32_t mags, uint32_t sign
 
 // Two e4m3 block scales (the low two bytes of `two`) -> f16x2 of scale x kFp4ScaleBias (exact).
 __device__ __forceinline__ uint32_t e4m3x2_scales(uint32_t two) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
-  const uint32_t s = static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-  return hmul2_bits(s, 0x4c004c00u);  // x 16
+  return hmul2_bits(fp8x2_to_f16x2<Fp8Format::e4m3>(two), 0x4c004c00u);  // x 16
 }
 __device__ __forceinline__ uint32_t low_twice(uint32_t h2) { return __byte_perm(h2, 0u, 0x1010); }
 __device__ __forceinline__ uint32_t high_twice(uint32_t h2) { return __byte_perm(h2, 0u, 0x3232); }

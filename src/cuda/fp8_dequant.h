@@ -20,17 +20,37 @@ namespace attnkit::cuda {
 
 enum class Fp8Format : int { e4m3 = 0, e5m2 = 1 };
 
+// Two e4m3 ("FN") codes (low byte first, in the low 16 bits) -> two f16 values, exact, without
+// the conversion instruction (sm_80 has none; cuda_fp8.h's software one is several times
+// longer and made the sm_80 pass the longest part of the build). A code's exponent and
+// mantissa, moved into an f16's (its sign in place), read as f16 with bias 15 instead of 7:
+// times 2^8 is the value, denormals included (0.m x 2^-14 x 2^8 = 0.m x 2^-6). S.1111.111 is
+// NaN in e4m3 (it would read as 480): its halves get an all-ones exponent.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2_bits(uint32_t two_codes) {
+  const uint32_t t = __byte_perm(two_codes, 0u, 0x1404);  // [0, b0, 0, b1]: each code in its half's high byte
+  const uint32_t mag = t & 0x7f007f00u;
+  const uint32_t bits = (t & 0x80008000u) | (mag >> 1);
+  const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&bits), __half2(__half(256.f), __half(256.f)));
+  const uint32_t nan = (mag + 0x01000100u) & 0x80008000u;  // bit 15 of a half whose mag is 0x7f00
+  return *reinterpret_cast<const uint32_t*>(&v) | (nan - (nan >> 5));  // 0x8000 -> 0x7c00
+}
+
 // Two fp8 codes (low byte first, in the low 16 bits) -> two f16 values in one register.
 // The format is a template parameter: with a runtime one the compiler emits both conversions,
 // predicated, and both cost issue slots in the decode loop. e5m2 is the high byte of an f16
-// (same exponent width and bias), so it is a byte move; e4m3 takes the hardware conversion.
+// (same exponent width and bias), so it is a byte move; e4m3 takes the hardware conversion
+// (sm_89+), below that the bit-level one (e4m3_x2_to_f16x2_bits).
 template <Fp8Format kFmt>
 __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t two_codes) {
   if constexpr (kFmt == Fp8Format::e5m2) {
     return __byte_perm(two_codes, 0u, 0x1404);  // [0, b0, 0, b1] from the low byte up
   } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes & 0xffffu), __NV_E4M3);
     return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+#else
+    return e4m3x2_to_f16x2_bits(two_codes);
+#endif
   }
 }
 

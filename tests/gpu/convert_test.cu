@@ -1,6 +1,7 @@
 // The device conversions of src/cuda/convert.cuh against the host ones of src/core/dtype.cpp,
 // bit for bit, over every 16-bit pattern, every rounding tie of every format (and the floats
-// on either side of it), the saturation boundaries, specials and random bit patterns.
+// on either side of it), the saturation boundaries, specials and random bit patterns; and the
+// MMA paths' fp8 pair conversions (src/cuda/fp8_dequant.h) over every two-code word.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -15,6 +16,7 @@
 
 #include "attnkit/dtype.h"
 #include "cuda/convert.cuh"
+#include "cuda/fp8_dequant.h"
 #include "infra_test_util.h"
 
 namespace attnkit::test {
@@ -161,6 +163,41 @@ TEST(DeviceConvert, DecodersMatchHostOnEveryCode) {
       ASSERT_TRUE(same_value(got[code], c.host(code)))
           << c.name << " code 0x" << std::hex << code << std::dec << ": device " << got[code]
           << " host " << c.host(code);
+  }
+}
+
+// The MMA paths' pair conversions (cuda/fp8_dequant.h) on every two-code word: e4m3 by the
+// build's conversion (the instruction on sm_89+), by the bit-level one every arch can run, and
+// e5m2 by its byte move; each half against the host decoder.
+__global__ void fp8_pairs_kernel(uint32_t* e4, uint32_t* e4_bits, uint32_t* e5) {
+  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= 0x10000) return;
+  e4[i] = cuda::fp8x2_to_f16x2<cuda::Fp8Format::e4m3>(i);
+  e4_bits[i] = cuda::e4m3x2_to_f16x2_bits(i);
+  e5[i] = cuda::fp8x2_to_f16x2<cuda::Fp8Format::e5m2>(i);
+}
+
+TEST(DeviceConvert, Fp8PairsToF16MatchHostOnEveryPair) {
+  cuda::DeviceBuffer e4(0x10000 * 4), e4_bits(0x10000 * 4), e5(0x10000 * 4);
+  fp8_pairs_kernel<<<0x10000 / 256, 256>>>(e4.as<uint32_t>(), e4_bits.as<uint32_t>(), e5.as<uint32_t>());
+  ATTNKIT_CUDA_CHECK_LAUNCH();
+  struct Case {
+    const char* name;
+    const cuda::DeviceBuffer* buf;
+    float (*host)(uint8_t);
+  };
+  const Case cases[] = {{"e4m3 (build's)", &e4, e4m3_to_float},
+                        {"e4m3 (bit-level)", &e4_bits, e4m3_to_float},
+                        {"e5m2", &e5, e5m2_to_float}};
+  for (const Case& c : cases) {
+    const auto got = to_host<uint32_t>(*c.buf, 0x10000);
+    for (uint32_t word = 0; word < 0x10000; ++word)
+      for (int half = 0; half < 2; ++half) {
+        const float device = f16_bits_to_float(static_cast<uint16_t>(got[word] >> (16 * half)));
+        const float host = c.host(static_cast<uint8_t>(word >> (8 * half)));
+        ASSERT_TRUE(same_value(device, host)) << c.name << " word 0x" << std::hex << word << std::dec << " half "
+                                              << half << ": device " << device << " host " << host;
+      }
   }
 }
 
