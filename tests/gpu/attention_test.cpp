@@ -347,29 +347,36 @@ TEST(VarlenHopper, TileCountsAndHeadSizes) {
 // and f16 ones, per-tensor and per-KV-head scales, GQA 1 and 4, block sizes 16 and 64, 1..10
 // tiles, causal or not, head size 112 padded to 128; every case must take the hopper kernel ------
 
+// (case i of the grid below; the sanitizer grid takes a few too)
+Case fp8_hopper_case(int i, int head_size, int kv, bool causal) {
+  Case c = edge_base(2900 + i);
+  c.dtype = i % 2 ? DType::f16 : DType::bf16;
+  c.cache_dtype = i % 3 == 0 ? DType::fp8_e5m2 : DType::fp8_e4m3;
+  c.layout = KVLayout::NHD;
+  c.head_size = head_size;
+  c.num_kv_heads = 2;
+  c.group = i % 4 == 0 ? 1 : 4;
+  c.block_size = i % 5 == 0 ? 64 : 16;
+  c.causal = causal;
+  c.window_left = c.window_right = -1;
+  c.softcap = 0.f;
+  c.alibi = c.sinks = false;
+  c.per_head_kv_scale = i % 2 == 0;
+  c.q_amp = c.dtype == DType::bf16 ? 8.f : 1.f;
+  c.num_splits = 1;
+  c.q_lens = {std::min(kv, 130), 7};
+  c.seq_lens = {kv, 300};
+  return c;
+}
+
+// (at head sizes 128 and 256 the codes arrive by TMA boxes, and cp.async in a second launch
+// of each case: Problem::launch_variants)
 TEST(VarlenHopper, Fp8Caches) {
   int i = 0;
   for (int head_size : {64, 112, 128, 192, 256})
     for (int kv : {64, 200, 600})
       for (bool causal : {false, true}) {
-        Case c = edge_base(2900 + i);
-        c.dtype = i % 2 ? DType::f16 : DType::bf16;
-        c.cache_dtype = i % 3 == 0 ? DType::fp8_e5m2 : DType::fp8_e4m3;
-        c.layout = KVLayout::NHD;
-        c.head_size = head_size;
-        c.num_kv_heads = 2;
-        c.group = i % 4 == 0 ? 1 : 4;
-        c.block_size = i % 5 == 0 ? 64 : 16;
-        c.causal = causal;
-        c.window_left = c.window_right = -1;
-        c.softcap = 0.f;
-        c.alibi = c.sinks = false;
-        c.per_head_kv_scale = i % 2 == 0;
-        c.q_amp = c.dtype == DType::bf16 ? 8.f : 1.f;
-        c.num_splits = 1;
-        c.q_lens = {std::min(kv, 130), 7};
-        c.seq_lens = {kv, 300};
-        ++i;
+        const Case c = fp8_hopper_case(i++, head_size, kv, causal);
         if (cuda::current_device_props().cc_major == 9 && flash_attn::hopper_generation_built())
           EXPECT_TRUE(Problem(c).hopper_serves()) << c.describe();
         check_against_cpu(c);
@@ -410,6 +417,10 @@ TEST(VarlenSanitizer, SmallGridOfEveryPath) {
   }
   c.contiguous_kv = true;  // (requests without keys and queries longer than their keys)
   check_against_cpu(c);
+  // fp8 caches on the hopper tiles: codes by TMA boxes and by cp.async (head sizes 128, 256;
+  // block sizes 16, 64; a tail past seq_len inside a block)
+  for (const auto& [i, head_size] : {std::pair{5, 128}, {12, 128}, {20, 256}, {27, 256}})
+    check_against_cpu(fp8_hopper_case(i, head_size, 200, i % 2 == 1));
 }
 
 // ---- errors ------------------------------------------------------------------------------------
