@@ -12,7 +12,7 @@
 // [16k tokens, 8, 128] (cu_seqlens_k, no block table) next to the paged rows above.
 // Section prefill-fp8: the GQA causal shapes at head sizes 64..256 with an fp8 e4m3 cache, in
 // turns with the bf16 cache, with the fp8 cache on the mma_sync kernel and with the same cache
-// read as e5m2, and with the codes copied by cp.async where the launch rule boxes them by TMA.
+// read as e5m2.
 // Section prefill-split: short chunked prefills over long contexts (head size 128, 32/8 heads),
 // where the split rule may split, timed at forced split counts next to the rule's.
 #include <cuda_runtime.h>
@@ -213,14 +213,10 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
           s5.cache_dtype = DType::fp8_e5m2;
           flash_attn::VarlenArgs f5 = varlen_args(b, pool_view(s5, fpool.get()), q.get(), out.get(), kHeads, hd, true, stream);
           f5.params.k_scale = f5.params.v_scale = f8.params.k_scale;
-          // The codes by cp.async where the launch rule boxes them (LaunchTuning::cp_async_fill).
-          flash_attn::LaunchTuning cp_async;
-          cp_async.cp_async_fill = true;
           const std::vector<double> t = eager_in_turns({[&](int) { flash_attn::run_varlen_attention(f8); },
                                                         [&](int) { flash_attn::run_varlen_attention(b16); },
                                                         [&](int) { flash_attn::run_varlen_attention(f8_mma); },
-                                                        [&](int) { flash_attn::run_varlen_attention(f5); },
-                                                        [&](int) { flash_attn::run_varlen_attention(f8, cp_async); }},
+                                                        [&](int) { flash_attn::run_varlen_attention(f5); }},
                                                        3, stream);
           const double flops = 4.0 * kTokens * seqlen * hd * kHeads * 0.5;
           const auto plan = flash_attn::choose_launch(flash_attn::varlen_launch_facts(f8));
@@ -235,9 +231,6 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
                    "fp8 e4m3 cache on the mma_sync prefill tile (VarlenArgs::generation)"});
           rec.add({"prefill-fp8", key + " fp8 e5m2", "attnkit", "TFLOP/s", flops / t[3] / 1e9, t[3],
                    "the same cache read as fp8 e5m2, the launch rule's kernel"});
-          rec.add({"prefill-fp8", key + " fp8 cp.async", "attnkit", "TFLOP/s", flops / t[4] / 1e9, t[4],
-                   "fp8 e4m3 codes copied by cp.async (LaunchTuning::cp_async_fill; the launch rule's fill where "
-                   "it already does)"});
         } catch (const std::exception& e) {
           rec.fail("prefill-fp8", key, e.what());
           cudaGetLastError();

@@ -244,22 +244,12 @@ TEST(ChooseLaunch, HopperKvFill) {
       {"planned part, TMA asked", planned, true, false, TileId::hopper, KvFill::tma},
       {"hd 120 padded to 128: no whole-row boxes", h200(4, 4096, 4096, 120), true, false, TileId::hopper,
        KvFill::cp_async},
-      {"fp8 hd 128 (one-segment rows of codes): boxed, converted", h200(4, 4096, 4096, 128, true), false, false,
-       TileId::hopper, KvFill::tma_convert},
-      {"fp8 hd 256 (two-segment rows of codes): boxed, converted", h200(4, 4096, 4096, 256, true), false, false,
-       TileId::hopper, KvFill::tma_convert},
-      {"fp8 hd 128, cp.async forced: converted", h200(4, 4096, 4096, 128, true), false, true, TileId::hopper,
+      {"fp8 hd 128 (one-segment rows of codes): converted", h200(4, 4096, 4096, 128, true), false, false,
+       TileId::hopper, KvFill::convert},
+      {"fp8 hd 64, TMA asked: converted", h200(32, 512, 512, 64, true), true, false, TileId::hopper_short,
        KvFill::convert},
-      {"fp8 hd 128, no map: converted", [] { LaunchFacts f = h200(4, 4096, 4096, 128, true); f.tma_geometry = false; return f; }(),
-       false, false, TileId::hopper, KvFill::convert},
-      {"fp8 hd 112 padded to 128: converted", h200(4, 4096, 4096, 112, true), false, false, TileId::hopper,
-       KvFill::convert},
-      {"fp8 hd 64 (half-segment rows), TMA asked: converted", h200(32, 512, 512, 64, true), true, false,
-       TileId::hopper_short, KvFill::convert},
-      {"fp8 hd 192 (1.5-segment rows): converted", h200(4, 4096, 4096, 192, true), false, false, TileId::hopper,
-       KvFill::convert},
-      {"fp8 planned part: boxed, converted", [&] { LaunchFacts f = planned; f.cache = CacheKind::fp8; return f; }(), true,
-       false, TileId::hopper, KvFill::tma_convert},
+      {"fp8 planned part: converted", [&] { LaunchFacts f = planned; f.cache = CacheKind::fp8; return f; }(), true, false,
+       TileId::hopper, KvFill::convert},
   };
   for (const Case& c : cases) {
     LaunchTuning t;
@@ -268,10 +258,9 @@ TEST(ChooseLaunch, HopperKvFill) {
     const LaunchPlan plan = choose_launch(c.facts, t);
     EXPECT_EQ(plan.tile, c.tile) << c.why << ": " << plan.reason;
     EXPECT_EQ(plan.config.fill, c.fill) << c.why << ": " << plan.reason;
-    EXPECT_NE(plan.reason.find(c.fill == KvFill::tma           ? "K/V by TMA"
-                               : c.fill == KvFill::tma_convert ? "by TMA boxes into their stages, converted to f16"
-                               : c.fill == KvFill::convert     ? "by cp.async, converted to f16"
-                                                               : "K/V by cp.async"),
+    EXPECT_NE(plan.reason.find(c.fill == KvFill::tma       ? "K/V by TMA"
+                               : c.fill == KvFill::convert ? "converted to f16"
+                                                           : "K/V by cp.async"),
               std::string::npos)
         << c.why << ": " << plan.reason;
   }

@@ -158,84 +158,31 @@ struct HopperCpAsyncFill
   }
 };
 
-// When the fp8 fills (ConvertFill, TmaConvertFill) convert a side (K or V tile) that landed in its
-// stage, and arrive on its full barrier: one fill call later, after the next side's copies went
-// out (deeper rings have a stage of slack), or, in rings of two stages (head dim 256, the
-// two-Q-buffer tiles at 128 / 192), while the next stage is not free yet: there a deferred
-// conversion would wait for the stage the consumers free only after the step that needs the
-// side (DECISIONS.md: fp8 caches converted in their stage). Derived says when its copies landed
-// (`land`) and converts (`convert`, with the proxy fence); every producer thread then arrives.
-template <class Tr, class Derived>
-struct DeferredConversion {
-  using Pipe = cuda::Pipeline<Tr::kStages>;
-  using Pos = typename Pipe::State;
-  static constexpr uint32_t kFullArrivals = Tr::kProducerThreads;
-  static constexpr bool kConvertWhileWaiting = Tr::kStages <= 2;
-  // A side whose copies went out: its stage, its full barrier (0: none), its landed barrier and
-  // phase (TMA copies), whether this thread's row of it is before seq_len (TMA copies).
-  struct Side {
-    uint32_t stage = 0, full = 0, landed = 0, phase = 0;
-    bool row_in = true;
-  };
-  Side pending;
-
-  // The next side's stage (with kConvertWhileWaiting: the pending side converted first where it
-  // is not free yet).
-  __device__ __forceinline__ void acquire(const Pipe& pipe, const Pos& at) {
-    if (kConvertWhileWaiting && pending.full != 0 && !pipe.can_acquire(at)) finish(true);
-    pipe.acquire(at);
-  }
-  // The item's last side: landed, converted, arrived.
-  __device__ __forceinline__ void drain() {
-    if (pending.full != 0) finish(true);
-  }
-
- protected:
-  // A side's copies went out: the one before it is converted (its copies landed while these
-  // were issued), then this one waits.
-  __device__ __forceinline__ void next(const Side& side) {
-    if (pending.full != 0) finish(false);
-    pending = side;
-  }
-
- private:
-  // newest: the pending side is the last one copied (no later copies to leave in flight).
-  __device__ __forceinline__ void finish(bool newest) {
-    Derived& d = static_cast<Derived&>(*this);
-    d.land(pending, newest);
-    d.convert(pending);
-    cuda::mbar_arrive(pending.full);
-    pending.full = 0;
-  }
-};
-
-// ConvertFill (fp8 caches, any head dim): the codes of a side are copied by cp.async into the
+// ConvertFill (fp8 caches): the codes of a side (K or V tile) are copied by cp.async into the
 // upper half of its own 16-bit stage, then converted to f16 (exact: cuda/fp8_dequant.h; the
-// scales fold in elsewhere) in place by the thread that copied them (DeferredConversion says
-// when). In place without a barrier: the group columns are chunk pairs (P = head dim / 32 of
-// them, a row's codes being 2P chunks): the thread of pair p copies code chunk P + p to 16-bit
-// row chunk 2(P + p), chunk p to 2(P + p) + 1 (both in the row's upper half), so its outputs
-// (row chunks 2p, 2p + 1 and 2(P + p), 2(P + p) + 1) overwrite only its own codes. Row phases 8
-// / 4 / 4 / 4 at head dims 64 / 128 / 192 / 256 (96 threads copy at 192).
+// scales fold in elsewhere) in place by the thread that copied them, which then arrives on the
+// full barrier. A call copies its side and converts the side before it (whose copies flew
+// while this call's stage was acquired), unless acquire() converted it already because the
+// stage was not free (rings of two stages); drain() converts an item's last side. In place
+// without a barrier: the group columns are chunk pairs (P = head dim / 32 of them, a row's
+// codes being 2P chunks): the thread of pair p copies code chunk P + p to 16-bit row chunk
+// 2(P + p), chunk p to 2(P + p) + 1 (both in the row's upper half), so its outputs (row chunks
+// 2p, 2p + 1 and 2(P + p), 2(P + p) + 1) overwrite only its own codes. Row phases 8 / 4 / 4 /
+// 4 at head dims 64 / 128 / 192 / 256 (96 threads copy at 192).
 template <class Tr, cuda::Fp8Format kFmt>
 struct HopperConvertFill
-    : HopperGroupFill<Tr, cuda::GroupColumns<Tr::kBlockN, Tr::kHeadDim / 32, Tr::kProducerThreads>>,
-      DeferredConversion<Tr, HopperConvertFill<Tr, kFmt>> {
+    : HopperGroupFill<Tr, cuda::GroupColumns<Tr::kBlockN, Tr::kHeadDim / 32, Tr::kProducerThreads>> {
   static_assert(Tr::kFp8Cache && std::is_same_v<typename Tr::MmaElem, __half>, "fp8 codes become f16 stages");
   using Base = typename HopperConvertFill::HopperGroupFill;
-  using Rule = typename HopperConvertFill::DeferredConversion;
   using typename Base::Columns;
   using typename Base::Pipe;
   using typename Base::Pos;
-  using Side = typename Rule::Side;
-  using Rule::acquire;
-  using Rule::drain;
-  using Rule::kFullArrivals;
   static constexpr int kPairs = Tr::kHeadDim / 32;  // P
   using L = cuda::Swizzle128Tile<Tr::kBlockN>;
 
   uint32_t hi0, lo0;  // its first row's chunks 2(P + p) (codes in, then f16) and 2p (f16 out) in a stage
   bool hi_in;         // code chunk P + p inside the row (else zeros)
+  uint32_t pending = 0, pending_bar = 0;  // the side copied last: its stage, its full barrier
 
   __device__ __forceinline__ HopperConvertFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid)
       : HopperConvertFill(p, w, n_, ptid, Columns::of(ptid)) {}
@@ -244,40 +191,27 @@ struct HopperConvertFill
       this->start_tile(t);
       copy(this->k_base, t, dst);
     }
-    issued(dst, pipe.full(at));
+    next(dst, pipe.full(at));
   }
   __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
     if (this->copying) copy(this->v_base, t, dst);
-    issued(dst, pipe.full(at));
+    next(dst, pipe.full(at));
   }
-  // DeferredConversion: all of a side's copies but the newer side's (one commit group each) landed.
-  __device__ __forceinline__ static void land(const Side&, bool newest) {
-    if (newest) cuda::cp_async_wait<0>();
-    else cuda::cp_async_wait<1>();
+  // Rings of two stages (head dim 256, the two-Q-buffer tiles): a side's conversion must not
+  // wait for the next stage, which frees only once the consumers are done with the side before
+  // it: they would wait for every conversion. Deeper rings have a stage of slack, and there the
+  // next side's copies go out first (DECISIONS.md: fp8 caches converted in their stage).
+  static constexpr bool kConvertWhileWaiting = Tr::kStages <= 2;
+  // The next side's stage. With kConvertWhileWaiting, where it is not empty yet, the pending side
+  // is converted first (waiting for its copies) and arrives; else its copies fly while this
+  // side's issue.
+  __device__ __forceinline__ void acquire(const Pipe& pipe, const Pos& at) {
+    if (kConvertWhileWaiting && pending_bar != 0 && !pipe.can_acquire(at)) finish_now();
+    pipe.acquire(at);
   }
-  // This thread's codes of the side -> f16 in place. The stores are generic-proxy writes that
-  // wgmma reads through the async proxy (the consumers fence too).
-  __device__ __forceinline__ void convert(const Side& side) const {
-    if (!this->copying) return;
-#pragma unroll
-    for (int i = 0; i < Columns::kRowsPerThread; ++i) {
-      const uint32_t hi = Columns::at(side.stage + hi0, i);
-      const uint4 codes_hi = cuda::ld_shared_v4(hi), codes_lo = cuda::ld_shared_v4(hi ^ 16);
-      store_f16(Columns::at(side.stage + lo0, i), codes_lo);
-      store_f16(hi, codes_hi);
-    }
-    cuda::fence_proxy_async_smem();
-  }
-  // 16 codes -> 16 f16 values at row chunks c (this address) and c + 1 (c even: the address with
-  // bit 4 flipped, as the swizzle XORs the chunk index).
-  __device__ __forceinline__ static void store_f16(uint32_t at, uint4 c) {
-    uint4 a, b;
-    cuda::fp8x4_to_f16x4<kFmt>(c.x, a.x, a.y);
-    cuda::fp8x4_to_f16x4<kFmt>(c.y, a.z, a.w);
-    cuda::fp8x4_to_f16x4<kFmt>(c.z, b.x, b.y);
-    cuda::fp8x4_to_f16x4<kFmt>(c.w, b.z, b.w);
-    cuda::st_shared_v4(at, a);
-    cuda::st_shared_v4(at ^ 16, b);
+  // The item's last side: its copies landed, converted, arrived.
+  __device__ __forceinline__ void drain() {
+    if (pending_bar != 0) finish_now();
   }
 
  private:
@@ -285,13 +219,16 @@ struct HopperConvertFill
                                                const typename Columns::Column& c)
       : Base(p, w, n_, ptid, c, c.column * 16), hi0(L::offset(Columns::row(c, 0), 2 * (kPairs + c.column))),
         lo0(L::offset(Columns::row(c, 0), 2 * c.column)), hi_in((kPairs + c.column) * 16 < p.kv_row_bytes) {}
-  // This side's copies are one cp.async group.
-  __device__ __forceinline__ void issued(uint32_t dst, uint32_t full) {
+  // This call's side is committed as one cp.async group; the one before it (all but the newest
+  // group landed) is converted and arrives.
+  __device__ __forceinline__ void next(uint32_t dst, uint32_t bar) {
     cuda::cp_async_commit();
-    Side side;
-    side.stage = dst;
-    side.full = full;
-    this->next(side);
+    if (pending_bar != 0) {
+      cuda::cp_async_wait<1>();
+      finish();
+    }
+    pending = dst;
+    pending_bar = bar;
   }
   // This thread's code chunks p and P + p of its rows of tile t -> the upper half of stage dst
   // (row chunks 2(P + p) + 1 and 2(P + p): the swizzle flips bit 4 of the one to get the other).
@@ -307,19 +244,48 @@ struct HopperConvertFill
       row += Columns::kPhases * this->stride_slot;
     }
   }
+  // The pending side, once its copies (all this thread's) landed; none pending after.
+  __device__ __forceinline__ void finish_now() {
+    cuda::cp_async_wait<0>();
+    finish();
+    pending_bar = 0;
+  }
+  // The pending side's codes (this thread's) -> f16 in place; then its arrival. The stores are
+  // generic-proxy writes that wgmma reads through the async proxy (the consumers fence too).
+  __device__ __forceinline__ void finish() const {
+    if (this->copying) {
+#pragma unroll
+      for (int i = 0; i < Columns::kRowsPerThread; ++i) {
+        const uint32_t hi = Columns::at(pending + hi0, i);
+        const uint4 codes_hi = cuda::ld_shared_v4(hi), codes_lo = cuda::ld_shared_v4(hi ^ 16);
+        store_f16(Columns::at(pending + lo0, i), codes_lo);
+        store_f16(hi, codes_hi);
+      }
+      cuda::fence_proxy_async_smem();
+    }
+    cuda::mbar_arrive(pending_bar);
+  }
+  // 16 codes -> 16 f16 values at row chunks c (this address) and c + 1 (c even: the address with
+  // bit 4 flipped, as the swizzle XORs the chunk index).
+  __device__ __forceinline__ static void store_f16(uint32_t at, uint4 c) {
+    uint4 a, b;
+    cuda::fp8x4_to_f16x4<kFmt>(c.x, a.x, a.y);
+    cuda::fp8x4_to_f16x4<kFmt>(c.y, a.z, a.w);
+    cuda::fp8x4_to_f16x4<kFmt>(c.z, b.x, b.y);
+    cuda::fp8x4_to_f16x4<kFmt>(c.w, b.z, b.w);
+    cuda::st_shared_v4(at, a);
+    cuda::st_shared_v4(at ^ 16, b);
+  }
 };
 
-// The TMA boxes of a tile's side through a block-table row (TmaFill, TmaConvertFill): lanes of
-// the producer's warp 0 each own one (16-key page group, 128-byte segment of a cache row) and
-// copy it as one box (cuda/tensor_map.h: [16 slots][128 bytes], 128-byte swizzled) to
-// dst + segment * seg_stride + group * 2 KB, completing on `bar` (lane 0's arrive.expect_tx of
-// all the boxes' bytes). Groups past seq_len are copied from block -1, which the map's bounds
-// turn into zeros without a read; a block id outside the cache is read as block 0 (the metadata
-// guards then write the item's rows as NaN). The group holding seq_len's end brings its block's
-// slots past it. The pages must be a block-table row (with_fill, hopper_kernel.cuh, refuses
-// contiguous K/V).
-template <class Tr, int kSegments>
-struct HopperTmaBoxes {
+// The pages must be a block-table row (with_fill, hopper_kernel.cuh, refuses contiguous K/V).
+template <class Tr>
+struct HopperTmaFill {
+  using Pipe = cuda::Pipeline<Tr::kStages>;
+  using Pos = typename Pipe::State;
+  static constexpr uint32_t kFullArrivals = 1;  // lane 0's arrive.expect_tx; the bytes do the rest
+  static constexpr int kProducerRegs = Tr::kProducerRegsTma, kConsumerRegs = Tr::kConsumerRegsTma;
+  static constexpr int kSegments = Tr::kHeadDim / 64;  // 128-byte segments of a 16-bit row
   static constexpr int kGroups = Tr::kBlockN / 16;
   static constexpr int kBoxes = kGroups * kSegments;  // per tile and side, one lane each
   static constexpr uint32_t kBoxBytes = 16 * 128;
@@ -334,7 +300,7 @@ struct HopperTmaBoxes {
   int group, segment;           // this lane's box of a tile
   int32_t page_prev = -1, page_cur = -1;  // its group's block in tile t (for v) and t + 1 (for k)
 
-  __device__ __forceinline__ HopperTmaBoxes(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid)
+  __device__ __forceinline__ HopperTmaFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid)
       : k_map(&p.k_map), v_map(&p.v_map), pages(page_map_for(p, w)), block_size(p.block_size),
         seq_len(w.seq_len), kv_head(w.kv_head), first_key(w.first_key), n(n_), warp0(ptid < 32),
         issuer(ptid < kBoxes), group(ptid / kSegments), segment(ptid % kSegments) {
@@ -345,65 +311,20 @@ struct HopperTmaBoxes {
     cuda::prefetch_tensor_map(&p.k_map);
     cuda::prefetch_tensor_map(&p.v_map);
   }
-  __device__ __forceinline__ void k(int t, uint32_t dst, uint32_t seg_stride, uint32_t bar) {
-    copy(k_map, page_cur, t, dst, seg_stride, bar);
+  __device__ __forceinline__ static void acquire(const Pipe& pipe, const Pos& at) { pipe.acquire(at); }
+  __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
+    copy(k_map, page_cur, t, dst, pipe, at);
     page_prev = page_cur;
     if (issuer && t + 1 < n) page_cur = page(t + 1);
   }
-  __device__ __forceinline__ void v(int t, uint32_t dst, uint32_t seg_stride, uint32_t bar) const {
-    copy(v_map, page_prev, t, dst, seg_stride, bar);
+  __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
+    copy(v_map, page_prev, t, dst, pipe, at);
   }
+  __device__ __forceinline__ static void drain() {}
   // The block-id guard over the item's n tiles (cuda/metadata_guard.cuh), this thread's share.
   __device__ __forceinline__ bool pages_fault(const VarlenKernelParams& p, int req) const {
     return cuda::pages_fault(pages, block_size, first_key, first_key + n * Tr::kBlockN, seq_len, req, p.errors,
                              static_cast<int>(threadIdx.x % 128), 128);
-  }
-
- private:
-  // This lane's group's block in tile t; -1 (no block: zeros) past seq_len; block 0 for an id
-  // outside the cache (its item's rows are NaN: cuda/metadata_guard.cuh).
-  __device__ __forceinline__ int32_t page(int t) const {
-    const int key = first_key + t * Tr::kBlockN + 16 * group;
-    return key < seq_len ? pages.readable(pages.at(block_size.div(key))) : -1;
-  }
-  __device__ __forceinline__ void copy(const cuda::TmaDesc* map, int32_t blk, int t, uint32_t dst, uint32_t seg_stride,
-                                       uint32_t bar) const {
-    if (!warp0) return;
-    if (group == 0 && segment == 0) cuda::mbar_arrive_expect_tx(bar, kBoxes * kBoxBytes);  // (lane 0)
-    __syncwarp();
-    if (!issuer) return;
-    const int key = first_key + t * Tr::kBlockN + 16 * group;
-    const int slot = key - block_size.div(key) * block_size.divisor;
-    cuda::tma_load_5d(dst + segment * seg_stride + group * kBoxBytes, map, bar, 0, slot, segment, kv_head, blk);
-  }
-};
-
-// TmaFill (16-bit rows): the boxes land in the stage's segment regions ([segment][128 keys][128
-// bytes], the layout wgmma reads) and complete on the side's full barrier; the other producer
-// threads only load Q.
-template <class Tr>
-struct HopperTmaFill {
-  using Pipe = cuda::Pipeline<Tr::kStages>;
-  using Pos = typename Pipe::State;
-  using Boxes = HopperTmaBoxes<Tr, Tr::kHeadDim / 64>;
-  static constexpr uint32_t kFullArrivals = 1;  // lane 0's arrive.expect_tx; the bytes do the rest
-  static constexpr int kProducerRegs = Tr::kProducerRegsTma, kConsumerRegs = Tr::kConsumerRegsTma;
-  static constexpr uint32_t kRegionBytes = Tr::kBlockN * 128;
-  Boxes boxes;
-
-  __device__ __forceinline__ HopperTmaFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid)
-      : boxes(p, w, n_, ptid) {}
-  __device__ __forceinline__ static void prefetch_maps(const VarlenKernelParams& p) { Boxes::prefetch_maps(p); }
-  __device__ __forceinline__ static void acquire(const Pipe& pipe, const Pos& at) { pipe.acquire(at); }
-  __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
-    boxes.k(t, dst, kRegionBytes, pipe.full(at));
-  }
-  __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
-    boxes.v(t, dst, kRegionBytes, pipe.full(at));
-  }
-  __device__ __forceinline__ static void drain() {}
-  __device__ __forceinline__ bool pages_fault(const VarlenKernelParams& p, int req) const {
-    return boxes.pages_fault(p, req);
   }
   // Rows [rows_left, next multiple of 16) of the item's last V tile: its block's slots past
   // seq_len, which a box brought in. By each consumer warpgroup (its 128 threads, wg_tid) before
@@ -421,99 +342,24 @@ struct HopperTmaFill {
     cuda::fence_proxy_async_smem();
     cuda::named_bar_sync(3 + wg, 128);
   }
-};
-
-// TmaConvertFill (fp8 caches whose rows are whole 128-byte segments: head dims 128 and 256): the
-// codes of a side arrive by TMA boxes (HopperTmaBoxes), code segment j into the stage's 16-bit
-// region 2j + 1, completing the side's landed barrier (one per ring stage, this fill's own);
-// then each producer thread converts one (row, code segment j) into regions 2j and 2j + 1:
-// code chunk c (16 codes) becomes 16-bit chunks 2c, 2c + 1, in region 2j for c < 4 (no codes
-// there), else over code chunks 2c - 8 and 2c - 7 of region 2j + 1, which this thread has read
-// by then (they are <= c), and nobody else reads: in place without a barrier, in batches of
-// kBatch chunks read before they are written (what the producer's registers hold). Its rows past
-// seq_len become zeros (the consumers' V needs no fix). DeferredConversion says when.
-template <class Tr, cuda::Fp8Format kFmt>
-struct HopperTmaConvertFill : DeferredConversion<Tr, HopperTmaConvertFill<Tr, kFmt>> {
-  static_assert(Tr::kFp8Cache && std::is_same_v<typename Tr::MmaElem, __half>, "fp8 codes become f16 stages");
-  using Rule = typename HopperTmaConvertFill::DeferredConversion;
-  using typename Rule::Pipe;
-  using typename Rule::Pos;
-  using typename Rule::Side;
-  static constexpr int kCodeSegments = Tr::kHeadDim / 128;
-  static_assert(Tr::kHeadDim % 128 == 0 && kCodeSegments * Tr::kBlockN == Tr::kProducerThreads,
-                "one (row, code segment) per producer thread");
-  using Boxes = HopperTmaBoxes<Tr, kCodeSegments>;
-  using L = cuda::Swizzle128Tile<Tr::kBlockN>;
-  static constexpr int kProducerRegs = Tr::kProducerRegs, kConsumerRegs = Tr::kConsumerRegs;
-  static constexpr uint32_t kRegionBytes = Tr::kBlockN * 128;
-  static constexpr int kBatch = kProducerRegs >= 88 ? 4 : 2;  // (ptxas 13.0: 4 spilled at 56 registers)
-  Boxes boxes;
-  int row, seg;  // this thread's row of a tile and code segment
-
-  __device__ __forceinline__ HopperTmaConvertFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid)
-      : boxes(p, w, n_, ptid), row(ptid % Tr::kBlockN), seg(ptid / Tr::kBlockN) {}
-  // The landed barriers (K ring, then V ring), initialised with the pipelines (one arrival: the
-  // issuing lane's expect_tx; the bytes do the rest).
-  __device__ __forceinline__ static uint32_t landed0() {
-    __shared__ uint64_t bars[2 * Tr::kStages];
-    return cuda::smem_addr(bars);
-  }
-  __device__ __forceinline__ static void init_barriers() {
-#pragma unroll
-    for (int i = 0; i < 2 * Tr::kStages; ++i) cuda::mbar_init(landed0() + 8 * i, 1);
-  }
-  __device__ __forceinline__ static void prefetch_maps(const VarlenKernelParams& p) { Boxes::prefetch_maps(p); }
-  __device__ __forceinline__ static void fix_tail_v(unsigned char*, int, int, int) {}  // (zeroed by convert)
-  __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
-    const uint32_t landed = landed0() + 8 * at.stage;
-    boxes.k(t, dst + kRegionBytes, 2 * kRegionBytes, landed);
-    issued(t, dst, pipe.full(at), landed, at.phase);
-  }
-  __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
-    const uint32_t landed = landed0() + 8 * (Tr::kStages + at.stage);
-    boxes.v(t, dst + kRegionBytes, 2 * kRegionBytes, landed);
-    issued(t, dst, pipe.full(at), landed, at.phase);
-  }
-  __device__ __forceinline__ bool pages_fault(const VarlenKernelParams& p, int req) const {
-    return boxes.pages_fault(p, req);
-  }
-  // DeferredConversion: the side's boxes landed.
-  __device__ __forceinline__ static void land(const Side& side, bool) { cuda::mbar_wait(side.landed, side.phase); }
-  __device__ __forceinline__ void convert(const Side& side) const {
-    const uint32_t lo = side.stage + L::offset(row, 16 * seg), hi = side.stage + L::offset(row, 16 * seg + 8);
-    const uint32_t swz = L::offset(row, 0) & 0x70u;  // (the row's chunk XOR, in bytes)
-    auto at = [&](uint32_t line, int chunk) { return (line & ~0x70u) | ((chunk << 4) ^ swz); };
-#pragma unroll
-    for (int c0 = 0; c0 < 8; c0 += kBatch) {
-      uint4 codes[kBatch];
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) codes[i] = cuda::ld_shared_v4(at(hi, c0 + i));
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        const int c = c0 + i;
-        uint4 a = make_uint4(0, 0, 0, 0), b = a;
-        if (side.row_in) {
-          cuda::fp8x4_to_f16x4<kFmt>(codes[i].x, a.x, a.y);
-          cuda::fp8x4_to_f16x4<kFmt>(codes[i].y, a.z, a.w);
-          cuda::fp8x4_to_f16x4<kFmt>(codes[i].z, b.x, b.y);
-          cuda::fp8x4_to_f16x4<kFmt>(codes[i].w, b.z, b.w);
-        }
-        cuda::st_shared_v4(at(c < 4 ? lo : hi, (2 * c) % 8), a);
-        cuda::st_shared_v4(at(c < 4 ? lo : hi, (2 * c) % 8 + 1), b);
-      }
-    }
-    cuda::fence_proxy_async_smem();
-  }
 
  private:
-  __device__ __forceinline__ void issued(int t, uint32_t dst, uint32_t full, uint32_t landed, uint32_t phase) {
-    Side side;
-    side.stage = dst;
-    side.full = full;
-    side.landed = landed;
-    side.phase = phase;
-    side.row_in = boxes.first_key + t * Tr::kBlockN + row < boxes.seq_len;
-    this->next(side);
+  // This lane's group's block in tile t; -1 (no block: zeros) past seq_len; block 0 for an id
+  // outside the cache (its item's rows are NaN: cuda/metadata_guard.cuh).
+  __device__ __forceinline__ int32_t page(int t) const {
+    const int key = first_key + t * Tr::kBlockN + 16 * group;
+    return key < seq_len ? pages.readable(pages.at(block_size.div(key))) : -1;
+  }
+  __device__ __forceinline__ void copy(const cuda::TmaDesc* map, int32_t blk, int t, uint32_t dst, const Pipe& pipe,
+                                       const Pos& at) const {
+    if (!warp0) return;
+    if (group == 0 && segment == 0) pipe.expect_bytes(at, kBoxes * kBoxBytes);  // (lane 0)
+    __syncwarp();
+    if (!issuer) return;
+    const int key = first_key + t * Tr::kBlockN + 16 * group;
+    const int slot = key - block_size.div(key) * block_size.divisor;
+    cuda::tma_load_5d(dst + segment * (Tr::kBlockN * 128) + group * kBoxBytes, map, pipe.full(at), 0, slot, segment,
+                      kv_head, blk);
   }
 };
 

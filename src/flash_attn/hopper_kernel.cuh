@@ -216,7 +216,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     k_pipe.init(Fill::kFullArrivals, Tr::kConsumerThreads);
     v_pipe.init(Fill::kFullArrivals + (kDeviceGuards ? 1 : 0), Tr::kConsumerThreads);  // (+ the guard's: below)
     q_pipe.init(Tr::kProducerThreads, Tr::kConsumerThreads);
-    if constexpr (requires { Fill::init_barriers(); }) Fill::init_barriers();  // (a fill's own: TmaConvertFill)
     fence_mbarrier_init();  // (TMA completes on them)
   }
   __syncthreads();  // the last CTA-wide barrier: producer and consumers part here
@@ -434,22 +433,12 @@ template <class Tr, class F>
 void with_fill(const VarlenKernelParams& p, const LaunchPlan& plan, const char* where, F&& f) {
   const bool tma = plan.config.fill == KvFill::tma;
   if constexpr (Tr::kFp8Cache) {
-    const bool tma_codes = plan.config.fill == KvFill::tma_convert;
-    ATTNKIT_REQUIRE(tma_codes || plan.config.fill == KvFill::convert, where, "fill",
-                    static_cast<int>(plan.config.fill),
-                    "must be a converting fill: fp8 codes are converted on their way into the stages");
-    auto with_format = [&]<cuda::Fp8Format kFmt>() {
-      if constexpr (Tr::kHeadDim % 128 == 0) {
-        if (tma_codes) {
-          ATTNKIT_REQUIRE(p.cu_seqlens_k == nullptr, where, "fill", "tma_convert", "reads a block table, not contiguous K/V");
-          return f.template operator()<HopperTmaConvertFill<Tr, kFmt>>();
-        }
-      }
-      ATTNKIT_REQUIRE(!tma_codes, where, "fill", "tma_convert", "needs rows of whole 128-byte segments of codes");
-      f.template operator()<HopperConvertFill<Tr, kFmt>>();
-    };
-    if (p.fp8_format == static_cast<int>(cuda::Fp8Format::e5m2)) with_format.template operator()<cuda::Fp8Format::e5m2>();
-    else with_format.template operator()<cuda::Fp8Format::e4m3>();
+    ATTNKIT_REQUIRE(plan.config.fill == KvFill::convert, where, "fill", static_cast<int>(plan.config.fill),
+                    "must be the convert fill: fp8 codes are converted on their way into the stages");
+    if (p.fp8_format == static_cast<int>(cuda::Fp8Format::e5m2))
+      f.template operator()<HopperConvertFill<Tr, cuda::Fp8Format::e5m2>>();
+    else
+      f.template operator()<HopperConvertFill<Tr, cuda::Fp8Format::e4m3>>();
   } else if (tma) {
     ATTNKIT_REQUIRE(p.cu_seqlens_k == nullptr, where, "fill", "tma", "reads a block table, not contiguous K/V");
     f.template operator()<HopperTmaFill<Tr>>();

@@ -230,26 +230,19 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
     // length; at two segments per row (head size 128) cp.async was faster (DECISIONS.md: Hopper
     // K/V by TMA at 128-byte rows). The cache's sides must encode as maps, and a head size
     // padded to its kernel's has no whole-row boxes. The tuning may force either fill. fp8
-    // codes are converted on their way into the stages (the tile's convert fill, tile_set.h);
-    // where their rows are whole segments (head sizes 128, 256) they arrive by TMA boxes, and
-    // the producer only converts (DECISIONS.md: Hopper: fp8 codes by TMA).
+    // codes are converted on their way into the stages (the tile's convert fill, tile_set.h).
     const bool converts = plan.config.fill == KvFill::convert;
-    const bool maps = f.tma_geometry && plan.head_dim == f.head_size && tma_rows(plan.head_dim, f.cache);
+    const bool tma_serves = !converts && f.tma_geometry && plan.head_dim == f.head_size && tma_rows(plan.head_dim, f.cache);
     const bool one_segment = kv_row_bytes(plan.head_dim, f.cache) == 128;
-    if (converts && maps && !t.cp_async_fill) {
-      plan.config.fill = KvFill::tma_convert;
-      plan.reason += "; fp8 K/V by TMA boxes into their stages, converted to f16 there";
-    } else if (converts) {
-      plan.reason += std::string("; fp8 K/V copied into their stages by cp.async, converted to f16 there") +
-                     (t.cp_async_fill ? " (tuning)" : " (no whole 128-byte segments of codes to box)");
-    } else if (maps && !t.cp_async_fill && (t.hopper_tma_fill || one_segment)) {
+    if (tma_serves && !t.cp_async_fill && (t.hopper_tma_fill || one_segment)) {
       plan.config.fill = KvFill::tma;
       plan.reason += t.hopper_tma_fill ? "; K/V by TMA (tuning)" : "; K/V by TMA (rows of one 128-byte segment)";
     } else {
-      plan.reason += t.cp_async_fill                ? "; K/V by cp.async (tuning)"
-                     : plan.head_dim != f.head_size ? "; K/V by cp.async (a padded head size has no whole-row boxes)"
-                     : !f.tma_geometry              ? "; K/V by cp.async (no TMA map for these K/V)"
-                                                    : "; K/V by cp.async (rows of two or more 128-byte segments)";
+      plan.reason += converts ? "; fp8 K/V copied into their stages by cp.async, converted to f16 there (TMA boxes only copy)"
+                     : t.cp_async_fill                ? "; K/V by cp.async (tuning)"
+                     : plan.head_dim != f.head_size   ? "; K/V by cp.async (a padded head size has no whole-row boxes)"
+                     : !f.tma_geometry                ? "; K/V by cp.async (no TMA map for these K/V)"
+                                                      : "; K/V by cp.async (rows of two or more 128-byte segments)";
     }
   } else {
     plan.pdl = t.pdl && f.cc_major >= 9 && pdl_for_grid(plan.grid_ctas, plan.cta_slots, plan.config.transposed);

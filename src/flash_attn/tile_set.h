@@ -29,7 +29,6 @@ enum class KvFill : uint8_t {
   cp_async,  // 16-byte cp.async copies by every (producer) thread, through the block table
   tma,       // TMA boxes per 16-key page group (sm90): decode tiles the whole row, hopper per 128-byte segment
   convert,   // hopper, fp8 caches: codes by cp.async into their 16-bit stage, converted there to f16
-  tma_convert,  // ... codes by TMA boxes (rows of whole 128-byte segments), converted there to f16
 };
 
 // What a cache row holds, as the kernels see it: 16-bit values (the model's dtype), fp8 codes

@@ -328,8 +328,7 @@ LaunchPlan plan_with_maps(VarlenKernelParams& p, LaunchFacts facts, const Launch
   LaunchPlan plan = choose_launch(facts, tuning);
   // (the hopper kernel's boxes are one segment each: hopper_fill.cuh)
   const int box_segments = plan.generation == Generation::hopper ? 1 : 0;
-  const bool boxes = plan.config.fill == KvFill::tma || plan.config.fill == KvFill::tma_convert;
-  if (boxes && !encode_kv_maps(p, kv_row_bytes(facts.head_size, facts.cache), box_segments)) {
+  if (plan.config.fill == KvFill::tma && !encode_kv_maps(p, kv_row_bytes(facts.head_size, facts.cache), box_segments)) {
     facts.tma_geometry = false;
     plan = choose_launch(facts, tuning);
   }

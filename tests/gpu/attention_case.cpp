@@ -320,7 +320,7 @@ bool Problem::hopper_serves() const {
 std::vector<Problem::Variant> Problem::launch_variants(int num_splits) const {
   std::vector<Variant> v{{"the case's tuning", c_.tuning}};
   const flash_attn::LaunchPlan plan = launch_plan(num_splits, c_.tuning);
-  if (plan.config.fill == flash_attn::KvFill::tma || plan.config.fill == flash_attn::KvFill::tma_convert) {
+  if (plan.config.fill == flash_attn::KvFill::tma) {
     v.push_back({"cp.async K/V instead of the " + std::string(plan.config.name) + " tile's TMA", c_.tuning});
     v.back().tuning.cp_async_fill = true;
   }
