@@ -369,8 +369,6 @@ Case fp8_hopper_case(int i, int head_size, int kv, bool causal) {
   return c;
 }
 
-// (at head sizes 128 and 256 the codes arrive by TMA boxes, and cp.async in a second launch
-// of each case: Problem::launch_variants)
 TEST(VarlenHopper, Fp8Caches) {
   int i = 0;
   for (int head_size : {64, 112, 128, 192, 256})
@@ -417,8 +415,8 @@ TEST(VarlenSanitizer, SmallGridOfEveryPath) {
   }
   c.contiguous_kv = true;  // (requests without keys and queries longer than their keys)
   check_against_cpu(c);
-  // fp8 caches on the hopper tiles: codes by TMA boxes and by cp.async (head sizes 128, 256;
-  // block sizes 16, 64; a tail past seq_len inside a block)
+  // fp8 caches on the hopper tiles: codes converted in their stages (head sizes 128, 256; block
+  // sizes 16, 64; both formats; a tail past seq_len inside a block)
   for (const auto& [i, head_size] : {std::pair{5, 128}, {12, 128}, {20, 256}, {27, 256}})
     check_against_cpu(fp8_hopper_case(i, head_size, 200, i % 2 == 1));
 }
