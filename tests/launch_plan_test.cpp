@@ -70,14 +70,26 @@ TEST(TileSet, ConfigurationsAreConsistent) {
   EXPECT_EQ(tile_config(TileId::hopper, 256, CacheKind::b16).keys, 64);
   EXPECT_EQ(tile_config(TileId::hopper, 256, CacheKind::b16).stages, 2);
   EXPECT_FALSE(tile_instantiated(TileId::hopper_short, 256, CacheKind::b16));
-  // The rings' depth is what the opt-in shared memory holds next to the Q buffers (hopper_stages).
+  // The rings' depth is what the opt-in shared memory holds next to the Q buffers: V as deep as
+  // a K ring of its depth allows, K what is left (hopper_stages, hopper_k_stages), at most 4.
   for (int hd : {64, 128, 192, 256})
     for (TileId id : {TileId::hopper, TileId::hopper_short}) {
       const TileConfig t = tile_config(id, hd, CacheKind::b16);
-      const int bytes = t.q_buffers * 128 * hd * 2 + t.stages * 2 * t.keys * hd * 2 + 1024;
+      const int tile = t.keys * hd * 2, q = t.q_buffers * 128 * hd * 2;
+      const int bytes = q + (t.stages + t.k_stages) * tile + 1024;
       EXPECT_LE(bytes, 227 * 1024) << t.name << " hd " << hd;
-      if (t.stages < 4) EXPECT_GT(bytes + 2 * t.keys * hd * 2, 227 * 1024) << t.name << " hd " << hd << ": one more stage fits";
+      EXPECT_GE(t.k_stages, t.stages) << t.name << " hd " << hd;
+      EXPECT_LE(t.k_stages, 4) << t.name << " hd " << hd;
+      if (t.k_stages < 4) EXPECT_GT(bytes + tile, 227 * 1024) << t.name << " hd " << hd << ": one more K stage fits";
+      if (t.stages < 4)
+        EXPECT_GT(q + 2 * (t.stages + 1) * tile + 1024, 227 * 1024) << t.name << " hd " << hd << ": one more stage of both fits";
     }
+  EXPECT_EQ(tile_config(TileId::hopper, 64, CacheKind::b16).k_stages, 4);
+  EXPECT_EQ(tile_config(TileId::hopper, 128, CacheKind::b16).k_stages, 3);
+  EXPECT_EQ(tile_config(TileId::hopper_short, 128, CacheKind::b16).k_stages, 3);
+  EXPECT_EQ(tile_config(TileId::hopper, 192, CacheKind::b16).k_stages, 4);
+  EXPECT_EQ(tile_config(TileId::hopper_short, 192, CacheKind::b16).k_stages, 3);
+  EXPECT_EQ(tile_config(TileId::hopper, 256, CacheKind::b16).k_stages, 3);
   EXPECT_EQ(tile_config(TileId::hopper, 192, CacheKind::b16).stages, 3);
   EXPECT_EQ(tile_config(TileId::hopper_short, 192, CacheKind::b16).stages, 2);
   EXPECT_EQ(tile_config(TileId::hopper, 128, CacheKind::b16).stages, 3);

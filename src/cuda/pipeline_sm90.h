@@ -27,6 +27,13 @@ struct PipelineState {
       phase ^= 1;
     }
   }
+  // The state whose advance() is stage 0 of the first lap (the last stage of lap -1).
+  __device__ __forceinline__ static PipelineState before_first() {
+    PipelineState s;
+    s.stage = kStages - 1;
+    s.phase = 1;
+    return s;
+  }
   __device__ __forceinline__ static PipelineState of(int i) {
     PipelineState s;
     s.stage = i % kStages;

@@ -52,8 +52,6 @@ namespace attnkit::flash_attn {
 template <class Tr, class Columns_>
 struct HopperGroupFill {
   using Columns = Columns_;
-  using Pipe = cuda::Pipeline<Tr::kStages>;
-  using Pos = typename Pipe::State;
   static constexpr uint32_t kFullArrivals = Tr::kProducerThreads;
   static constexpr int kProducerRegs = Tr::kProducerRegs, kConsumerRegs = Tr::kConsumerRegs;
 
@@ -84,7 +82,8 @@ struct HopperGroupFill {
     if (copying) blk_next = page(0);
   }
   __device__ __forceinline__ static void prefetch_maps(const VarlenKernelParams&) {}
-  __device__ __forceinline__ static void acquire(const Pipe& pipe, const Pos& at) { pipe.acquire(at); }
+  template <class Pipe>
+  __device__ __forceinline__ static void acquire(const Pipe& pipe, const typename Pipe::State& at) { pipe.acquire(at); }
   __device__ __forceinline__ static void fix_tail_v(unsigned char*, int, int, int) {}  // (zero-filled)
   // The block-id guard over the item's n tiles (cuda/metadata_guard.cuh), this thread's share.
   __device__ __forceinline__ bool pages_fault(const VarlenKernelParams& p, int req) const {
@@ -123,21 +122,21 @@ struct HopperCpAsyncFill
     : HopperGroupFill<Tr, cuda::GroupColumns<Tr::kBlockN, Tr::kHeadDim / 8, Tr::kProducerThreads>> {
   using Base = typename HopperCpAsyncFill::HopperGroupFill;
   using typename Base::Columns;
-  using typename Base::Pipe;
-  using typename Base::Pos;
   uint32_t dst0;  // where its first copy lands in a stage (Columns::at steps from there)
 
   __device__ __forceinline__ HopperCpAsyncFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid)
       : HopperCpAsyncFill(p, w, n_, ptid, Columns::of(ptid)) {}
   __device__ __forceinline__ static void drain() {}
-  __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
+  template <class Pipe>
+  __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const typename Pipe::State& at) {
     if (this->copying) {
       this->start_tile(t);
       copy(this->k_base, t, dst);
     }
     pipe.commit_cp_async(at);
   }
-  __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
+  template <class Pipe>
+  __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const typename Pipe::State& at) {
     if (this->copying) copy(this->v_base, t, dst);
     pipe.commit_cp_async(at);
   }
@@ -175,8 +174,6 @@ struct HopperConvertFill
   static_assert(Tr::kFp8Cache && std::is_same_v<typename Tr::MmaElem, __half>, "fp8 codes become f16 stages");
   using Base = typename HopperConvertFill::HopperGroupFill;
   using typename Base::Columns;
-  using typename Base::Pipe;
-  using typename Base::Pos;
   static constexpr int kPairs = Tr::kHeadDim / 32;  // P
   using L = cuda::Swizzle128Tile<Tr::kBlockN>;
 
@@ -186,26 +183,29 @@ struct HopperConvertFill
 
   __device__ __forceinline__ HopperConvertFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid)
       : HopperConvertFill(p, w, n_, ptid, Columns::of(ptid)) {}
-  __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
+  template <class Pipe>
+  __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const typename Pipe::State& at) {
     if (this->copying) {
       this->start_tile(t);
       copy(this->k_base, t, dst);
     }
     next(dst, pipe.full(at));
   }
-  __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
+  template <class Pipe>
+  __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const typename Pipe::State& at) {
     if (this->copying) copy(this->v_base, t, dst);
     next(dst, pipe.full(at));
   }
-  // Rings of two stages (head dim 256, the two-Q-buffer tiles): a side's conversion must not
+  // V rings of two stages (head dim 256, the two-Q-buffer tiles): a side's conversion must not
   // wait for the next stage, which frees only once the consumers are done with the side before
   // it: they would wait for every conversion. Deeper rings have a stage of slack, and there the
   // next side's copies go out first (DECISIONS.md: fp8 caches converted in their stage).
-  static constexpr bool kConvertWhileWaiting = Tr::kStages <= 2;
+  static constexpr bool kConvertWhileWaiting = Tr::kVStages <= 2;
   // The next side's stage. With kConvertWhileWaiting, where it is not empty yet, the pending side
   // is converted first (waiting for its copies) and arrives; else its copies fly while this
   // side's issue.
-  __device__ __forceinline__ void acquire(const Pipe& pipe, const Pos& at) {
+  template <class Pipe>
+  __device__ __forceinline__ void acquire(const Pipe& pipe, const typename Pipe::State& at) {
     if (kConvertWhileWaiting && pending_bar != 0 && !pipe.can_acquire(at)) finish_now();
     pipe.acquire(at);
   }
@@ -281,8 +281,6 @@ struct HopperConvertFill
 // The pages must be a block-table row (with_fill, hopper_kernel.cuh, refuses contiguous K/V).
 template <class Tr>
 struct HopperTmaFill {
-  using Pipe = cuda::Pipeline<Tr::kStages>;
-  using Pos = typename Pipe::State;
   static constexpr uint32_t kFullArrivals = 1;  // lane 0's arrive.expect_tx; the bytes do the rest
   static constexpr int kProducerRegs = Tr::kProducerRegsTma, kConsumerRegs = Tr::kConsumerRegsTma;
   static constexpr int kSegments = Tr::kHeadDim / 64;  // 128-byte segments of a 16-bit row
@@ -311,13 +309,16 @@ struct HopperTmaFill {
     cuda::prefetch_tensor_map(&p.k_map);
     cuda::prefetch_tensor_map(&p.v_map);
   }
-  __device__ __forceinline__ static void acquire(const Pipe& pipe, const Pos& at) { pipe.acquire(at); }
-  __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
+  template <class Pipe>
+  __device__ __forceinline__ static void acquire(const Pipe& pipe, const typename Pipe::State& at) { pipe.acquire(at); }
+  template <class Pipe>
+  __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const typename Pipe::State& at) {
     copy(k_map, page_cur, t, dst, pipe, at);
     page_prev = page_cur;
     if (issuer && t + 1 < n) page_cur = page(t + 1);
   }
-  __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const Pos& at) {
+  template <class Pipe>
+  __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const typename Pipe::State& at) {
     copy(v_map, page_prev, t, dst, pipe, at);
   }
   __device__ __forceinline__ static void drain() {}
@@ -350,8 +351,9 @@ struct HopperTmaFill {
     const int key = first_key + t * Tr::kBlockN + 16 * group;
     return key < seq_len ? pages.readable(pages.at(block_size.div(key))) : -1;
   }
+  template <class Pipe>
   __device__ __forceinline__ void copy(const cuda::TmaDesc* map, int32_t blk, int t, uint32_t dst, const Pipe& pipe,
-                                       const Pos& at) const {
+                                       const typename Pipe::State& at) const {
     if (!warp0) return;
     if (group == 0 && segment == 0) pipe.expect_bytes(at, kBoxes * kBoxBytes);  // (lane 0)
     __syncwarp();

@@ -183,33 +183,35 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #if ATTNKIT_HAS_WGMMA
   using namespace attnkit::cuda;
   using M = typename Tr::MmaElem;  // the GEMMs' inputs: the queries' type, f16 with fp8 caches
-  constexpr int kS = Tr::kStages;
+  constexpr int kKS = Tr::kKStages, kVS = Tr::kVStages;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  // Two rings of kS stages, one of K tiles and one of V tiles, each stage with a "full" barrier
+  // Two rings, of kKS K tiles and of kVS V tiles, each stage with a "full" barrier
   // (the producer's copies landed: cp.async arrivals or TMA bytes) and an "empty" one (the 256
   // consumer threads no longer read it). K and V are separate so that a K stage frees as soon as
   // S = Q K^T is done, while V is still needed for O += P V one step later. The rings run on
   // across the CTA's work items (their PipelineStates); so does the ring of Q buffers (one or two).
   constexpr int kQB = Tr::kQBuffers;
   constexpr bool kStagedOutput = Tr::kStagedOutput;  // (the output through the item's Q buffer)
-  using Pipe = Pipeline<kS>;
-  using Pos = typename Pipe::State;
-  __shared__ PipelineBarriers<kS> k_bars, v_bars;
+  using KPos = typename Pipeline<kKS>::State;
+  using VPos = typename Pipeline<kVS>::State;
+  __shared__ PipelineBarriers<kKS> k_bars;
+  __shared__ PipelineBarriers<kVS> v_bars;
   __shared__ PipelineBarriers<kQB> q_bars;
   // The metadata guards' verdict on an item (cuda/metadata_guard.cuh), by the stage of its last V
   // tile: the producer writes it before its own arrival on that tile's full barrier, the
   // consumers read it after waiting for it (so the scan costs them no registers).
-  __shared__ bool s_fault[kS];
+  __shared__ bool s_fault[kVS];
 
   pdl_wait();  // everything below may read what the previous kernel wrote (metadata, q, cache)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   unsigned char* smem = smem_raw + ((Tr::kAlign - (smem_addr(smem_raw) & (Tr::kAlign - 1))) & (Tr::kAlign - 1));
   const uint32_t s_base = smem_addr(smem);
   auto s_q = [&](int buffer) { return s_base + Tr::kQOffset + buffer * Tr::kQBytes; };
-  const Pipe k_pipe(k_bars), v_pipe(v_bars);
+  const Pipeline<kKS> k_pipe(k_bars);
+  const Pipeline<kVS> v_pipe(v_bars);
   const Pipeline<kQB> q_pipe(q_bars);
-  auto k_stage = [&](const Pos& at) { return s_base + at.stage * Tr::kTileBytes; };
-  auto v_stage = [&](const Pos& at) { return s_base + (kS + at.stage) * Tr::kTileBytes; };
+  auto k_stage = [&](const KPos& at) { return s_base + at.stage * Tr::kTileBytes; };
+  auto v_stage = [&](const VPos& at) { return s_base + (kKS + at.stage) * Tr::kTileBytes; };
   auto tile_key = [](const WorkItem& w, int t) { return w.first_key + t * Tr::kBlockN; };
 
   if (tid == 0) {
@@ -227,12 +229,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (tid >= Tr::kConsumerThreads) {
     // Producer: per item, V of tile t - 1, then K of tile t (with Q after K of tile 0, once the
     // consumers are done with the previous item's Q): each into its stage once the consumers
-    // released the tile kS before it. The producer never waits for its own copies: the full
+    // released the tile a ring's depth before it. The producer never waits for its own copies: the full
     // barriers complete when they land. Block-table entries are read one tile ahead (the fill).
     regs_dec<Fill::kProducerRegs>();
     const int ptid = tid - Tr::kConsumerThreads;
     if (ptid == 0) Fill::prefetch_maps(p);
-    Pos k_at, v_at;  // the next K tile's stage; the next V tile's (one tile behind)
+    KPos k_at;  // the next K tile's stage
+    VPos v_at;  // the next V tile's (one tile behind)
     typename Pipeline<kQB>::State q_at;
     WorkItem w;
     for (int64_t r = 0; next_item(r, w); ++r) {
@@ -298,7 +301,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   RowSoftmax softmax;
   FragC o[Tr::kOFrags];
   FragA pa[Tr::kSFrags / 2];
-  Pos at, prev_at;  // the stages of tile j (K) and of tile j - 1 (V): K and V rings move together
+  KPos at;  // the stage of tile j's K
+  VPos prev_at = VPos::before_first();  // of tile j - 1's V (advanced after each step)
   typename Pipeline<kQB>::State q_at;
   WorkItem w;
   // This warpgroup's 64 rows of the current item's Q buffer (a constant with one buffer).
@@ -311,7 +315,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   // O += P V in column ranges of kPvCols (128, the widest wgmma wrapper: two swizzle regions of V;
   // 64 where 128 does not divide the head dim), each over the tile's k16 steps of keys.
-  auto issue_pv = [&](const Pos& v_at) {
+  auto issue_pv = [&](const VPos& v_at) {
     constexpr int kCols = Tr::kPvCols;
     const uint64_t v_desc = smem_desc_sw128(v_stage(v_at), Tr::kBlockN * 128, 1024);
 #pragma unroll
@@ -369,7 +373,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
     });
     if constexpr (kPV) v_pipe.release(prev_at);
-    prev_at = at;
+    prev_at.advance();
     at.advance();
 #pragma unroll
     for (int kk = 0; kk < Tr::kSFrags / 2; ++kk) pa[kk] = c_pair_to_a<M>(s[2 * kk], s[2 * kk + 1]);

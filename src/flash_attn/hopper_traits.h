@@ -70,15 +70,14 @@ struct HopperTraits {
   static_assert((kBlockN == 64 || kBlockN == 128) && (kPvCols == 64 || kPvCols == 128) && kHeadDim % kPvCols == 0,
                 "wgmma wrappers exist for N = 64 and 128");
 
-  // Shared memory (from a 1024-byte aligned base): a ring of kStages K tiles, a ring of
-  // kStages V tiles, each tile kHeadDim / 64 regions of kBlockN 128-byte lines, then the Q tile in the same
+  // Shared memory (from a 1024-byte aligned base): a ring of kKStages K tiles, a ring of
+  // kVStages V tiles, each tile kHeadDim / 64 regions of kBlockN 128-byte lines, then the Q tile in the same
   // swizzled layout (kBlockM lines per region; warpgroup g reads lines 64g .. 64g+63).
   // Q is the A operand of S = Q K^T from shared memory: with Q in registers (the RS form),
   // ptxas 13.0 reused Q's registers for P inside the loop (seen in the SASS), which broke
   // every work item of more than one K/V tile.
   static constexpr int kTileBytes = kBlockN * kHeadDim * 2;
-  static constexpr int kStageBytes = 2 * kTileBytes;
-  static constexpr int kStages = kConfig.stages;
+  static constexpr int kKStages = kConfig.k_stages, kVStages = kConfig.stages;  // (tile_set.h)
   static constexpr int kQBuffers = kConfig.q_buffers;
   // The output leaves through the item's Q buffer where the next item's Q has a buffer of its own
   // (two): the buffer is released after the epilogue (detail::staged_epilogue); with one, right
@@ -86,7 +85,7 @@ struct HopperTraits {
   // epilogue).
   static constexpr bool kStagedOutput = kQBuffers > 1;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
-  static constexpr int kQOffset = kStages * kStageBytes;
+  static constexpr int kQOffset = (kKStages + kVStages) * kTileBytes;
   static constexpr int kAlign = 1024;  // swizzle atoms
   static constexpr int kSmemBytes = kQOffset + kQBuffers * kQBytes + kAlign;
   static_assert(kSmemBytes <= kHopperSmemBytes + kAlign, "K/V rings and Q buffers must fit the opt-in shared memory");

@@ -48,7 +48,7 @@ struct TileConfig {
   int warps_m = 1;         // mma_sync: warps along the rows (hopper: consumer warpgroups)
   int warps_n = 1;         // mma_sync: warps along a tile's keys (independent softmax states)
   int keys = 0;            // keys per K/V tile
-  int stages = 0;          // K/V tiles in flight (hopper: depth of each of the K and V rings)
+  int stages = 0;          // K/V tiles in flight (hopper: depth of the V ring; the K ring: k_stages)
   int ctas_per_sm = 1;     // the occupancy the tile is compiled for (__launch_bounds__)
   KvFill fill = KvFill::cp_async;
   bool transposed = false;  // S^T = K Q^T: keys on the MMA's M, <= kTransposedMaxRows rows on N
@@ -56,6 +56,7 @@ struct TileConfig {
   // mma_sync: CTAs per work item, each computing 1 / o_slices of the output columns (and all
   // of S: the fp32 output of a whole head of 512 would not fit in registers).
   int o_slices = 1;
+  int k_stages = 0;  // hopper: depth of the K ring (>= stages)
 };
 
 inline constexpr int kDecodeTileRows = 16;     // packed rows up to which a launch takes a decode tile
@@ -118,14 +119,23 @@ constexpr bool tma_rows(int head_dim, CacheKind cache) {
          kv_row_bytes(head_dim, cache) <= 512;
 }
 
-// The hopper tiles' K/V ring depth: the K and V stages of `keys` 16-bit rows that fit the sm90
-// opt-in shared memory (227 KB, less 1 KB of alignment slack) next to q_buffers Q tiles of `rows`
-// rows, at most 4: 4 / 3 / 3 / 2 at head dims 64 / 128 / 192 / 256 with one Q buffer, 4 / 2 / 2 /
-// 1 with two (hopper_traits.h lays them out).
+// The hopper tiles' ring depths (hopper_traits.h lays them out): the V ring takes as many stages
+// of `keys` 16-bit rows as fit the sm90 opt-in shared memory (227 KB, less 1 KB of alignment
+// slack) next to q_buffers Q tiles of `rows` rows and a K ring as deep, at most 4: 4 / 3 / 3 / 2
+// at head dims 64 / 128 / 192 / 256 with one Q buffer, 4 / 2 / 2 / 1 with two. The K ring then
+// takes what is left, up to 4: one stage more at 192 / 256 with one Q buffer and at 128 / 192
+// with two (a consumer step waits for K_j first, and a K stage frees one P V earlier than a V
+// one: DECISIONS.md, Hopper: a deeper K ring).
 constexpr int kHopperSmemBytes = 227 * 1024 - 1024;
 constexpr int hopper_stages(int head_dim, int rows, int keys, int q_buffers) {
   if (head_dim <= 0 || keys <= 0) return 0;
   const int stages = (kHopperSmemBytes - q_buffers * rows * head_dim * 2) / (2 * keys * head_dim * 2);
+  return stages < 4 ? stages : 4;
+}
+constexpr int hopper_k_stages(int head_dim, int rows, int keys, int q_buffers, int v_stages) {
+  if (head_dim <= 0 || keys <= 0) return 0;
+  const int tile = keys * head_dim * 2;
+  const int stages = (kHopperSmemBytes - q_buffers * rows * head_dim * 2 - v_stages * tile) / tile;
   return stages < 4 ? stages : 4;
 }
 
@@ -177,6 +187,7 @@ constexpr TileConfig tile_config(TileId id, int head_dim, CacheKind cache) {
       }
       if (cache == CacheKind::fp8) t.fill = KvFill::convert;  // (wgmma reads 16-bit stages)
       t.stages = hopper_stages(head_dim, t.rows, t.keys, t.q_buffers);
+      t.k_stages = hopper_k_stages(head_dim, t.rows, t.keys, t.q_buffers, t.stages);
       break;
   }
   return t;
