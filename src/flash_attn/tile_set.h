@@ -127,16 +127,18 @@ constexpr bool tma_rows(int head_dim, CacheKind cache) {
 // with two (a consumer step waits for K_j first, and a K stage frees one P V earlier than a V
 // one: DECISIONS.md, Hopper: a deeper K ring).
 constexpr int kHopperSmemBytes = 227 * 1024 - 1024;
-constexpr int hopper_stages(int head_dim, int rows, int keys, int q_buffers) {
-  if (head_dim <= 0 || keys <= 0) return 0;
-  const int stages = (kHopperSmemBytes - q_buffers * rows * head_dim * 2) / (2 * keys * head_dim * 2);
+// Stages of stage_bytes in the bytes left, at most 4 (0 for a tile without bytes).
+constexpr int hopper_ring_depth(int bytes_left, int stage_bytes) {
+  if (stage_bytes <= 0) return 0;
+  const int stages = bytes_left / stage_bytes;
   return stages < 4 ? stages : 4;
 }
+constexpr int hopper_stages(int head_dim, int rows, int keys, int q_buffers) {
+  return hopper_ring_depth(kHopperSmemBytes - q_buffers * rows * head_dim * 2, 2 * keys * head_dim * 2);
+}
 constexpr int hopper_k_stages(int head_dim, int rows, int keys, int q_buffers, int v_stages) {
-  if (head_dim <= 0 || keys <= 0) return 0;
   const int tile = keys * head_dim * 2;
-  const int stages = (kHopperSmemBytes - q_buffers * rows * head_dim * 2 - v_stages * tile) / tile;
-  return stages < 4 ? stages : 4;
+  return hopper_ring_depth(kHopperSmemBytes - q_buffers * rows * head_dim * 2 - v_stages * tile, tile);
 }
 
 constexpr TileConfig tile_config(TileId id, int head_dim, CacheKind cache) {
@@ -179,7 +181,8 @@ constexpr TileConfig tile_config(TileId id, int head_dim, CacheKind cache) {
     case TileId::hopper_short:
       // 128 keys up to head dim 128; 64 above (the consumers' registers: O is 96 / 128 fp32 per
       // thread at 192 / 256, S and P of 64 keys another 48). The K and V rings take as many
-      // stages as the sm90 opt-in shared memory holds next to the Q buffers (hopper_stages).
+      // stages as the sm90 opt-in shared memory holds next to the Q buffers (hopper_stages,
+      // hopper_k_stages).
       t = {"hopper", Generation::hopper, 128, 4, 2, 1, head_dim <= 128 ? 128 : 64, 0, 1, KvFill::cp_async, false, 1};
       if (id == TileId::hopper_short) {
         t.name = "hopper_short";
