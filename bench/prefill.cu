@@ -137,6 +137,29 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
                          gens[1], "the mma_sync prefill tile (VarlenArgs::generation)"});
               }
             }
+            // Head dim 64: two and three consumer warpgroups (128- and 192-row tiles) at the
+            // rule's CTA count, in turns, causal and not: the data behind hopper_wide's rule.
+            if (hd == 64 && args.num_splits == 1 &&
+                flash_attn::hopper_kernels_available() &&
+                flash_attn::choose_launch(flash_attn::varlen_launch_facts(args)).generation ==
+                    flash_attn::Generation::hopper) {
+              flash_attn::LaunchTuning two, three;
+              two.consumer_groups = 2;
+              three.consumer_groups = 3;
+              const std::vector<double> groups =
+                  eager_in_turns({[&](int) { flash_attn::run_varlen_attention(args, three); },
+                                  [&](int) { flash_attn::run_varlen_attention(args, two); }},
+                                 3, stream);
+              char ratio[32];
+              std::snprintf(ratio, sizeof ratio, "%.3f", groups[1] / groups[0]);
+              const std::string rule =
+                  flash_attn::choose_launch(flash_attn::varlen_launch_facts(args)).config.name;
+              rec.add({"prefill-grid", "warpgroups " + key + " three", "attnkit", "TFLOP/s", flops / groups[0] / 1e9,
+                       groups[0], "three consumer warpgroups, 192 rows (LaunchTuning::consumer_groups 3), in turns with "
+                                  "two: two / three time " + std::string(ratio) + "x; the rule's tile: " + rule});
+              rec.add({"prefill-grid", "warpgroups " + key + " two", "attnkit", "TFLOP/s", flops / groups[1] / 1e9,
+                       groups[1], "two consumer warpgroups, 128 rows (LaunchTuning::consumer_groups 2)"});
+            }
           } catch (const std::exception& e) {
             rec.fail("prefill", key, e.what());
             cudaGetLastError();

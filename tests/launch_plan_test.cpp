@@ -33,6 +33,7 @@ LaunchFacts h200(int reqs, int q_len, int kv_len, int head_size = 128, bool fp8 
   f.max_query_len = q_len;
   f.max_seq_len = kv_len;
   f.num_splits = splits;
+  f.causal = true;
   return f;
 }
 
@@ -73,9 +74,9 @@ TEST(TileSet, ConfigurationsAreConsistent) {
   // The rings' depth is what the opt-in shared memory holds next to the Q buffers: V as deep as
   // a K ring of its depth allows, K what is left (hopper_stages, hopper_k_stages), at most 4.
   for (int hd : {64, 128, 192, 256})
-    for (TileId id : {TileId::hopper, TileId::hopper_short}) {
+    for (TileId id : {TileId::hopper, TileId::hopper_short, TileId::hopper_wide}) {
       const TileConfig t = tile_config(id, hd, CacheKind::b16);
-      const int tile = t.keys * hd * 2, q = t.q_buffers * 128 * hd * 2;
+      const int tile = t.keys * hd * 2, q = t.q_buffers * t.rows * hd * 2;
       const int bytes = q + (t.stages + t.k_stages) * tile + 1024;
       EXPECT_LE(bytes, 227 * 1024) << t.name << " hd " << hd;
       EXPECT_GE(t.k_stages, t.stages) << t.name << " hd " << hd;
@@ -95,6 +96,14 @@ TEST(TileSet, ConfigurationsAreConsistent) {
   EXPECT_EQ(tile_config(TileId::hopper, 128, CacheKind::b16).stages, 3);
   EXPECT_EQ(tile_config(TileId::hopper, 64, CacheKind::b16).stages, 4);
   EXPECT_FALSE(tile_instantiated(TileId::hopper, 96, CacheKind::b16));
+  // Three consumer warpgroups of 64 rows at head dim 64 only, 16-bit and fp8 caches.
+  EXPECT_EQ(tile_config(TileId::hopper_wide, 64, CacheKind::b16).rows, 192);
+  EXPECT_EQ(tile_config(TileId::hopper_wide, 64, CacheKind::b16).warps_m, 3);
+  EXPECT_EQ(tile_config(TileId::hopper_wide, 64, CacheKind::b16).stages, 4);
+  EXPECT_EQ(tile_config(TileId::hopper_wide, 64, CacheKind::b16).k_stages, 4);
+  EXPECT_TRUE(tile_instantiated(TileId::hopper_wide, 64, CacheKind::fp8));
+  EXPECT_FALSE(tile_instantiated(TileId::hopper_wide, 128, CacheKind::b16));
+  EXPECT_FALSE(tile_instantiated(TileId::hopper_wide, 64, CacheKind::nvfp4));
   EXPECT_TRUE(tile_instantiated(TileId::hopper, 128, CacheKind::fp8));  // (codes converted to f16 stages)
   EXPECT_EQ(tile_config(TileId::hopper, 128, CacheKind::fp8).stages, tile_config(TileId::hopper, 128, CacheKind::b16).stages);
   EXPECT_FALSE(tile_instantiated(TileId::hopper, 96, CacheKind::fp8));
@@ -124,6 +133,14 @@ TEST(ChooseLaunch, Table) {
   few_ctas.max_ctas = 3;
   LaunchTuning no_pdl;
   no_pdl.pdl = false;
+  auto non_causal = [](LaunchFacts f) {
+    f.causal = false;
+    return f;
+  };
+  LaunchTuning three_groups;
+  three_groups.consumer_groups = 3;
+  LaunchTuning two_groups;
+  two_groups.consumer_groups = 2;
   LaunchFacts sm80 = h200(64, 1, 4096);
   sm80.cc_major = 8;
   sm80.hopper_kernels = false;
@@ -189,6 +206,32 @@ TEST(ChooseLaunch, Table) {
       {"hd 200 prefill: hopper on dim 256", h200(2, 8192, 8192, 200), {}, TileId::hopper, -1, true, false, false},
       {"hd 192 prefill: hopper", h200(4, 4096, 4096, 192), {}, TileId::hopper, 132, true, false, false},
       {"hd 192, 32 x 512: two Q buffers", h200(32, 512, 512, 192), {}, TileId::hopper_short, 132, true, false, false},
+      // Head dim 64: three consumer warpgroups (192 rows) on long items, two on short ones.
+      {"hd 64 prefill 2 x 8k: one CTA per item, three warpgroups", h200(2, 8192, 8192, 64), {}, TileId::hopper_wide, -1,
+       true, false, false},
+      {"fp8 hd 64 prefill 2 x 8k: three warpgroups", h200(2, 8192, 8192, 64, true), {}, TileId::hopper_wide, -1, true,
+       false, false},
+      {"hd 56 prefill 2 x 8k: three warpgroups on dim 64", h200(2, 8192, 8192, 56), {}, TileId::hopper_wide, -1, true,
+       false, false},
+      {"hd 64 causal 4 x 4k: persistent, two warpgroups", h200(4, 4096, 4096, 64), {}, TileId::hopper, 132, true, false,
+       false},
+      {"hd 64 non-causal 4 x 4k: persistent, three warpgroups", non_causal(h200(4, 4096, 4096, 64)), {},
+       TileId::hopper_wide, 132, true, false, false},
+      {"hd 64 non-causal 32 x 512: three warpgroups, not two Q buffers", non_causal(h200(32, 512, 512, 64)), {},
+       TileId::hopper_wide, 132, true, false, false},
+      {"hd 64 non-causal 1 x 512: 16 x 8 items (< 1.25 waves), two warpgroups", non_causal(h200(1, 512, 512, 64)), {},
+       TileId::hopper, -1, true, false, false},
+      {"hd 64, 300 queries over 8k keys: 80 items (< 1.25 waves of 132), two warpgroups", h200(1, 300, 8192, 64), {},
+       TileId::hopper, -1, true, false, false},
+      {"hd 64, 4 x 4k, three warpgroups forced: persistent", h200(4, 4096, 4096, 64), three_groups, TileId::hopper_wide,
+       132, true, false, false},
+      {"hd 64, 2 x 8k, two warpgroups forced", h200(2, 8192, 8192, 64), two_groups, TileId::hopper, -1, true, false,
+       false},
+      {"hd 64, three warpgroups and 3 CTAs forced", h200(2, 8192, 8192, 64),
+       [&] { LaunchTuning t = few_ctas; t.consumer_groups = 3; return t; }(), TileId::hopper_wide, 3, true, false, false},
+      {"hd 64, three warpgroups and 2 Q buffers forced: two Q buffers", h200(2, 8192, 8192, 64),
+       [&] { LaunchTuning t = two_q; t.consumer_groups = 3; return t; }(), TileId::hopper_short, -1, true, false, false},
+      {"hd 128, three warpgroups forced: two", h200(2, 8192, 8192), three_groups, TileId::hopper, -1, true, false, false},
       {"split prefill: mma_sync", h200(1, 512, 8192, 128, false, 4, 2), {}, TileId::prefill, -1, true, true, false},
       {"fp8 prefill 4 x 4k: persistent hopper", h200(4, 4096, 4096, 128, true), {}, TileId::hopper, 132, true, false,
        false},
@@ -453,16 +496,24 @@ TEST(ChooseLaunch, SplitRuleCountsTheGridsWork) {
     // The unsplit launch of this batch, as the dispatcher plans it.
     LaunchFacts f = split_kv_facts(in);
     const LaunchPlan plan = choose_launch(f);
+    // The base tile: the launch's, or the one its grid-size refinements started from (the
+    // 2-stage decode variants keep its slots; hopper_wide, on grids of more than 1.25 waves of
+    // the 128-row tile, has 192 rows where it had 128: DECISIONS.md: Split count counts the
+    // base tile).
+    const TileConfig base = tile_config(split_rule_tile(f), hd, K(fp8));
     int64_t grid_items = 0;
     for (int r = 0; r < reqs; ++r)
-      grid_items += kv_heads * ceil_div(int64_t{b.qsl[r + 1] - b.qsl[r]} * group, plan.config.rows);
+      grid_items += kv_heads * ceil_div(int64_t{b.qsl[r + 1] - b.qsl[r]} * group, base.rows);
     const std::string ctx = "trial " + std::to_string(trial) + " (" + plan.config.name + "): " + d.reason;
     EXPECT_EQ(d.work_items, grid_items) << ctx;
-    EXPECT_LE(d.work_items, plan.grid_ctas) << ctx;
-    // The slots are those of the launch's tile family (the 2-stage variants keep the base
-    // tile's count: DECISIONS.md: Split count counts the base tile).
-    const TileConfig base = tile_config(split_rule_tile(f), hd, K(fp8));
     EXPECT_EQ(d.cta_slots, int64_t{base.ctas_per_sm} * 132) << ctx;
+    if (plan.tile == TileId::hopper_wide) {
+      LaunchTuning two_groups;
+      two_groups.consumer_groups = 2;
+      EXPECT_GT(4 * choose_launch(f, two_groups).grid_ctas, 5 * d.cta_slots) << ctx;
+      continue;
+    }
+    EXPECT_LE(d.work_items, plan.grid_ctas) << ctx;
     EXPECT_EQ(base.rows, plan.config.rows) << ctx;
     // A split launch runs the mma_sync kernel, in a tile of the same rows.
     f.num_splits = d.num_splits;

@@ -330,7 +330,7 @@ struct HopperTmaFill {
   // Rows [rows_left, next multiple of 16) of the item's last V tile: its block's slots past
   // seq_len, which a box brought in. By each consumer warpgroup (its 128 threads, wg_tid) before
   // its own P V reads the tile (zeros written twice are still zeros); then that warpgroup's
-  // barrier (3 + wg) and the proxy fence make them visible to its wgmma.
+  // barrier (Tr::group_bar) and the proxy fence make them visible to its wgmma.
   __device__ __forceinline__ static void fix_tail_v(unsigned char* v_tile, int rows_left, int wg, int wg_tid) {
     if (rows_left >= Tr::kBlockN || rows_left % 16 == 0) return;  // (uniform across the CTA)
     constexpr int kChunksPerRow = Tr::kHeadDim / 8;
@@ -341,7 +341,7 @@ struct HopperTmaFill {
           make_uint4(0, 0, 0, 0);
     }
     cuda::fence_proxy_async_smem();
-    cuda::named_bar_sync(3 + wg, 128);
+    cuda::named_bar_sync(Tr::group_bar(wg), 128);
   }
 
  private:

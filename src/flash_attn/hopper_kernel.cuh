@@ -9,10 +9,11 @@
 // map (TMA boxes or cp.async; fp8 codes converted to f16 in their stage: hopper_fill.cuh) into
 // two rings of stages, K and V apart,
 // signalled by mbarriers; two consumer
-// warpgroups of 64 rows take turns at the tensor cores (every ring a cuda::Pipeline):
+// warpgroups of 64 rows (hopper_wide: three) take turns at the tensor cores, in a ring of named
+// barriers (every ring of stages a cuda::Pipeline):
 //
 //   step j:  wait V_{j-1}, K_j; S_j = Q K_j^T; O += P_{j-1} V_{j-1}  (both async)
-//            -> the other warpgroup's turn
+//            -> the next warpgroup's turn
 //            S_j done: release K_j; mask, online softmax (P_j)
 //            P V done: release V_{j-1}; rescale O
 //   last:    O += P V of the last tile; epilogue: normalise, sink, write O and LSE
@@ -140,7 +141,7 @@ __device__ __forceinline__ void register_epilogue(const VarlenKernelParams& p, c
 
 // fp8 caches with a bf16 Q (the GEMMs run in f16): this warpgroup's 64 rows of the Q buffer (q:
 // their first line, a generic address), converted to f16 in place times their
-// cuda::f16_range_factor, which it returns; then fenced for wgmma. s_max: 8 floats of shared memory. By all 128 threads of warpgroup wg (barrier 3 + wg).
+// cuda::f16_range_factor, which it returns; then fenced for wgmma. s_max: 4 floats per warpgroup of shared memory. By all 128 threads of warpgroup wg (barrier 3 + wg).
 template <class Tr>
 __device__ __forceinline__ float q_rows_to_f16(unsigned char* q, float* s_max, int wg, int wg_tid) {
   constexpr int kChunks = Tr::kHeadDim / 64 * 64 * 8;  // 16-byte chunks: regions x rows x chunks of a line
@@ -155,7 +156,7 @@ __device__ __forceinline__ float q_rows_to_f16(unsigned char* q, float* s_max, i
   float mx = fmaxf(__low2float(mx2), __high2float(mx2));
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   if ((wg_tid & 31) == 0) s_max[wg * 4 + wg_tid / 32] = mx;
-  cuda::named_bar_sync(3 + wg, 128);
+  cuda::named_bar_sync(Tr::group_bar(wg), 128);
   mx = fmaxf(fmaxf(s_max[wg * 4], s_max[wg * 4 + 1]), fmaxf(s_max[wg * 4 + 2], s_max[wg * 4 + 3]));
   const float factor = cuda::f16_range_factor(mx);
   for (int i = wg_tid; i < kChunks; i += 128) {
@@ -167,7 +168,7 @@ __device__ __forceinline__ float q_rows_to_f16(unsigned char* q, float* s_max, i
     *chunk(i) = v;
   }
   cuda::fence_proxy_async_smem();  // (generic writes, read by wgmma)
-  cuda::named_bar_sync(3 + wg, 128);  // the warpgroup's rows are all converted; s_max is free again
+  cuda::named_bar_sync(Tr::group_bar(wg), 128);  // the warpgroup's rows are all converted; s_max is free again
   return factor;
 }
 
@@ -257,7 +258,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         fill.v(t, v_stage(v_at), v_pipe, v_at);
         if constexpr (kDeviceGuards) {
           if (t == n - 1) {
-            const bool fault = named_bar_or(6, Tr::kProducerThreads, w.fault || fill.pages_fault(p, w.req));
+            const bool fault = named_bar_or(Tr::kProducerBar, Tr::kProducerThreads, w.fault || fill.pages_fault(p, w.req));
             if (ptid == 0) s_fault[v_at.stage] = fault;
           }
           if (ptid == 0) mbar_arrive(v_pipe.full(v_at));
@@ -284,20 +285,21 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
   regs_inc<Fill::kConsumerRegs>();
 
-  // Consumers: two warpgroups of 64 rows take turns at the tensor cores (named barriers 1, 2),
-  // across items too. Step j of a warpgroup issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1},
-  // hands the tensor cores to the other warpgroup, and runs the softmax of S_j while its P V
+  // Consumers: two or three warpgroups of 64 rows take turns at the tensor cores, in order
+  // (named barriers Tr::turn_bar), across items too. Step j of a warpgroup issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1},
+  // hands the tensor cores to the next warpgroup, and runs the softmax of S_j while its P V
   // still runs; O is rescaled once that P V is done. A warpgroup whose rows are all padding
   // computes on zero rows (no branch around wgmma) and writes nothing.
   const int wg = warp / 4;
   const int warp_row0 = warp * 16;
-  const int my_turn = 1 + wg, their_turn = 2 - wg;
+  constexpr int kWG = Tr::kWarpGroups, kTurnThreads = 2 * 128;  // (a turn: one warpgroup waits, the one before arrives)
+  const int my_turn = Tr::turn_bar(wg), next_turn = Tr::turn_bar((wg + 1) % kWG);
   // The softmax scale; with fp8 caches times the item's K dequant scale over its Q factor (set
   // per item below).
   ScoreMod mod{p.scale, p.softcap, p.alibi_slopes != nullptr};
   float unit = mod.unit();
   constexpr bool kConvertQ = Tr::kFp8Cache && std::is_same_v<typename Tr::Elem, __nv_bfloat16>;
-  __shared__ float s_q_max[kConvertQ ? 8 : 1];
+  __shared__ float s_q_max[kConvertQ ? 4 * kWG : 1];
   RowSoftmax softmax;
   FragC o[Tr::kOFrags];
   FragA pa[Tr::kSFrags / 2];
@@ -337,7 +339,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if constexpr (kPV) v_pipe.wait(prev_at);
     k_pipe.wait(at);
     fence_proxy_async_smem();
-    named_bar_sync(my_turn, Tr::kConsumerThreads);
+    named_bar_sync(my_turn, kTurnThreads);
     FragC s[Tr::kSFrags];
     wgmma_fence();
     const uint64_t q_desc = smem_desc_sw128(s_q_group(), 16, 1024), k_desc = smem_desc_sw128(k_stage(at), 16, 1024);
@@ -349,7 +351,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
     wgmma_commit();
     if constexpr (kPV) issue_pv(prev_at);
-    named_bar_arrive(their_turn, Tr::kConsumerThreads);
+    named_bar_arrive(next_turn, kTurnThreads);
     if constexpr (kPV) {
       wgmma_wait<1>();  // S_j done; P V may still run
     } else {
@@ -379,7 +381,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     for (int kk = 0; kk < Tr::kSFrags / 2; ++kk) pa[kk] = c_pair_to_a<M>(s[2 * kk], s[2 * kk + 1]);
   };
 
-  if (wg == 1) named_bar_arrive(1, Tr::kConsumerThreads);  // warpgroup 0 goes first
+  if (wg == kWG - 1) named_bar_arrive(Tr::turn_bar(0), kTurnThreads);  // warpgroup 0 goes first
   for (int64_t r = 0; next_item(r, w); ++r) {
     const int n = w.tile_end - w.tile_begin;
     bool fault = w.fault;  // (an item with tiles: the producer's verdict, s_fault)
@@ -422,9 +424,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       detail::register_epilogue<Tr>(p, w, o, softmax, unit, warp_row0, lane);
     }
   }
-  // Warpgroup 1 handed warpgroup 0 one more turn than warpgroup 0 took: take it, so no arrival
-  // is left pending on barrier 1.
-  if (wg == 0) named_bar_sync(1, Tr::kConsumerThreads);
+  // The last warpgroup handed warpgroup 0 one more turn than warpgroup 0 took: take it, so no
+  // arrival is left pending on its barrier.
+  if (wg == 0) named_bar_sync(Tr::turn_bar(0), kTurnThreads);
 #else
   __trap();  // launched on a device or build without sm_90a code: the host must not get here
 #endif
@@ -473,9 +475,11 @@ void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStre
     };
     with_fill<Tr>(p, plan, where, launch);
   };
-  constexpr bool kShort = tile_instantiated(TileId::hopper_short, kHeadDim, kCache);
-  if constexpr (kShort) {
+  if constexpr (tile_instantiated(TileId::hopper_short, kHeadDim, kCache)) {
     if (plan.tile == TileId::hopper_short) return with_tile.template operator()<TileId::hopper_short>();
+  }
+  if constexpr (tile_instantiated(TileId::hopper_wide, kHeadDim, kCache)) {
+    if (plan.tile == TileId::hopper_wide) return with_tile.template operator()<TileId::hopper_wide>();
   }
   if (plan.tile == TileId::hopper) with_tile.template operator()<TileId::hopper>();
   else fail(where, "tile", plan.config.name, "is not a hopper tile");

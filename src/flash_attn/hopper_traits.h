@@ -2,8 +2,8 @@
 // declaration of its launcher, explicitly instantiated in hopper_hd*.cu.
 //
 // A CTA serves the same work item as the mma_sync kernels (varlen_schedule.cuh): 128 packed
-// query rows of one request and KV head, all K/V tiles of one split. Two warpgroups own 64
-// rows each; every warp of a warpgroup holds 16 rows, the layout the mma_sync epilogue and
+// query rows of one request and KV head (hopper_wide: 192), all K/V tiles of one split. Two
+// consumer warpgroups (hopper_wide: three) own 64 rows each; every warp of a warpgroup holds 16 rows, the layout the mma_sync epilogue and
 // softmax already use. Q and the K/V tiles of 128 keys arrive by cp.async (K/V through the
 // block table) in 128-byte-swizzled shared memory that wgmma reads by descriptor; P stays in
 // registers (the A operand of O = P V).
@@ -20,7 +20,7 @@
 
 namespace attnkit::flash_attn {
 
-// kTile_ (tile_set.h: hopper, hopper_short): its stages are the depth of the K ring and of the
+// kTile_ (tile_set.h: hopper, hopper_short, hopper_wide): its stages are the depth of the K ring and of the
 // V ring; its Q buffers the Q tiles in shared memory (2: a persistent CTA loads the next item's
 // Q while it still computes on the current one). kCache_: 16-bit caches, or fp8 ones, whose
 // codes the producer converts to f16 on their way into the stages (hopper_fill.cuh): then the
@@ -36,24 +36,35 @@ struct HopperTraits {
   using Elem = Elem_;
   using MmaElem = std::conditional_t<kFp8Cache, __half, Elem_>;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kWarpGroups = kConfig.warps_m;  // consumers: 64 rows each
+  static constexpr int kWarpGroups = kConfig.warps_m;  // consumers: 64 rows each (2; hopper_wide 3)
   static constexpr int kConsumerThreads = 128 * kWarpGroups;
   static constexpr int kProducerThreads = 128;  // the third warpgroup loads Q and K / V
   static constexpr int kThreads = kConsumerThreads + kProducerThreads;
   // Registers per thread after setmaxnreg. The CTA's pool is what it launched with: 168 per
-  // thread (65536 / 384, rounded down to 8) x 384; a split that asks for more blocks the
-  // consumers' setmaxnreg.inc forever (static_assert below). Head dim <= 128: 2 x 208 + 88 =
+  // thread (65536 / 384, rounded down to 8) x 384, with three consumer warpgroups 128 x 512; a
+  // split that asks for more blocks the consumers' setmaxnreg.inc forever (static_assert below).
+  // Three consumer warpgroups (head dim 64: O 32 fp32, S 64, P 32): 3 x 160 + 32 = 512, with
+  // either fill; ptxas 13.0 keeps a few loop-invariant values of the consumers in local memory
+  // (about 20 spill stores per kernel, mostly per item), and at 152 reports serialised wgmmas. Head dim <= 128: 2 x 208 + 88 =
   // 504 (ptxas 13.0, head size 128: with K and V loaded apart the producer holds two tiles'
   // page numbers and spilled 16 bytes at 72 registers, nothing at 88; the consumers fit 208
   // without spills; head dim 192 holds less: O 96 + S and P of 64 keys 48). Head dim 256: O
   // alone is 128 fp32 per thread; the consumers spill in their loop at 216, not at 224, so the
   // cp.async producer gets 56 (a few spill loads per tile).
-  static constexpr int kProducerRegs = kHeadDim <= 192 ? 88 : 56, kConsumerRegs = kHeadDim <= 192 ? 208 : 224;
+  static constexpr int kProducerRegs = kWarpGroups == 3 ? 32 : kHeadDim <= 192 ? 88 : 56,
+                       kConsumerRegs = kWarpGroups == 3 ? 160 : kHeadDim <= 192 ? 208 : 224;
   // With TMA fills (hopper_fill.cuh) the producer issues boxes from one warp and loads Q, and
   // the consumers get the registers: (2 x 224 + 56) x 128 = 168 x 384. ptxas 13.0, head size
   // 128, persistent: consumers at 208 spilled 80 bytes, at 216 56; the producer at 56 spills
   // 12-16 bytes (a few per item, off the tensor cores' path), at 40 over 80.
-  static constexpr int kProducerRegsTma = 56, kConsumerRegsTma = 224;
+  static constexpr int kProducerRegsTma = kWarpGroups == 3 ? 32 : 56, kConsumerRegsTma = kWarpGroups == 3 ? 160 : 224;
+  // Named barriers (0 is __syncthreads): 1 .. kWarpGroups the consumers' turns at the tensor
+  // cores (warpgroup g waits on turn_bar(g), then hands the turn to g + 1), one per consumer
+  // warpgroup of its own 128 threads, then the producer warpgroup's.
+  static constexpr int turn_bar(int wg) { return 1 + wg; }
+  static constexpr int group_bar(int wg) { return 1 + kWarpGroups + wg; }
+  static constexpr int kProducerBar = 1 + 2 * kWarpGroups;
+  static_assert(kProducerBar < 16, "16 named barriers");
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
   static_assert(kWarpGroups * kConsumerRegs + kProducerRegs <= (kWarpGroups + 1) * kLaunchRegs &&
                     kWarpGroups * kConsumerRegsTma + kProducerRegsTma <= (kWarpGroups + 1) * kLaunchRegs,

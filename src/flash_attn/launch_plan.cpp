@@ -31,6 +31,8 @@ void validate(const LaunchFacts& f, const LaunchTuning& t) {
   ATTNKIT_REQUIRE(t.max_ctas >= 0, kWhere, "tuning.max_ctas", t.max_ctas, "must be >= 0 (0: the rule's choice)");
   ATTNKIT_REQUIRE(t.q_buffers >= 0 && t.q_buffers <= 2, kWhere, "tuning.q_buffers", t.q_buffers,
                   "must be 0 (the rule's choice), 1 or 2");
+  ATTNKIT_REQUIRE(t.consumer_groups == 0 || t.consumer_groups == 2 || t.consumer_groups == 3, kWhere,
+                  "tuning.consumer_groups", t.consumer_groups, "must be 0 (the rule's choice), 2 or 3");
   ATTNKIT_REQUIRE(f.head_size == 0 || kernel_head_dim(f.head_size, f.cache, f.planned_items > 0) > 0, kWhere, "head_size", f.head_size,
                   head_size_rule(f.cache, f.planned_items > 0));
   ATTNKIT_REQUIRE(!(f.planned_items > 0 && f.cache == CacheKind::nvfp4 && item_rows(f) > kDecodeTileRows), kWhere,
@@ -202,25 +204,51 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
     plan.pdl = t.pdl;
   } else if (plan.generation == Generation::hopper) {
     // Short items: one CTA per SM walks them (persistent); long ones: one CTA per item.
+    const bool persistent = t.max_ctas > 0 || f.max_seq_len <= kPersistentMaxKeys;
+    auto set_ctas = [&] {
+      plan.ctas = persistent ? std::min<int64_t>(plan.grid_ctas, t.max_ctas > 0 ? t.max_ctas : sms) : plan.grid_ctas;
+    };
+    set_ctas();
     if (t.max_ctas > 0) {
-      plan.ctas = std::min<int64_t>(plan.grid_ctas, t.max_ctas);
       plan.reason += "; " + std::to_string(plan.ctas) + " persistent CTAs (tuning)";
-    } else if (f.max_seq_len <= kPersistentMaxKeys) {
-      plan.ctas = std::min<int64_t>(plan.grid_ctas, sms);
+    } else if (persistent) {
       plan.reason += "; keys <= " + std::to_string(kPersistentMaxKeys) + ": persistent, one CTA per SM";
     } else {
       plan.reason += "; keys > " + std::to_string(kPersistentMaxKeys) + ": one CTA per work item";
     }
+    // Three consumer warpgroups (hopper_wide, 192 rows) at head dim 64, where one warpgroup's
+    // softmax of a 128-key tile outlasts the other's GEMMs (two leave the tensor cores idle), on
+    // grids of more than 1.25 waves of 128-row items: a 192-row item runs ~1.2x the TFLOP/s, so
+    // it takes 1.5 / 1.2 = 1.25x as long as a 128-row one, and with the makespan max(work per
+    // SM, longest item) that wins from 1.25 waves up and loses below. Not for causal launches of
+    // short items (persistent), where it measured 2-13% slower (DECISIONS.md: Hopper: three
+    // consumer warpgroups at head dim 64). The grid: requests x the longest query's items (the
+    // host knows no other lengths); the split rule counts the 128-row items (a split launch
+    // runs the mma_sync tile).
+    const bool wide_tile = tile_instantiated(TileId::hopper_wide, plan.head_dim, f.cache);
+    const bool wide = wide_tile && t.q_buffers != 2 &&
+                      (t.consumer_groups > 0 ? t.consumer_groups == 3
+                                             : !(f.causal && persistent) && 4 * plan.grid_ctas > 5 * sms);
     // (a second Q buffer exists where a K/V ring of two stages still fits next to it: tile_set.h)
     const bool short_tile = tile_instantiated(TileId::hopper_short, plan.head_dim, f.cache);
-    const bool two_q = short_tile && (t.q_buffers > 0 ? t.q_buffers == 2
-                                                      : plan.ctas < plan.grid_ctas && f.max_seq_len <= kDoubleQMaxKeys);
+    const bool two_q = !wide && short_tile && (t.q_buffers > 0 ? t.q_buffers == 2
+                                                               : plan.ctas < plan.grid_ctas && f.max_seq_len <= kDoubleQMaxKeys);
     if (two_q) {
       plan.tile = TileId::hopper_short;
       grid_of(plan.tile);
       plan.reason += t.q_buffers > 0 ? ", two Q buffers (tuning)" : ", items <= 1k keys: two Q buffers";
     } else if (t.q_buffers == 2) {
       plan.reason += ", one Q buffer (no second one at head dim " + std::to_string(plan.head_dim) + ")";
+    }
+    if (wide) {
+      plan.tile = TileId::hopper_wide;
+      grid_of(plan.tile);
+      set_ctas();
+      plan.reason += t.consumer_groups > 0 ? ", three consumer warpgroups of 64 rows (tuning)"
+                                           : ", more than 1.25 waves (and not causal and short): three consumer warpgroups of 64 rows";
+    } else if (t.consumer_groups == 3) {
+      plan.reason += wide_tile ? ", two consumer warpgroups (the 192-row tile has one Q buffer)"
+                               : ", two consumer warpgroups (no 192-row tile at head dim " + std::to_string(plan.head_dim) + ")";
     }
     plan.pdl = t.pdl;
   }

@@ -28,6 +28,7 @@ struct LaunchTuning {
   int transposed_stages = 0;    // the transposed fp8 tile's stages: 0 = the rule's, 2 or 3
   int max_ctas = 0;             // hopper: at most this many persistent CTAs (0 = the rule's)
   int q_buffers = 0;            // hopper: Q buffers, 1 or 2 (0 = the rule's)
+  int consumer_groups = 0;      // hopper: consumer warpgroups, 2 or 3 (hopper_wide, head dim 64; 0 = the rule's)
   uint64_t* cta_trace = nullptr;  // diagnostics: per-CTA timestamps (cuda/cta_trace.h)
 };
 
@@ -44,6 +45,7 @@ struct LaunchFacts {
   int num_reqs = 0, num_kv_heads = 0, group = 1;
   int max_query_len = 0, max_seq_len = 0;
   int num_splits = 1;
+  bool causal = false;  // the causal mask (items of one launch then differ in length)
   // > 0: a planned launch (FlashInfer-style: PlanScheduler, src/flashinfer/plan.h) of this many
   // work items per KV head; its head dims are kPlannedHeadDims, its splits the plan's chunks.
   int64_t planned_items = 0;

@@ -19,11 +19,13 @@ enum class TileId : uint8_t {
   decode_transposed_two_stage,  // ... with 2 stages
   hopper,                       // wgmma, warp-specialised, one Q buffer
   hopper_short,                 // ... two Q buffers (persistent launches of short items)
+  hopper_wide,                  // ... 192 rows, three consumer warpgroups (long items at head dim 64)
 };
 inline constexpr TileId kAllTiles[] = {TileId::prefill,           TileId::decode,
                                        TileId::decode_tma,        TileId::decode_two_stage,
                                        TileId::decode_transposed, TileId::decode_transposed_two_stage,
-                                       TileId::hopper,            TileId::hopper_short};
+                                       TileId::hopper,            TileId::hopper_short,
+                                       TileId::hopper_wide};
 
 enum class KvFill : uint8_t {
   cp_async,  // 16-byte cp.async copies by every (producer) thread, through the block table
@@ -179,14 +181,23 @@ constexpr TileConfig tile_config(TileId id, int head_dim, CacheKind cache) {
       break;
     case TileId::hopper:
     case TileId::hopper_short:
+    case TileId::hopper_wide:
       // 128 keys up to head dim 128; 64 above (the consumers' registers: O is 96 / 128 fp32 per
-      // thread at 192 / 256, S and P of 64 keys another 48). The K and V rings take as many
-      // stages as the sm90 opt-in shared memory holds next to the Q buffers (hopper_stages,
-      // hopper_k_stages).
+      // thread at 192 / 256, S and P of 64 keys another 48). Two consumer warpgroups of 64 rows;
+      // hopper_wide has three (192 rows, head dim 64 only: each warpgroup's softmax then runs
+      // under the two others' GEMMs, where at 64 one tile's GEMMs are too short to hide it; its
+      // consumers get 160 registers: DECISIONS.md, Hopper: three consumer warpgroups at head
+      // dim 64). The K and V rings take as many stages as the sm90 opt-in shared memory holds
+      // next to the Q buffers (hopper_stages, hopper_k_stages).
       t = {"hopper", Generation::hopper, 128, 4, 2, 1, head_dim <= 128 ? 128 : 64, 0, 1, KvFill::cp_async, false, 1};
       if (id == TileId::hopper_short) {
         t.name = "hopper_short";
         t.q_buffers = 2;
+      }
+      if (id == TileId::hopper_wide) {
+        t.name = "hopper_wide";
+        t.rows = 192;
+        t.warps_m = 3;
       }
       if (cache == CacheKind::fp8) t.fill = KvFill::convert;  // (wgmma reads 16-bit stages)
       t.stages = hopper_stages(head_dim, t.rows, t.keys, t.q_buffers);
@@ -214,6 +225,9 @@ constexpr bool tile_instantiated(TileId id, int head_dim, CacheKind cache) {
     case TileId::decode_transposed:
     case TileId::decode_transposed_two_stage:
       return cache == CacheKind::fp8 && head_dim == 128;
+    case TileId::hopper_wide:
+      if (head_dim != 64) return false;
+      [[fallthrough]];
     case TileId::hopper:
     case TileId::hopper_short:
       // Head dims of whole 128-byte segments of 16-bit values (wgmma's swizzled regions) up to

@@ -306,6 +306,7 @@ static LaunchFacts varlen_launch_facts(const VarlenArgs& a, const VarlenKernelPa
   f.max_query_len = a.max_query_len;
   f.max_seq_len = a.max_seq_len;
   f.num_splits = a.num_splits;
+  f.causal = p.causal;
   return f;
 }
 

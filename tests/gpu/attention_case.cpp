@@ -43,6 +43,7 @@ std::string Case::describe() const {
      << ", " << flash_attn::generation_name(generation) << " preferred"
      << (tuning.max_ctas ? ", " + std::to_string(tuning.max_ctas) + " persistent CTAs" : "")
      << (tuning.q_buffers ? ", " + std::to_string(tuning.q_buffers) + " Q buffers" : "")
+     << (tuning.consumer_groups ? ", " + std::to_string(tuning.consumer_groups) + " consumer warpgroups" : "")
      << (tuning.cp_async_fill ? ", cp.async K/V" : "") << (tuning.hopper_tma_fill ? ", hopper TMA K/V" : "")
      << (tuning.transposed_stages == 0 ? "" : ", transposed tile with " + std::to_string(tuning.transposed_stages) + " stages")
      << (tuning.kv_evict_first ? "" : ", no L2 policy on K/V") << (tuning.cluster_merge ? "" : ", workspace merge")

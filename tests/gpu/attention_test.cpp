@@ -22,7 +22,9 @@ namespace {
 // for the unsplit launch too, under every tuning variant the launch decision offers for it
 // (Problem::launch_variants: TMA and cp.async fills, K/V with and without the L2 policy);
 // where a hopper kernel serves the case, for both generations, the hopper one also persistent
-// on 1..3 CTAs (each looping over many work items) with one or two Q buffers.
+// on 1..3 CTAs (each looping over many work items) with one or two Q buffers, and where the
+// three-warpgroup tile exists (head dim 64: hopper_wide) with it, at the rule's CTA count and
+// persistent on 1..3 CTAs.
 void check_against_cpu(const Case& c) {
   Problem p(c);
   const Result ref = p.run_cpu_reference();
@@ -30,18 +32,25 @@ void check_against_cpu(const Case& c) {
   const int H = c.num_heads(), D = c.head_size;
   struct Run {
     flash_attn::Generation g;
-    int ctas, q_buffers;
+    int ctas, q_buffers, consumer_groups;
   };
-  std::vector<Run> runs = {{c.generation, c.tuning.max_ctas, c.tuning.q_buffers}};
-  if (p.hopper_serves())
-    runs = {{flash_attn::Generation::hopper, 0, 0},
-            {flash_attn::Generation::hopper, 1 + static_cast<int>(c.seed % 3), 1 + static_cast<int>(c.seed / 3 % 2)},
-            {flash_attn::Generation::mma_sync, 0, 0}};
-  for (const auto& [g, ctas, q_buffers] : runs) {
+  std::vector<Run> runs = {{c.generation, c.tuning.max_ctas, c.tuning.q_buffers, c.tuning.consumer_groups}};
+  if (p.hopper_serves()) {
+    const int few = 1 + static_cast<int>(c.seed % 3);
+    runs = {{flash_attn::Generation::hopper, 0, 0, 0},
+            {flash_attn::Generation::hopper, few, 1 + static_cast<int>(c.seed / 3 % 2), 0},
+            {flash_attn::Generation::mma_sync, 0, 0, 0}};
+    flash_attn::LaunchTuning wide;
+    wide.consumer_groups = 3;
+    if (p.launch_plan(1, wide).tile == flash_attn::TileId::hopper_wide)
+      runs.insert(runs.end(), {{flash_attn::Generation::hopper, 0, 0, 3}, {flash_attn::Generation::hopper, few, 0, 3}});
+  }
+  for (const auto& [g, ctas, q_buffers, consumer_groups] : runs) {
     p.set_generation(g);
     flash_attn::LaunchTuning base = c.tuning;
     base.max_ctas = ctas;
     base.q_buffers = q_buffers;
+    base.consumer_groups = consumer_groups;
     p.set_tuning(base);
     SCOPED_TRACE(p.spec().describe());
     for (int splits : {1, c.num_splits}) {
