@@ -19,6 +19,7 @@
 
 #include <climits>
 #include <cstdio>
+#include <functional>
 #include <algorithm>
 #include <utility>
 #include <string>
@@ -83,6 +84,19 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
             const double flops = 4.0 * kTokens * seqlen * hd * kHeads * (causal ? 0.5 : 1.0);
             rec.add({"prefill", key, "attnkit", "TFLOP/s", flops / ms / 1e9, ms,
                      "paged KV, block 16" + (args.num_splits > 1 ? ", splits " + std::to_string(args.num_splits) : std::string())});
+            // Two launches of this shape in turns (3 rounds of eager calls, medians), a prefill-grid
+            // row each: "<what> <key> <a>" with a's note, the ratio b / a and a's note suffix, and
+            // "<what> <key> <b>" with b's note.
+            auto in_turns = [&](const std::string& what, const char* a, const std::function<void()>& run_a,
+                                const std::string& a_note, const std::string& a_suffix, const char* b,
+                                const std::function<void()>& run_b, const std::string& b_note) {
+              const std::vector<double> t = eager_in_turns({[&](int) { run_a(); }, [&](int) { run_b(); }}, 3, stream);
+              char ratio[32];
+              std::snprintf(ratio, sizeof ratio, "%.3fx", t[1] / t[0]);
+              rec.add({"prefill-grid", what + " " + key + " " + a, "attnkit", "TFLOP/s", flops / t[0] / 1e9, t[0],
+                       a_note + ratio + a_suffix});
+              rec.add({"prefill-grid", what + " " + key + " " + b, "attnkit", "TFLOP/s", flops / t[1] / 1e9, t[1], b_note});
+            };
             // The hopper launcher's choices, each way in the same run: one CTA per SM looping
             // over the items vs one CTA per item, and (persistent, up to 4k keys) one vs two Q
             // buffers (head size 128); K/V by TMA vs by cp.async, timed in turns (64 .. 256);
@@ -111,54 +125,32 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
               flash_attn::LaunchTuning tma, cp_async;
               tma.hopper_tma_fill = true;
               cp_async.cp_async_fill = true;
-              const std::vector<double> fills =
-                  eager_in_turns({[&](int) { flash_attn::run_varlen_attention(args, tma); },
-                                  [&](int) { flash_attn::run_varlen_attention(args, cp_async); }},
-                                 3, stream);
-              char ratio[32];
-              std::snprintf(ratio, sizeof ratio, "%.3f", fills[1] / fills[0]);
-              rec.add({"prefill-grid", "hopper fill " + key + " tma", "attnkit", "TFLOP/s", flops / fills[0] / 1e9,
-                       fills[0], "K/V by TMA (LaunchTuning::hopper_tma_fill), in turns with cp.async: cp.async / TMA " +
-                                     std::string(ratio) + "x"});
-              rec.add({"prefill-grid", "hopper fill " + key + " cp.async", "attnkit", "TFLOP/s",
-                       flops / fills[1] / 1e9, fills[1], "K/V by cp.async (LaunchTuning::cp_async_fill)"});
+              in_turns("hopper fill", "tma", [&] { flash_attn::run_varlen_attention(args, tma); },
+                       "K/V by TMA (LaunchTuning::hopper_tma_fill), in turns with cp.async: cp.async / TMA ", "",
+                       "cp.async", [&] { flash_attn::run_varlen_attention(args, cp_async); },
+                       "K/V by cp.async (LaunchTuning::cp_async_fill)");
               if (hd >= 192) {
                 flash_attn::VarlenArgs mma = args;
                 mma.generation = flash_attn::Generation::mma_sync;
-                const std::vector<double> gens =
-                    eager_in_turns({[&](int) { flash_attn::run_varlen_attention(args); },
-                                    [&](int) { flash_attn::run_varlen_attention(mma); }},
-                                   3, stream);
-                std::snprintf(ratio, sizeof ratio, "%.3f", gens[1] / gens[0]);
-                rec.add({"prefill-grid", "generation " + key + " hopper", "attnkit", "TFLOP/s", flops / gens[0] / 1e9,
-                         gens[0], "the launch rule's hopper kernel, in turns with mma_sync: mma_sync / hopper " +
-                                      std::string(ratio) + "x"});
-                rec.add({"prefill-grid", "generation " + key + " mma_sync", "attnkit", "TFLOP/s", flops / gens[1] / 1e9,
-                         gens[1], "the mma_sync prefill tile (VarlenArgs::generation)"});
+                in_turns("generation", "hopper", [&] { flash_attn::run_varlen_attention(args); },
+                         "the launch rule's hopper kernel, in turns with mma_sync: mma_sync / hopper ", "", "mma_sync",
+                         [&] { flash_attn::run_varlen_attention(mma); }, "the mma_sync prefill tile (VarlenArgs::generation)");
               }
             }
             // Head dim 64: two and three consumer warpgroups (128- and 192-row tiles) at the
             // rule's CTA count, in turns, causal and not: the data behind hopper_wide's rule.
-            if (hd == 64 && args.num_splits == 1 &&
-                flash_attn::hopper_kernels_available() &&
+            if (hd == 64 && args.num_splits == 1 && flash_attn::hopper_kernels_available() &&
                 flash_attn::choose_launch(flash_attn::varlen_launch_facts(args)).generation ==
                     flash_attn::Generation::hopper) {
               flash_attn::LaunchTuning two, three;
               two.consumer_groups = 2;
               three.consumer_groups = 3;
-              const std::vector<double> groups =
-                  eager_in_turns({[&](int) { flash_attn::run_varlen_attention(args, three); },
-                                  [&](int) { flash_attn::run_varlen_attention(args, two); }},
-                                 3, stream);
-              char ratio[32];
-              std::snprintf(ratio, sizeof ratio, "%.3f", groups[1] / groups[0]);
-              const std::string rule =
-                  flash_attn::choose_launch(flash_attn::varlen_launch_facts(args)).config.name;
-              rec.add({"prefill-grid", "warpgroups " + key + " three", "attnkit", "TFLOP/s", flops / groups[0] / 1e9,
-                       groups[0], "three consumer warpgroups, 192 rows (LaunchTuning::consumer_groups 3), in turns with "
-                                  "two: two / three time " + std::string(ratio) + "x; the rule's tile: " + rule});
-              rec.add({"prefill-grid", "warpgroups " + key + " two", "attnkit", "TFLOP/s", flops / groups[1] / 1e9,
-                       groups[1], "two consumer warpgroups, 128 rows (LaunchTuning::consumer_groups 2)"});
+              const std::string rule = flash_attn::choose_launch(flash_attn::varlen_launch_facts(args)).config.name;
+              in_turns("warpgroups", "three", [&] { flash_attn::run_varlen_attention(args, three); },
+                       "three consumer warpgroups, 192 rows (LaunchTuning::consumer_groups 3), in turns with two: "
+                       "two / three time ",
+                       "; the rule's tile: " + rule, "two", [&] { flash_attn::run_varlen_attention(args, two); },
+                       "two consumer warpgroups, 128 rows (LaunchTuning::consumer_groups 2)");
             }
           } catch (const std::exception& e) {
             rec.fail("prefill", key, e.what());
