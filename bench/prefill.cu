@@ -138,7 +138,8 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
               }
             }
             // Head dim 64: two and three consumer warpgroups (128- and 192-row tiles) at the
-            // rule's CTA count, in turns, causal and not: the data behind hopper_wide's rule.
+            // rule's CTA count, in turns, causal and not, and for causal shapes of <= 4k keys three
+            // per item against three persistent: the data behind hopper_wide's rule.
             if (hd == 64 && args.num_splits == 1 && flash_attn::hopper_kernels_available() &&
                 flash_attn::choose_launch(flash_attn::varlen_launch_facts(args)).generation ==
                     flash_attn::Generation::hopper) {
@@ -151,6 +152,15 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
                        "two / three time ",
                        "; the rule's tile: " + rule, "two", [&] { flash_attn::run_varlen_attention(args, two); },
                        "two consumer warpgroups, 128 rows (LaunchTuning::consumer_groups 2)");
+              if (causal && seqlen <= 4096) {  // (the rule's keys for a persistent launch)
+                flash_attn::LaunchTuning three_walk = three;
+                three_walk.max_ctas = cuda::current_device_props().sm_count;
+                in_turns("warpgroups", "three per-item", [&] { flash_attn::run_varlen_attention(args, three); },
+                         "three consumer warpgroups, one CTA per item (causal), in turns with the persistent walk: "
+                         "persistent / per-item time ",
+                         "", "three persistent", [&] { flash_attn::run_varlen_attention(args, three_walk); },
+                         "three consumer warpgroups, one CTA per SM walking the items (LaunchTuning::max_ctas)");
+              }
             }
           } catch (const std::exception& e) {
             rec.fail("prefill", key, e.what());

@@ -17,6 +17,9 @@ constexpr std::string_view kWhere = "flash_attn launch decision";
 // below 1k keys).
 constexpr int kPersistentMaxKeys = 4096;
 constexpr int kDoubleQMaxKeys = 1024;
+// Causal launches take the 192-row hopper tile from this many keys up, one CTA per item
+// (DECISIONS.md: Hopper: three consumer warpgroups at head dim 64).
+constexpr int kWideCausalMinKeys = 2048;
 
 int64_t packed_rows(const LaunchFacts& f) { return static_cast<int64_t>(f.max_query_len) * f.group; }
 // The rows of one work item: a launch tile's, or a planned item's (at most the plan's tile_q, a
@@ -204,7 +207,7 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
     plan.pdl = t.pdl;
   } else if (plan.generation == Generation::hopper) {
     // Short items: one CTA per SM walks them (persistent); long ones: one CTA per item.
-    const bool persistent = t.max_ctas > 0 || f.max_seq_len <= kPersistentMaxKeys;
+    bool persistent = t.max_ctas > 0 || f.max_seq_len <= kPersistentMaxKeys;
     auto set_ctas = [&] {
       plan.ctas = persistent ? std::min<int64_t>(plan.grid_ctas, t.max_ctas > 0 ? t.max_ctas : sms) : plan.grid_ctas;
     };
@@ -220,15 +223,17 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
     // softmax of a 128-key tile outlasts the other's GEMMs (two leave the tensor cores idle), on
     // grids of more than 1.25 waves of 128-row items: a 192-row item runs ~1.2x the TFLOP/s, so
     // it takes 1.5 / 1.2 = 1.25x as long as a 128-row one, and with the makespan max(work per
-    // SM, longest item) that wins from 1.25 waves up and loses below. Not for causal launches of
-    // short items (persistent), where it measured 2-13% slower (DECISIONS.md: Hopper: three
-    // consumer warpgroups at head dim 64). The grid: requests x the longest query's items (the
-    // host knows no other lengths); the split rule counts the 128-row items (a split launch
-    // runs the mma_sync tile).
+    // SM, longest item) that wins from 1.25 waves up and loses below. Causal launches take it
+    // above 2k keys only, and one CTA per item: their items differ in length, and the hardware's
+    // CTA launch balanced 192-row ones better than the persistent walk (4k x 4: +11%); at <= 2k
+    // keys it measured 3-13% slower, or equal (DECISIONS.md: Hopper: three consumer warpgroups at
+    // head dim 64). The grid: requests x the longest query's items (the host knows no other
+    // lengths); the split rule counts the 128-row items (a split launch runs the mma_sync tile).
     const bool wide_tile = tile_instantiated(TileId::hopper_wide, plan.head_dim, f.cache);
     const bool wide = wide_tile && t.q_buffers != 2 &&
                       (t.consumer_groups > 0 ? t.consumer_groups == 3
-                                             : !(f.causal && persistent) && 4 * plan.grid_ctas > 5 * sms);
+                                             : (!f.causal || f.max_seq_len > kWideCausalMinKeys) &&
+                                                   4 * plan.grid_ctas > 5 * sms);
     // (a second Q buffer exists where a K/V ring of two stages still fits next to it: tile_set.h)
     const bool short_tile = tile_instantiated(TileId::hopper_short, plan.head_dim, f.cache);
     const bool two_q = !wide && short_tile && (t.q_buffers > 0 ? t.q_buffers == 2
@@ -243,9 +248,13 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
     if (wide) {
       plan.tile = TileId::hopper_wide;
       grid_of(plan.tile);
-      set_ctas();
       plan.reason += t.consumer_groups > 0 ? ", three consumer warpgroups of 64 rows (tuning)"
-                                           : ", more than 1.25 waves (and not causal and short): three consumer warpgroups of 64 rows";
+                                           : ", more than 1.25 waves: three consumer warpgroups of 64 rows";
+      if (f.causal && persistent && t.max_ctas == 0) {
+        persistent = false;
+        plan.reason += ", causal: one CTA per item (items of unequal length)";
+      }
+      set_ctas();
     } else if (t.consumer_groups == 3) {
       plan.reason += wide_tile ? ", two consumer warpgroups (the 192-row tile has one Q buffer)"
                                : ", two consumer warpgroups (no 192-row tile at head dim " + std::to_string(plan.head_dim) + ")";
