@@ -141,7 +141,8 @@ __device__ __forceinline__ void register_epilogue(const VarlenKernelParams& p, c
 
 // fp8 caches with a bf16 Q (the GEMMs run in f16): this warpgroup's 64 rows of the Q buffer (q:
 // their first line, a generic address), converted to f16 in place times their
-// cuda::f16_range_factor, which it returns; then fenced for wgmma. s_max: 4 floats per warpgroup of shared memory. By all 128 threads of warpgroup wg (barrier 3 + wg).
+// cuda::f16_range_factor, which it returns; then fenced for wgmma. s_max: 4 floats per
+// warpgroup of shared memory. By all 128 threads of warpgroup wg (its barrier, Tr::group_bar).
 template <class Tr>
 __device__ __forceinline__ float q_rows_to_f16(unsigned char* q, float* s_max, int wg, int wg_tid) {
   constexpr int kChunks = Tr::kHeadDim / 64 * 64 * 8;  // 16-byte chunks: regions x rows x chunks of a line
@@ -286,9 +287,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   regs_inc<Fill::kConsumerRegs>();
 
   // Consumers: two or three warpgroups of 64 rows take turns at the tensor cores, in order
-  // (named barriers Tr::turn_bar), across items too. Step j of a warpgroup issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1},
-  // hands the tensor cores to the next warpgroup, and runs the softmax of S_j while its P V
-  // still runs; O is rescaled once that P V is done. A warpgroup whose rows are all padding
+  // (named barriers Tr::turn_bar), across items too. Step j of a warpgroup issues S_j = Q K_j^T
+  // and then O += P_{j-1} V_{j-1}, hands the tensor cores to the next warpgroup, and runs the
+  // softmax of S_j while its P V still runs; O is rescaled once that P V is done. A warpgroup whose rows are all padding
   // computes on zero rows (no branch around wgmma) and writes nothing.
   const int wg = warp / 4;
   const int warp_row0 = warp * 16;
