@@ -39,7 +39,7 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2_bits(uint32_t two_codes) {
 // The format is a template parameter: with a runtime one the compiler emits both conversions,
 // predicated, and both cost issue slots in the decode loop. e5m2 is the high byte of an f16
 // (same exponent width and bias), so it is a byte move; e4m3 takes the hardware conversion
-// (sm_89+), below that the bit-level one (e4m3_x2_to_f16x2_bits).
+// (sm_89+), below that the bit-level one (e4m3x2_to_f16x2_bits).
 template <Fp8Format kFmt>
 __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t two_codes) {
   if constexpr (kFmt == Fp8Format::e5m2) {

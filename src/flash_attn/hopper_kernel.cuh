@@ -289,8 +289,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // Consumers: two or three warpgroups of 64 rows take turns at the tensor cores, in order
   // (named barriers Tr::turn_bar), across items too. Step j of a warpgroup issues S_j = Q K_j^T
   // and then O += P_{j-1} V_{j-1}, hands the tensor cores to the next warpgroup, and runs the
-  // softmax of S_j while its P V still runs; O is rescaled once that P V is done. A warpgroup whose rows are all padding
-  // computes on zero rows (no branch around wgmma) and writes nothing.
+  // softmax of S_j while its P V still runs; O is rescaled once that P V is done. A warpgroup
+  // whose rows are all padding computes on zero rows (no branch around wgmma) and writes nothing.
   const int wg = warp / 4;
   const int warp_row0 = warp * 16;
   constexpr int kWG = Tr::kWarpGroups, kTurnThreads = 2 * 128;  // (a turn: one warpgroup waits, the one before arrives)

@@ -3,8 +3,8 @@
 //
 // A CTA serves the same work item as the mma_sync kernels (varlen_schedule.cuh): 128 packed
 // query rows of one request and KV head (hopper_wide: 192), all K/V tiles of one split. Two
-// consumer warpgroups (hopper_wide: three) own 64 rows each; every warp of a warpgroup holds 16 rows, the layout the mma_sync epilogue and
-// softmax already use. Q and the K/V tiles of 128 keys arrive by cp.async (K/V through the
+// consumer warpgroups (hopper_wide: three) own 64 rows each; every warp of a warpgroup holds 16
+// rows, the layout the mma_sync epilogue and softmax already use. Q and the K/V tiles of 128 keys arrive by cp.async (K/V through the
 // block table) in 128-byte-swizzled shared memory that wgmma reads by descriptor; P stays in
 // registers (the A operand of O = P V).
 #pragma once
@@ -20,8 +20,8 @@
 
 namespace attnkit::flash_attn {
 
-// kTile_ (tile_set.h: hopper, hopper_short, hopper_wide): its stages are the depth of the K ring and of the
-// V ring; its Q buffers the Q tiles in shared memory (2: a persistent CTA loads the next item's
+// kTile_ (tile_set.h: hopper, hopper_short, hopper_wide): its stages are the depth of the K
+// ring and of the V ring; its Q buffers the Q tiles in shared memory (2: a persistent CTA loads the next item's
 // Q while it still computes on the current one). kCache_: 16-bit caches, or fp8 ones, whose
 // codes the producer converts to f16 on their way into the stages (hopper_fill.cuh): then the
 // GEMMs run in f16 (MmaElem), a bf16 Q tile is converted to f16 by its consumers, and the dequant
@@ -45,8 +45,8 @@ struct HopperTraits {
   // split that asks for more blocks the consumers' setmaxnreg.inc forever (static_assert below).
   // Three consumer warpgroups (head dim 64: O 32 fp32, S 64, P 32): 3 x 160 + 32 = 512, with
   // either fill; ptxas 13.0 keeps a few loop-invariant values of the consumers in local memory
-  // (about 20 spill stores per kernel, mostly per item), and at 152 reports serialised wgmmas. Head dim <= 128: 2 x 208 + 88 =
-  // 504 (ptxas 13.0, head size 128: with K and V loaded apart the producer holds two tiles'
+  // (about 20 spill stores per kernel, mostly per item), and at 152 reports serialised wgmmas.
+  // Head dim <= 128: 2 x 208 + 88 = 504 (ptxas 13.0, head size 128: with K and V loaded apart the producer holds two tiles'
   // page numbers and spilled 16 bytes at 72 registers, nothing at 88; the consumers fit 208
   // without spills; head dim 192 holds less: O 96 + S and P of 64 keys 48). Head dim 256: O
   // alone is 128 fp32 per thread; the consumers spill in their loop at 216, not at 224, so the

@@ -206,19 +206,7 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
     plan.reason += "; one CTA per planned item";  // (the plan balanced them; PlanWalk)
     plan.pdl = t.pdl;
   } else if (plan.generation == Generation::hopper) {
-    // Short items: one CTA per SM walks them (persistent); long ones: one CTA per item.
-    bool persistent = t.max_ctas > 0 || f.max_seq_len <= kPersistentMaxKeys;
-    auto set_ctas = [&] {
-      plan.ctas = persistent ? std::min<int64_t>(plan.grid_ctas, t.max_ctas > 0 ? t.max_ctas : sms) : plan.grid_ctas;
-    };
-    set_ctas();
-    if (t.max_ctas > 0) {
-      plan.reason += "; " + std::to_string(plan.ctas) + " persistent CTAs (tuning)";
-    } else if (persistent) {
-      plan.reason += "; keys <= " + std::to_string(kPersistentMaxKeys) + ": persistent, one CTA per SM";
-    } else {
-      plan.reason += "; keys > " + std::to_string(kPersistentMaxKeys) + ": one CTA per work item";
-    }
+    // The tile first, from the 128-row grid; then the CTA count of its own grid.
     // Three consumer warpgroups (hopper_wide, 192 rows) at head dim 64, where one warpgroup's
     // softmax of a 128-key tile outlasts the other's GEMMs (two leave the tensor cores idle), on
     // grids of more than 1.25 waves of 128-row items: a 192-row item runs ~1.2x the TFLOP/s, so
@@ -234,27 +222,37 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
                       (t.consumer_groups > 0 ? t.consumer_groups == 3
                                              : (!f.causal || f.max_seq_len > kWideCausalMinKeys) &&
                                                    4 * plan.grid_ctas > 5 * sms);
+    // Short items: one CTA per SM walks them (persistent); long ones, and causal ones on the
+    // 192-row tile, one CTA per item.
+    const bool short_keys = f.max_seq_len <= kPersistentMaxKeys;
+    const bool persistent = t.max_ctas > 0 || (short_keys && !(wide && f.causal));
+    const int64_t max_ctas = t.max_ctas > 0 ? t.max_ctas : sms;
     // (a second Q buffer exists where a K/V ring of two stages still fits next to it: tile_set.h)
     const bool short_tile = tile_instantiated(TileId::hopper_short, plan.head_dim, f.cache);
     const bool two_q = !wide && short_tile && (t.q_buffers > 0 ? t.q_buffers == 2
-                                                               : plan.ctas < plan.grid_ctas && f.max_seq_len <= kDoubleQMaxKeys);
-    if (two_q) {
-      plan.tile = TileId::hopper_short;
+                                                               : persistent && plan.grid_ctas > max_ctas &&
+                                                                     f.max_seq_len <= kDoubleQMaxKeys);
+    if (wide || two_q) {
+      plan.tile = wide ? TileId::hopper_wide : TileId::hopper_short;
       grid_of(plan.tile);
+    }
+    plan.ctas = persistent ? std::min<int64_t>(plan.grid_ctas, max_ctas) : plan.grid_ctas;
+    if (t.max_ctas > 0) {
+      plan.reason += "; " + std::to_string(plan.ctas) + " persistent CTAs (tuning)";
+    } else if (persistent) {
+      plan.reason += "; keys <= " + std::to_string(kPersistentMaxKeys) + ": persistent, one CTA per SM";
+    } else {
+      plan.reason += short_keys ? "; causal on the 192-row tile: one CTA per work item (items of unequal length)"
+                                : "; keys > " + std::to_string(kPersistentMaxKeys) + ": one CTA per work item";
+    }
+    if (two_q) {
       plan.reason += t.q_buffers > 0 ? ", two Q buffers (tuning)" : ", items <= 1k keys: two Q buffers";
     } else if (t.q_buffers == 2) {
       plan.reason += ", one Q buffer (no second one at head dim " + std::to_string(plan.head_dim) + ")";
     }
     if (wide) {
-      plan.tile = TileId::hopper_wide;
-      grid_of(plan.tile);
       plan.reason += t.consumer_groups > 0 ? ", three consumer warpgroups of 64 rows (tuning)"
                                            : ", more than 1.25 waves: three consumer warpgroups of 64 rows";
-      if (f.causal && persistent && t.max_ctas == 0) {
-        persistent = false;
-        plan.reason += ", causal: one CTA per item (items of unequal length)";
-      }
-      set_ctas();
     } else if (t.consumer_groups == 3) {
       plan.reason += wide_tile ? ", two consumer warpgroups (the 192-row tile has one Q buffer)"
                                : ", two consumer warpgroups (no 192-row tile at head dim " + std::to_string(plan.head_dim) + ")";
