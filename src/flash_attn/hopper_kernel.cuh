@@ -108,7 +108,7 @@ __device__ __forceinline__ void staged_epilogue(const VarlenKernelParams& p, con
     if (m >= w.rows || c * 8 >= p.head_size) continue;
     const PackedRow row = packed_row(p, w, w.m0 + m);
     T* dst = static_cast<T*>(p.out) + row.token * p.out_stride_token + row.head * p.out_stride_head + c * 8;
-    *reinterpret_cast<uint4*>(dst) = cuda::ld_shared_v4(s_q_buf + L::offset(m, c));
+    cuda::st_global_v4(dst, cuda::ld_shared_v4(s_q_buf + L::offset(m, c)));
   }
 }
 
