@@ -229,8 +229,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   auto next_item = [&](int64_t& r, WorkItem& w) { return items.next(p, r, w); };
 
   if (tid >= Tr::kConsumerThreads) {
-    // Producer: per item, V of tile t - 1, then K of tile t (with Q after K of tile 0, once the
-    // consumers are done with the previous item's Q): each into its stage once the consumers
+    // Producer: per item, its Q (before K of tile 0 with two Q buffers, after it with one), then
+    // V of tile t - 1 and K of tile t: each into its stage once the consumers
     // released the tile a ring's depth before it. The producer never waits for its own copies: the full
     // barriers complete when they land. Block-table entries are read one tile ahead (the fill).
     regs_dec<Fill::kProducerRegs>();
@@ -266,17 +266,22 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         }
         v_at.advance();
       };
+      auto load_q = [&] {
+        q_pipe.acquire(q_at);  // the Q of kQB items back is no longer read
+        load_q_tile<Tr, Swizzle128Tile<Tr::kBlockM>, Tr::kProducerThreads>(p, w, s_q(q_at.stage), ptid);
+        q_pipe.commit_cp_async(q_at);
+        q_at.advance();
+      };
+      // With two Q buffers the item's Q first: its buffer was freed an item ago, while the K
+      // stage may wait for the current item's steps. With one, K of tile 0 first: the buffer
+      // frees only after the current item's last S.
+      if constexpr (kQB > 1) load_q();
       for (int t = 0; t < n; ++t) {
         if (t >= 1) load_v(t - 1);
         fill.acquire(k_pipe, k_at);
         fill.k(t, k_stage(k_at), k_pipe, k_at);
         k_at.advance();
-        if (t == 0) {
-          q_pipe.acquire(q_at);  // the Q of kQB items back is no longer read
-          load_q_tile<Tr, Swizzle128Tile<Tr::kBlockM>, Tr::kProducerThreads>(p, w, s_q(q_at.stage), ptid);
-          q_pipe.commit_cp_async(q_at);
-          q_at.advance();
-        }
+        if (kQB == 1 && t == 0) load_q();
       }
       load_v(n - 1);
       fill.drain();
