@@ -98,8 +98,8 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
               rec.add({"prefill-grid", what + " " + key + " " + b, "attnkit", "TFLOP/s", flops / t[1] / 1e9, t[1], b_note});
             };
             // The hopper launcher's choices, each way in the same run: one CTA per SM looping
-            // over the items vs one CTA per item, and (persistent, up to 4k keys) one vs two Q
-            // buffers (head size 128); K/V by TMA vs by cp.async, timed in turns (64 .. 256);
+            // over the items vs one CTA per item (head size 128), and (persistent, up to 4k keys)
+            // two vs one Q buffers in turns (64 .. 192); K/V by TMA vs by cp.async, timed in turns (64 .. 256);
             // at 192 / 256 the mma_sync generation too (the launches the hopper kernel took over).
             if (hd % 64 == 0 && hd <= 256 && causal && args.num_splits == 1 && flash_attn::hopper_kernels_available() &&
                 flash_attn::choose_launch(flash_attn::varlen_launch_facts(args)).generation ==
@@ -111,8 +111,6 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
               };
               std::vector<GridChoice> choices;
               if (hd == 128) choices = {{"persistent", sms, 0}, {"per-item", INT_MAX, 0}};
-              if (hd == 128 && seqlen <= 4096)
-                choices.insert(choices.end(), {{"persistent 1 Q", sms, 1}, {"persistent 2 Q", sms, 2}});
               for (const auto& [name, ctas, q_buffers] : choices) {
                 flash_attn::LaunchTuning tuning;
                 tuning.max_ctas = ctas;
@@ -121,6 +119,16 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
                 rec.add({"prefill-grid", "hopper grid " + key + " " + name, "attnkit", "TFLOP/s", flops / t / 1e9, t,
                          std::string(name) + " launch (LaunchTuning::max_ctas " + std::to_string(ctas) +
                              ", q_buffers " + std::to_string(q_buffers) + ")"});
+              }
+              if (hd != 256 && seqlen <= 4096) {  // (persistent up to 4k keys; no second Q buffer at 256)
+                flash_attn::LaunchTuning two_q, one_q;
+                two_q.max_ctas = one_q.max_ctas = sms;
+                two_q.q_buffers = 2;
+                one_q.q_buffers = 1;
+                in_turns("q buffers", "two", [&] { flash_attn::run_varlen_attention(args, two_q); },
+                         "persistent, two Q buffers (LaunchTuning::q_buffers 2), in turns with one: one / two time ", "",
+                         "one", [&] { flash_attn::run_varlen_attention(args, one_q); },
+                         "persistent, one Q buffer (LaunchTuning::q_buffers 1)");
               }
               flash_attn::LaunchTuning tma, cp_async;
               tma.hopper_tma_fill = true;

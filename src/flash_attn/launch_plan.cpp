@@ -13,10 +13,9 @@ namespace {
 
 constexpr std::string_view kWhere = "flash_attn launch decision";
 
-// Hopper persistence (DECISIONS.md: Hopper: persistent below 4k keys; Hopper: two Q buffers
-// below 1k keys).
+// Hopper persistence (DECISIONS.md: Hopper: persistent below 4k keys; Hopper: two Q buffers on
+// persistent launches).
 constexpr int kPersistentMaxKeys = 4096;
-constexpr int kDoubleQMaxKeys = 1024;
 // Causal launches take the 192-row hopper tile from this many keys up, one CTA per item
 // (DECISIONS.md: Hopper: three consumer warpgroups at head dim 64).
 constexpr int kWideCausalMinKeys = 2048;
@@ -229,9 +228,7 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
     const int64_t max_ctas = t.max_ctas > 0 ? t.max_ctas : sms;
     // (a second Q buffer exists where a K/V ring of two stages still fits next to it: tile_set.h)
     const bool short_tile = tile_instantiated(TileId::hopper_short, plan.head_dim, f.cache);
-    const bool two_q = !wide && short_tile && (t.q_buffers > 0 ? t.q_buffers == 2
-                                                               : persistent && plan.grid_ctas > max_ctas &&
-                                                                     f.max_seq_len <= kDoubleQMaxKeys);
+    const bool two_q = !wide && short_tile && (t.q_buffers > 0 ? t.q_buffers == 2 : persistent && plan.grid_ctas > max_ctas);
     if (wide || two_q) {
       plan.tile = wide ? TileId::hopper_wide : TileId::hopper_short;
       grid_of(plan.tile);
@@ -246,7 +243,7 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
                                 : "; keys > " + std::to_string(kPersistentMaxKeys) + ": one CTA per work item";
     }
     if (two_q) {
-      plan.reason += t.q_buffers > 0 ? ", two Q buffers (tuning)" : ", items <= 1k keys: two Q buffers";
+      plan.reason += t.q_buffers > 0 ? ", two Q buffers (tuning)" : ", more items than CTAs: two Q buffers";
     } else if (t.q_buffers == 2) {
       plan.reason += ", one Q buffer (no second one at head dim " + std::to_string(plan.head_dim) + ")";
     }
