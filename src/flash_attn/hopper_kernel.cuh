@@ -52,10 +52,11 @@ namespace detail {
 // The epilogue's per-row work: the factor of each of this thread's two rows (g, g + 8 of its
 // warp's 16: normalisation, sink weight, V's dequant scale) and their LSE, written by one thread
 // per row.
+// An item the metadata guards refused (fault) gets NaN factors: NaN rows whatever O holds.
 template <class Tr>
 __device__ __forceinline__ void finish_rows(const VarlenKernelParams& p, const WorkItem& w,
-                                            const cuda::RowSoftmax& softmax, float unit, int warp_row0, int lane,
-                                            float (&f)[2]) {
+                                            const cuda::RowSoftmax& softmax, float unit, bool fault, int warp_row0,
+                                            int lane, float (&f)[2]) {
   float max_log2[2], sum[2];
   softmax.finish(unit, max_log2, sum);
   const float v_scale = cache_scale<Tr>(p.v_scale, p.v_scale_stride, w.kv_head);  // (fp8 caches; else 1)
@@ -75,7 +76,7 @@ __device__ __forceinline__ void finish_rows(const VarlenKernelParams& p, const W
       }
       if (lse_row) p.lse[row.head * p.lse_stride_head + row.token * p.lse_stride_token] = lse;
     }
-    f[r] = wt[0] * sink_weight * v_scale;
+    f[r] = fault ? __int_as_float(0x7fffffff) : wt[0] * sink_weight * v_scale;
   }
 }
 
@@ -83,15 +84,22 @@ __device__ __forceinline__ void finish_rows(const VarlenKernelParams& p, const W
 // base), free once the item's last S is done, take the rows as 4-byte stores in the buffer's
 // swizzled layout (conflict-free); whole rows leave as 16-byte loads and coalesced 16-byte
 // global stores (two 256-byte rows per warp instruction at head dim 128), not the 4-byte
-// scattered stores of the accumulator layout.
+// scattered stores of the accumulator layout. Lane j < 16 finds row j's address once; the copy
+// takes it by shuffle.
 template <class Tr>
 __device__ __forceinline__ void staged_epilogue(const VarlenKernelParams& p, const WorkItem& w,
                                                 const cuda::FragC (&o)[Tr::kOFrags], const cuda::RowSoftmax& softmax,
-                                                float unit, int warp_row0, int lane, uint32_t s_q_buf) {
+                                                float unit, bool fault, int warp_row0, int lane, uint32_t s_q_buf) {
   using T = typename Tr::Elem;
   using L = cuda::Swizzle128Tile<Tr::kBlockM>;
   float f[2];
-  finish_rows<Tr>(p, w, softmax, unit, warp_row0, lane, f);
+  finish_rows<Tr>(p, w, softmax, unit, fault, warp_row0, lane, f);
+  long long row_addr = 0;  // (0: a padding row)
+  if (warp_row0 + (lane & 15) < w.rows) {
+    const PackedRow row = packed_row(p, w, w.m0 + warp_row0 + (lane & 15));
+    row_addr = reinterpret_cast<long long>(static_cast<T*>(p.out) + row.token * p.out_stride_token +
+                                           row.head * p.out_stride_head);
+  }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int m = warp_row0 + (lane >> 2) + 8 * r;
@@ -102,13 +110,13 @@ __device__ __forceinline__ void staged_epilogue(const VarlenKernelParams& p, con
   }
   __syncwarp();
   constexpr int kChunks = Tr::kHeadDim / 8;  // 16-byte chunks of a row
+  static_assert(16 * kChunks % 32 == 0, "whole warp iterations (the shuffles)");
 #pragma unroll 4
   for (int i = lane; i < 16 * kChunks; i += 32) {
-    const int m = warp_row0 + i / kChunks, c = i % kChunks;
-    if (m >= w.rows || c * 8 >= p.head_size) continue;
-    const PackedRow row = packed_row(p, w, w.m0 + m);
-    T* dst = static_cast<T*>(p.out) + row.token * p.out_stride_token + row.head * p.out_stride_head + c * 8;
-    cuda::st_global_v4(dst, cuda::ld_shared_v4(s_q_buf + L::offset(m, c)));
+    const int m = i / kChunks, c = i % kChunks;
+    T* const dst = reinterpret_cast<T*>(__shfl_sync(0xffffffffu, row_addr, m));
+    if (dst == nullptr || c * 8 >= p.head_size) continue;
+    cuda::st_global_v4(dst + c * 8, cuda::ld_shared_v4(s_q_buf + L::offset(warp_row0 + m, c)));
   }
 }
 
@@ -117,11 +125,11 @@ __device__ __forceinline__ void staged_epilogue(const VarlenKernelParams& p, con
 template <class Tr>
 __device__ __forceinline__ void register_epilogue(const VarlenKernelParams& p, const WorkItem& w,
                                                   const cuda::FragC (&o)[Tr::kOFrags],
-                                                  const cuda::RowSoftmax& softmax, float unit, int warp_row0,
-                                                  int lane) {
+                                                  const cuda::RowSoftmax& softmax, float unit, bool fault,
+                                                  int warp_row0, int lane) {
   using T = typename Tr::Elem;
   float f[2];
-  finish_rows<Tr>(p, w, softmax, unit, warp_row0, lane, f);
+  finish_rows<Tr>(p, w, softmax, unit, fault, warp_row0, lane, f);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int m = warp_row0 + (lane >> 2) + 8 * r;
@@ -136,6 +144,42 @@ __device__ __forceinline__ void register_epilogue(const VarlenKernelParams& p, c
       if (dn * 8 >= p.head_size) break;
       *reinterpret_cast<uint32_t*>(dst + dn * 8) = cuda::pack2<T>(o[dn].c[2 * r] * f[r], o[dn].c[2 * r + 1] * f[r]);
     }
+  }
+}
+
+// The item's Q rows -> the Q buffer at sq (zero rows past w.rows, zero columns past the head
+// size), by the producer's 128 threads: warp v copies rows v, v + 4, ..., whole rows per warp
+// instruction; lane j finds the global address of the warp's rows j (and j + 32) once and the
+// copies take it by shuffle (no packed-row division per 16-byte chunk).
+template <class Tr>
+__device__ __forceinline__ void load_q_rows(const VarlenKernelParams& p, const WorkItem& w, uint32_t sq, int ptid) {
+  using T = typename Tr::Elem;
+  using L = cuda::Swizzle128Tile<Tr::kBlockM>;
+  static_assert(Tr::kProducerThreads == 128, "four producer warps");
+  constexpr int kChunks = Tr::kHeadDim / 8, kRows = Tr::kBlockM / 4, kAddrs = (kRows + 31) / 32;
+  static_assert(kRows * kChunks % 32 == 0 && kAddrs <= 2, "whole warp iterations (the shuffles)");
+  const T* q = static_cast<const T*>(p.q);
+  const int v = ptid >> 5, lane = ptid & 31;
+  long long addr[kAddrs];  // (0: a padding row)
+#pragma unroll
+  for (int k = 0; k < kAddrs; ++k) {
+    const int m = v + 4 * (lane + 32 * k);
+    addr[k] = 0;
+    if (lane + 32 * k < kRows && m < w.rows) {
+      const PackedRow row = packed_row(p, w, w.m0 + m);
+      addr[k] = reinterpret_cast<long long>(q + row.token * p.q_stride_token + row.head * p.q_stride_head);
+    }
+  }
+#pragma unroll 4
+  for (int i = lane; i < kRows * kChunks; i += 32) {
+    const int rr = i / kChunks, c = i % kChunks;
+    long long a = __shfl_sync(0xffffffffu, addr[0], rr % 32);
+    if constexpr (kAddrs > 1) {
+      const long long b = __shfl_sync(0xffffffffu, addr[1], rr % 32);
+      if (rr >= 32) a = b;
+    }
+    const bool valid = a != 0 && c * 8 < p.head_size;
+    cuda::cp_async_16(sq + L::offset(v + 4 * rr, c), valid ? reinterpret_cast<const T*>(a) + c * 8 : q, valid);
   }
 }
 
@@ -203,6 +247,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // tile: the producer writes it before its own arrival on that tile's full barrier, the
   // consumers read it after waiting for it (so the scan costs them no registers).
   __shared__ bool s_fault[kVS];
+  // The work items travel with the Q buffers: the producer walks the schedule and writes each
+  // item next to its Q buffer before that buffer's full barrier completes (producer thread 0's
+  // own arrival), then one item with req = -1 after the last; the consumers read the item there
+  // instead of walking the schedule themselves (its metadata loads and divisions stay off their
+  // path between items).
+  __shared__ WorkItem s_item[kQB];
 
   pdl_wait();  // everything below may read what the previous kernel wrote (metadata, q, cache)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -219,14 +269,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (tid == 0) {
     k_pipe.init(Fill::kFullArrivals, Tr::kConsumerThreads);
     v_pipe.init(Fill::kFullArrivals + (kDeviceGuards ? 1 : 0), Tr::kConsumerThreads);  // (+ the guard's: below)
-    q_pipe.init(Tr::kProducerThreads, Tr::kConsumerThreads);
+    q_pipe.init(Tr::kProducerThreads + 1, Tr::kConsumerThreads);  // (+ thread 0's, with the item)
     fence_mbarrier_init();  // (TMA completes on them)
   }
   __syncthreads();  // the last CTA-wide barrier: producer and consumers part here
   pdl_launch_dependents();  // the next kernel's CTAs may take SM slots as this grid frees them
 
-  // Both roles walk the same items and count the same tiles.
-  auto next_item = [&](int64_t& r, WorkItem& w) { return items.next(p, r, w); };
 
   if (tid >= Tr::kConsumerThreads) {
     // Producer: per item, its Q (before K of tile 0 with two Q buffers, after it with one), then
@@ -239,15 +287,22 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     KPos k_at;  // the next K tile's stage
     VPos v_at;  // the next V tile's (one tile behind)
     typename Pipeline<kQB>::State q_at;
+    // The next Q buffer: the item (thread 0, then its arrival) and, with tiles, its Q rows.
+    auto post_item = [&](const WorkItem& item, bool load) {
+      q_pipe.acquire(q_at);  // the Q of kQB items back is no longer read, nor its item
+      if (ptid == 0) {
+        s_item[q_at.stage] = item;
+        mbar_arrive(q_pipe.full(q_at));
+      }
+      if (load) detail::load_q_rows<Tr>(p, item, s_q(q_at.stage), ptid);
+      q_pipe.commit_cp_async(q_at);
+      q_at.advance();
+    };
     WorkItem w;
-    for (int64_t r = 0; next_item(r, w); ++r) {
+    for (int64_t r = 0; items.next(p, r, w); ++r) {
       const int n = w.tile_end - w.tile_begin;
-      if (n == 0) {  // nothing to load: the consumers write the empty result (through a Q buffer)
-        if constexpr (kStagedOutput) {
-          q_pipe.acquire(q_at);
-          q_pipe.commit_cp_async(q_at);
-          q_at.advance();
-        }
+      if (n == 0) {  // nothing to load: the consumers write the empty result
+        post_item(w, false);
         continue;
       }
       Fill fill(p, w, n, ptid);
@@ -266,26 +321,22 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         }
         v_at.advance();
       };
-      auto load_q = [&] {
-        q_pipe.acquire(q_at);  // the Q of kQB items back is no longer read
-        load_q_tile<Tr, Swizzle128Tile<Tr::kBlockM>, Tr::kProducerThreads>(p, w, s_q(q_at.stage), ptid);
-        q_pipe.commit_cp_async(q_at);
-        q_at.advance();
-      };
       // With two Q buffers the item's Q first: its buffer was freed an item ago, while the K
       // stage may wait for the current item's steps. With one, K of tile 0 first: the buffer
       // frees only after the current item's last S.
-      if constexpr (kQB > 1) load_q();
+      if constexpr (kQB > 1) post_item(w, true);
       for (int t = 0; t < n; ++t) {
         if (t >= 1) load_v(t - 1);
         fill.acquire(k_pipe, k_at);
         fill.k(t, k_stage(k_at), k_pipe, k_at);
         k_at.advance();
-        if (kQB == 1 && t == 0) load_q();
+        if (kQB == 1 && t == 0) post_item(w, true);
       }
       load_v(n - 1);
       fill.drain();
     }
+    w.req = -1;  // the end of the walk
+    post_item(w, false);
     cp_async_wait<0>();
     return;
   }
@@ -388,17 +439,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   };
 
   if (wg == kWG - 1) named_bar_arrive(Tr::turn_bar(0), kTurnThreads);  // warpgroup 0 goes first
-  for (int64_t r = 0; next_item(r, w); ++r) {
-    const int n = w.tile_end - w.tile_begin;
-    bool fault = w.fault;  // (an item with tiles: the producer's verdict, s_fault)
+  for (;;) {
     softmax.init();
 #pragma unroll
     for (int f = 0; f < Tr::kOFrags; ++f) o[f] = FragC{};
+    q_pipe.wait(q_at);  // the next item and its Q rows
+    w = s_item[q_at.stage];
+    if (w.req < 0) break;  // (the end of the walk)
+    const int n = w.tile_end - w.tile_begin;
+    bool fault = w.fault;  // (an item with tiles: the producer's verdict, s_fault)
     if constexpr (Tr::kFp8Cache) {
       mod.scale = p.scale * detail::cache_scale<Tr>(p.k_scale, p.k_scale_stride, w.kv_head);
       unit = mod.unit();
     }
-    if (n > 0 || kStagedOutput) q_pipe.wait(q_at);
     if (n > 0) {
       if constexpr (kConvertQ) {
         mod.scale /= detail::q_rows_to_f16<Tr>(smem + (s_q_group() - s_base), s_q_max, wg, tid & 127);
@@ -420,14 +473,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       wgmma_hold(o);
       wgmma_hold(pa);
       v_pipe.release(prev_at);
+    } else if constexpr (!kStagedOutput) {
+      q_pipe.release(q_at);  // (an item without tiles: its buffer holds no Q)
+      q_at.advance();
     }
-    if (fault) fill_nan(o);  // (the metadata guards: NaN rows; the epilogue multiplies, NaN x 0 = NaN)
     if constexpr (kStagedOutput) {
-      if (warp_row0 < w.rows) detail::staged_epilogue<Tr>(p, w, o, softmax, unit, warp_row0, lane, s_q(q_at.stage));
+      if (warp_row0 < w.rows)
+        detail::staged_epilogue<Tr>(p, w, o, softmax, unit, fault, warp_row0, lane, s_q(q_at.stage));
       q_pipe.release(q_at);  // the item's output rows have left its Q buffer
       q_at.advance();
     } else if (warp_row0 < w.rows) {
-      detail::register_epilogue<Tr>(p, w, o, softmax, unit, warp_row0, lane);
+      detail::register_epilogue<Tr>(p, w, o, softmax, unit, fault, warp_row0, lane);
     }
   }
   // The last warpgroup handed warpgroup 0 one more turn than warpgroup 0 took: take it, so no
