@@ -98,7 +98,7 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
               rec.add({"prefill-grid", what + " " + key + " " + b, "attnkit", "TFLOP/s", flops / t[1] / 1e9, t[1], b_note});
             };
             // The hopper launcher's choices, each way in the same run: one CTA per SM looping
-            // over the items vs one CTA per item (head size 128), and (persistent, up to 4k keys)
+            // over the items vs one CTA per item, and (persistent, up to 4k keys)
             // two vs one Q buffers in turns (64 .. 192); K/V by TMA vs by cp.async, timed in turns (64 .. 256);
             // at 192 / 256 the mma_sync generation too (the launches the hopper kernel took over).
             if (hd % 64 == 0 && hd <= 256 && causal && args.num_splits == 1 && flash_attn::hopper_kernels_available() &&
@@ -110,7 +110,7 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
                 int ctas, q_buffers;
               };
               std::vector<GridChoice> choices;
-              if (hd == 128) choices = {{"persistent", sms, 0}, {"per-item", INT_MAX, 0}};
+              choices = {{"persistent", sms, 0}, {"per-item", INT_MAX, 0}};
               for (const auto& [name, ctas, q_buffers] : choices) {
                 flash_attn::LaunchTuning tuning;
                 tuning.max_ctas = ctas;
