@@ -66,35 +66,35 @@ TEST(TileSet, ConfigurationsAreConsistent) {
   EXPECT_EQ(tile_config(TileId::decode_transposed_two_stage, 128, CacheKind::fp8).stages, 2);
   EXPECT_EQ(tile_config(TileId::hopper, 128, CacheKind::b16).stages, 3);
   EXPECT_EQ(tile_config(TileId::hopper, 64, CacheKind::b16).stages, 4);
-  EXPECT_EQ(tile_config(TileId::hopper_short, 128, CacheKind::b16).stages, 2);
+  EXPECT_EQ(tile_config(TileId::hopper_short, 128, CacheKind::b16).k_stages, 2);
   EXPECT_EQ(tile_config(TileId::hopper_short, 128, CacheKind::b16).q_buffers, 2);
   EXPECT_EQ(tile_config(TileId::hopper, 256, CacheKind::b16).keys, 64);
-  EXPECT_EQ(tile_config(TileId::hopper, 256, CacheKind::b16).stages, 2);
+  EXPECT_EQ(tile_config(TileId::hopper, 256, CacheKind::b16).k_stages, 2);
   EXPECT_FALSE(tile_instantiated(TileId::hopper_short, 256, CacheKind::b16));
-  // The rings' depth is what the opt-in shared memory holds next to the Q buffers: V as deep as
-  // a K ring of its depth allows, K what is left (hopper_stages, hopper_k_stages), at most 4.
+  // The rings' depth is what the opt-in shared memory holds next to the Q buffers: K as deep as
+  // a V ring of its depth allows, V what is left (hopper_stages, hopper_v_stages), at most 4.
   for (int hd : {64, 128, 192, 256})
     for (TileId id : {TileId::hopper, TileId::hopper_short, TileId::hopper_wide}) {
       const TileConfig t = tile_config(id, hd, CacheKind::b16);
       const int tile = t.keys * hd * 2, q = t.q_buffers * t.rows * hd * 2;
       const int bytes = q + (t.stages + t.k_stages) * tile + 1024;
       EXPECT_LE(bytes, 227 * 1024) << t.name << " hd " << hd;
-      EXPECT_GE(t.k_stages, t.stages) << t.name << " hd " << hd;
-      EXPECT_LE(t.k_stages, 4) << t.name << " hd " << hd;
-      if (t.k_stages < 4) EXPECT_GT(bytes + tile, 227 * 1024) << t.name << " hd " << hd << ": one more K stage fits";
-      if (t.stages < 4)
-        EXPECT_GT(q + 2 * (t.stages + 1) * tile + 1024, 227 * 1024) << t.name << " hd " << hd << ": one more stage of both fits";
+      EXPECT_GE(t.stages, t.k_stages) << t.name << " hd " << hd;
+      EXPECT_LE(t.stages, 4) << t.name << " hd " << hd;
+      if (t.stages < 4) EXPECT_GT(bytes + tile, 227 * 1024) << t.name << " hd " << hd << ": one more V stage fits";
+      if (t.k_stages < 4)
+        EXPECT_GT(q + 2 * (t.k_stages + 1) * tile + 1024, 227 * 1024) << t.name << " hd " << hd << ": one more stage of both fits";
     }
-  EXPECT_EQ(tile_config(TileId::hopper, 64, CacheKind::b16).k_stages, 4);
-  EXPECT_EQ(tile_config(TileId::hopper, 128, CacheKind::b16).k_stages, 3);
-  EXPECT_EQ(tile_config(TileId::hopper_short, 128, CacheKind::b16).k_stages, 3);
-  EXPECT_EQ(tile_config(TileId::hopper, 192, CacheKind::b16).k_stages, 4);
-  EXPECT_EQ(tile_config(TileId::hopper_short, 192, CacheKind::b16).k_stages, 3);
-  EXPECT_EQ(tile_config(TileId::hopper, 256, CacheKind::b16).k_stages, 3);
-  EXPECT_EQ(tile_config(TileId::hopper, 192, CacheKind::b16).stages, 3);
-  EXPECT_EQ(tile_config(TileId::hopper_short, 192, CacheKind::b16).stages, 2);
-  EXPECT_EQ(tile_config(TileId::hopper, 128, CacheKind::b16).stages, 3);
   EXPECT_EQ(tile_config(TileId::hopper, 64, CacheKind::b16).stages, 4);
+  EXPECT_EQ(tile_config(TileId::hopper, 128, CacheKind::b16).stages, 3);
+  EXPECT_EQ(tile_config(TileId::hopper_short, 128, CacheKind::b16).stages, 3);
+  EXPECT_EQ(tile_config(TileId::hopper, 192, CacheKind::b16).stages, 4);
+  EXPECT_EQ(tile_config(TileId::hopper_short, 192, CacheKind::b16).stages, 3);
+  EXPECT_EQ(tile_config(TileId::hopper, 256, CacheKind::b16).stages, 3);
+  EXPECT_EQ(tile_config(TileId::hopper, 192, CacheKind::b16).k_stages, 3);
+  EXPECT_EQ(tile_config(TileId::hopper_short, 192, CacheKind::b16).k_stages, 2);
+  EXPECT_EQ(tile_config(TileId::hopper, 128, CacheKind::b16).k_stages, 3);
+  EXPECT_EQ(tile_config(TileId::hopper, 64, CacheKind::b16).k_stages, 4);
   EXPECT_FALSE(tile_instantiated(TileId::hopper, 96, CacheKind::b16));
   // Three consumer warpgroups of 64 rows at head dim 64 only, 16-bit and fp8 caches.
   EXPECT_EQ(tile_config(TileId::hopper_wide, 64, CacheKind::b16).rows, 192);
@@ -200,13 +200,19 @@ TEST(ChooseLaunch, Table) {
        TileId::hopper_short, 3, true, false, false},
       {"hopper, 2 Q buffers forced", h200(2, 8192, 8192), two_q, TileId::hopper_short, -1, true, false, false},
       {"hopper without PDL", h200(4, 4096, 4096), no_pdl, TileId::hopper_short, 132, false, false, false},
-      {"hd 256 prefill 4 x 4k: persistent hopper", h200(4, 4096, 4096, 256), {}, TileId::hopper, 132, true, false, false},
+      {"hd 256 prefill 4 x 4k: one Q buffer, one CTA per item", h200(4, 4096, 4096, 256), {}, TileId::hopper, -1, true,
+       false, false},
+      {"hd 256 prefill 16 x 1k: one Q buffer, persistent", h200(16, 1024, 1024, 256), {}, TileId::hopper, 132, true,
+       false, false},
+      {"hd 256 prefill 8 x 2k: one Q buffer, one CTA per item", h200(8, 2048, 2048, 256), {}, TileId::hopper, -1, true,
+       false, false},
       {"hd 256, 32 x 512: one Q buffer (no second one at 256)", h200(32, 512, 512, 256), {}, TileId::hopper, 132, true,
        false, false},
       {"hd 256, 2 Q buffers forced: one", h200(2, 8192, 8192, 256), two_q, TileId::hopper, -1, true, false, false},
       {"hd 200 prefill: hopper on dim 256", h200(2, 8192, 8192, 200), {}, TileId::hopper, -1, true, false, false},
-      {"hd 192 prefill 4 x 4k: two Q buffers", h200(4, 4096, 4096, 192), {}, TileId::hopper_short, 132, true, false,
-       false},
+      {"hd 192 prefill 4 x 4k: one CTA per item", h200(4, 4096, 4096, 192), {}, TileId::hopper, -1, true, false, false},
+      {"hd 192 prefill 8 x 2k: persistent, two Q buffers", h200(8, 2048, 2048, 192), {}, TileId::hopper_short, 132, true,
+       false, false},
       {"hd 192, 32 x 512: two Q buffers", h200(32, 512, 512, 192), {}, TileId::hopper_short, 132, true, false, false},
       // Head dim 64: three consumer warpgroups (192 rows) on long items, two on short ones.
       {"hd 64 prefill 2 x 8k: one CTA per item, three warpgroups", h200(2, 8192, 8192, 64), {}, TileId::hopper_wide, -1,
@@ -231,12 +237,12 @@ TEST(ChooseLaunch, Table) {
        TileId::hopper_wide, -1, true, false, false},
       {"hd 64 non-causal 8 x 2k, three warpgroups forced: persistent", non_causal(h200(8, 2048, 2048, 64)), three_groups,
        TileId::hopper_wide, 132, true, false, false},
-      {"hd 64, 2 x 8k, two warpgroups forced", h200(2, 8192, 8192, 64), two_groups, TileId::hopper, -1, true, false,
-       false},
+      {"hd 64, 2 x 8k, two warpgroups forced: 8k x 64 keys x dims, persistent, two Q buffers", h200(2, 8192, 8192, 64),
+       two_groups, TileId::hopper_short, 132, true, false, false},
       {"hd 64, three warpgroups and 3 CTAs forced", h200(2, 8192, 8192, 64),
        [&] { LaunchTuning t = few_ctas; t.consumer_groups = 3; return t; }(), TileId::hopper_wide, 3, true, false, false},
-      {"hd 64, three warpgroups and 2 Q buffers forced: two Q buffers", h200(2, 8192, 8192, 64),
-       [&] { LaunchTuning t = two_q; t.consumer_groups = 3; return t; }(), TileId::hopper_short, -1, true, false, false},
+      {"hd 64, three warpgroups and 2 Q buffers forced: two Q buffers, persistent", h200(2, 8192, 8192, 64),
+       [&] { LaunchTuning t = two_q; t.consumer_groups = 3; return t; }(), TileId::hopper_short, 132, true, false, false},
       {"hd 128, three warpgroups forced: two", h200(2, 8192, 8192), three_groups, TileId::hopper, -1, true, false, false},
       {"split prefill: mma_sync", h200(1, 512, 8192, 128, false, 4, 2), {}, TileId::prefill, -1, true, true, false},
       {"fp8 prefill 4 x 4k: persistent, two Q buffers", h200(4, 4096, 4096, 128, true), {}, TileId::hopper_short, 132,

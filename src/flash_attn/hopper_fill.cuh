@@ -196,11 +196,12 @@ struct HopperConvertFill
     if (this->copying) copy(this->v_base, t, dst);
     next(dst, pipe.full(at));
   }
-  // V rings of two stages (head dim 256, the two-Q-buffer tiles): a side's conversion must not
-  // wait for the next stage, which frees only once the consumers are done with the side before
-  // it: they would wait for every conversion. Deeper rings have a stage of slack, and there the
-  // next side's copies go out first (DECISIONS.md: fp8 caches converted in their stage).
-  static constexpr bool kConvertWhileWaiting = Tr::kVStages <= 2;
+  // Rings of two stages (the K ring at head dim 256 and of the two-Q-buffer tiles): a side's
+  // conversion must not wait for the next stage, which frees only once the consumers are done
+  // with the side before it: they would wait for every conversion. Deeper rings have a stage of
+  // slack, and there the next side's copies go out first (DECISIONS.md: fp8 caches converted in
+  // their stage).
+  static constexpr bool kConvertWhileWaiting = (Tr::kKStages < Tr::kVStages ? Tr::kKStages : Tr::kVStages) <= 2;
   // The next side's stage. With kConvertWhileWaiting, where it is not empty yet, the pending side
   // is converted first (waiting for its copies) and arrives; else its copies fly while this
   // side's issue.

@@ -21,7 +21,8 @@
 // Persistent where items are short (PersistentScheduler, varlen_schedule.cuh): one CTA per SM
 // walks the list of work items; the producer loads the next item's tiles while the consumers
 // finish the current one and write its output, and its Q too where the tile has two Q buffers
-// (hopper_short). Which tile, how many CTAs: the LaunchPlan (launch_plan.cpp).
+// (hopper_short). The producer alone walks the list: each item reaches the consumers in shared
+// memory next to its Q buffer. Which tile, how many CTAs: the LaunchPlan (launch_plan.cpp).
 #pragma once
 #include <algorithm>
 #include <type_traits>

@@ -13,9 +13,10 @@ namespace {
 
 constexpr std::string_view kWhere = "flash_attn launch decision";
 
-// Hopper persistence (DECISIONS.md: Hopper: persistent below 4k keys; Hopper: two Q buffers on
+// Hopper persistence: a request's keys x head dim up to this with two Q buffers, half of it
+// with one (DECISIONS.md: Hopper: persistent for short items; Hopper: two Q buffers on
 // persistent launches).
-constexpr int kPersistentMaxKeys = 4096;
+constexpr int64_t kPersistentMaxWork = 4096 * 128;
 // Causal launches take the 192-row hopper tile from this many keys up, one CTA per item
 // (DECISIONS.md: Hopper: three consumer warpgroups at head dim 64).
 constexpr int kWideCausalMinKeys = 2048;
@@ -222,12 +223,17 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
                                              : (!f.causal || f.max_seq_len > kWideCausalMinKeys) &&
                                                    4 * plan.grid_ctas > 5 * sms);
     // Short items: one CTA per SM walks them (persistent); long ones, and causal ones on the
-    // 192-row tile, one CTA per item.
-    const bool short_keys = f.max_seq_len <= kPersistentMaxKeys;
-    const bool persistent = t.max_ctas > 0 || (short_keys && !(wide && f.causal));
-    const int64_t max_ctas = t.max_ctas > 0 ? t.max_ctas : sms;
+    // 192-row tile, one CTA per item, which the hardware hands to SMs as they free up (the
+    // walk's static shares of unequal items leave its slowest CTA behind). An item's work is its
+    // keys x head dim; the walk wins up to 4096 x 128 where the tile has a second Q buffer (the
+    // next item's Q loads while the current one finishes), up to half that with one (head dim
+    // 256, the 192-row tile).
     // (a second Q buffer exists where a K/V ring of two stages still fits next to it: tile_set.h)
     const bool short_tile = tile_instantiated(TileId::hopper_short, plan.head_dim, f.cache);
+    const int64_t max_work = !wide && short_tile ? kPersistentMaxWork : kPersistentMaxWork / 2;
+    const bool short_keys = int64_t{f.max_seq_len} * plan.head_dim <= max_work;
+    const bool persistent = t.max_ctas > 0 || (short_keys && !(wide && f.causal));
+    const int64_t max_ctas = t.max_ctas > 0 ? t.max_ctas : sms;
     const bool two_q = !wide && short_tile && (t.q_buffers > 0 ? t.q_buffers == 2 : persistent && plan.grid_ctas > max_ctas);
     if (wide || two_q) {
       plan.tile = wide ? TileId::hopper_wide : TileId::hopper_short;
@@ -237,10 +243,10 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
     if (t.max_ctas > 0) {
       plan.reason += "; " + std::to_string(plan.ctas) + " persistent CTAs (tuning)";
     } else if (persistent) {
-      plan.reason += "; keys <= " + std::to_string(kPersistentMaxKeys) + ": persistent, one CTA per SM";
+      plan.reason += "; keys x head dim <= " + std::to_string(max_work) + ": persistent, one CTA per SM";
     } else {
       plan.reason += short_keys ? "; causal on the 192-row tile: one CTA per work item (items of unequal length)"
-                                : "; keys > " + std::to_string(kPersistentMaxKeys) + ": one CTA per work item";
+                                : "; keys x head dim > " + std::to_string(max_work) + ": one CTA per work item";
     }
     if (two_q) {
       plan.reason += t.q_buffers > 0 ? ", two Q buffers (tuning)" : ", more items than CTAs: two Q buffers";
