@@ -95,6 +95,11 @@ TEST(TileSet, ConfigurationsAreConsistent) {
   EXPECT_EQ(tile_config(TileId::hopper_short, 192, CacheKind::b16).k_stages, 2);
   EXPECT_EQ(tile_config(TileId::hopper, 128, CacheKind::b16).k_stages, 3);
   EXPECT_EQ(tile_config(TileId::hopper, 64, CacheKind::b16).k_stages, 4);
+  // fp8 caches keep the extra stage in K.
+  EXPECT_EQ(tile_config(TileId::hopper_short, 128, CacheKind::fp8).k_stages, 3);
+  EXPECT_EQ(tile_config(TileId::hopper_short, 128, CacheKind::fp8).stages, 2);
+  EXPECT_EQ(tile_config(TileId::hopper, 256, CacheKind::fp8).k_stages, 3);
+  EXPECT_FALSE(tile_instantiated(TileId::hopper_short, 256, CacheKind::fp8));
   EXPECT_FALSE(tile_instantiated(TileId::hopper, 96, CacheKind::b16));
   // Three consumer warpgroups of 64 rows at head dim 64 only, 16-bit and fp8 caches.
   EXPECT_EQ(tile_config(TileId::hopper_wide, 64, CacheKind::b16).rows, 192);

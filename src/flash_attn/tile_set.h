@@ -202,6 +202,14 @@ constexpr TileConfig tile_config(TileId id, int head_dim, CacheKind cache) {
       if (cache == CacheKind::fp8) t.fill = KvFill::convert;  // (wgmma reads 16-bit stages)
       t.k_stages = hopper_stages(head_dim, t.rows, t.keys, t.q_buffers);
       t.stages = hopper_v_stages(head_dim, t.rows, t.keys, t.q_buffers, t.k_stages);
+      // fp8 caches keep the extra stage in K: their fill converts each side one call late, after
+      // the next side's stage is acquired (hopper_fill.cuh), and measured slower with V deeper
+      // (DECISIONS.md: Hopper: a deeper V ring).
+      if (fp8_cache) {
+        const int k = t.k_stages;
+        t.k_stages = t.stages;
+        t.stages = k;
+      }
       break;
   }
   return t;
@@ -235,7 +243,7 @@ constexpr bool tile_instantiated(TileId id, int head_dim, CacheKind cache) {
       // caches too: their codes reach the stages as f16 (hopper_fill.cuh), so the stages are the
       // 16-bit ones.
       return cache != CacheKind::nvfp4 && head_dim >= 64 && head_dim % 64 == 0 && head_dim <= 256 &&
-             tile_config(id, head_dim, cache).k_stages >= 2;
+             tile_config(id, head_dim, cache).k_stages >= 2 && tile_config(id, head_dim, cache).stages >= 2;
   }
   return false;
 }
