@@ -98,8 +98,8 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
               rec.add({"prefill-grid", what + " " + key + " " + b, "attnkit", "TFLOP/s", flops / t[1] / 1e9, t[1], b_note});
             };
             // The hopper launcher's choices, each way in the same run: one CTA per SM looping
-            // over the items vs one CTA per item, and (persistent, up to 4k keys)
-            // two vs one Q buffers in turns (64 .. 192); K/V by TMA vs by cp.async, timed in turns (64 .. 256);
+            // over the items vs one CTA per item, and (up to 4k keys, persistent) two vs one Q
+            // buffers in turns (64 .. 192); K/V by TMA vs by cp.async, timed in turns (64 .. 256);
             // at 192 / 256 the mma_sync generation too (the launches the hopper kernel took over).
             if (hd % 64 == 0 && hd <= 256 && causal && args.num_splits == 1 && flash_attn::hopper_kernels_available() &&
                 flash_attn::choose_launch(flash_attn::varlen_launch_facts(args)).generation ==
@@ -107,18 +107,14 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
               const int sms = cuda::current_device_props().sm_count;
               struct GridChoice {
                 const char* name;
-                int ctas, q_buffers;
+                int ctas;
               };
-              std::vector<GridChoice> choices;
-              choices = {{"persistent", sms, 0}, {"per-item", INT_MAX, 0}};
-              for (const auto& [name, ctas, q_buffers] : choices) {
+              for (const auto& [name, ctas] : {GridChoice{"persistent", sms}, GridChoice{"per-item", INT_MAX}}) {
                 flash_attn::LaunchTuning tuning;
                 tuning.max_ctas = ctas;
-                tuning.q_buffers = q_buffers;
                 const double t = time_ms([&] { flash_attn::run_varlen_attention(args, tuning); }, stream, 1, 5);
                 rec.add({"prefill-grid", "hopper grid " + key + " " + name, "attnkit", "TFLOP/s", flops / t / 1e9, t,
-                         std::string(name) + " launch (LaunchTuning::max_ctas " + std::to_string(ctas) +
-                             ", q_buffers " + std::to_string(q_buffers) + ")"});
+                         std::string(name) + " launch (LaunchTuning::max_ctas " + std::to_string(ctas) + ")"});
               }
               if (hd != 256 && seqlen <= 4096) {  // (persistent up to 4k keys; no second Q buffer at 256)
                 flash_attn::LaunchTuning two_q, one_q;

@@ -68,7 +68,7 @@ TEST(TileSet, ConfigurationsAreConsistent) {
   EXPECT_EQ(tile_config(TileId::hopper, 256, CacheKind::b16).keys, 64);
   EXPECT_FALSE(tile_instantiated(TileId::hopper_short, 256, CacheKind::b16));
   // The rings' depth is what the opt-in shared memory holds next to the Q buffers: K as deep as
-  // a V ring of its depth allows, V what is left (hopper_stages, hopper_v_stages), at most 4.
+  // a V ring of its depth allows, V what is left (hopper_stages, hopper_deeper_stages), at most 4.
   for (int hd : {64, 128, 192, 256})
     for (TileId id : {TileId::hopper, TileId::hopper_short, TileId::hopper_wide}) {
       const TileConfig t = tile_config(id, hd, CacheKind::b16);

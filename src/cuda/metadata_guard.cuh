@@ -37,16 +37,6 @@ namespace attnkit::cuda {
 #endif
 inline constexpr bool kDeviceGuards = ATTNKIT_DEVICE_GUARDS != 0;
 
-// NaN into every accumulator of a fragment array (any rank).
-__device__ __forceinline__ void fill_nan(FragC& f) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) f.c[i] = __int_as_float(0x7fffffff);
-}
-template <class T, int N>
-__device__ __forceinline__ void fill_nan(T (&a)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) fill_nan(a[i]);
-}
 
 // The OR of `pred` over the `count` threads of named barrier `id` (sm90 named barriers; id 0
 // with the whole CTA is __syncthreads_or).

@@ -121,13 +121,15 @@ constexpr bool tma_rows(int head_dim, CacheKind cache) {
          kv_row_bytes(head_dim, cache) <= 512;
 }
 
-// The hopper tiles' ring depths (hopper_traits.h lays them out): the K ring takes as many stages
+// The hopper tiles' ring depths (hopper_traits.h lays them out): both rings take as many stages
 // of `keys` 16-bit rows as fit the sm90 opt-in shared memory (227 KB, less 1 KB of alignment
-// slack) next to q_buffers Q tiles of `rows` rows and a V ring as deep, at most 4: 4 / 3 / 3 / 2
-// at head dims 64 / 128 / 192 / 256 with one Q buffer, 4 / 2 / 2 / 1 with two. The V ring then
-// takes what is left, up to 4: one stage more at 192 / 256 with one Q buffer and at 128 / 192
-// with two (a V stage is held one step longer than a K one, from its load to the P V after the
-// S that freed K; both are loaded together: DECISIONS.md, Hopper: a deeper V ring).
+// slack) next to q_buffers Q tiles of `rows` rows, at most 4 (hopper_stages): 4 / 3 / 3 / 2 at
+// head dims 64 / 128 / 192 / 256 with one Q buffer, 4 / 2 / 2 / 1 with two. One ring then takes
+// what is left, up to 4 (hopper_deeper_stages): one stage more at 192 / 256 with one Q buffer
+// and at 128 / 192 with two. That is the V ring (a V stage is held one step longer than a K one,
+// from its load to the P V after the S that freed K; both are loaded together), but with fp8
+// caches, whose fill converts each side one call late, after the next side's stage is acquired
+// (hopper_fill.cuh), and measured slower so (DECISIONS.md: Hopper: a deeper V ring).
 constexpr int kHopperSmemBytes = 227 * 1024 - 1024;
 // Stages of stage_bytes in the bytes left, at most 4 (0 for a tile without bytes).
 constexpr int hopper_ring_depth(int bytes_left, int stage_bytes) {
@@ -138,9 +140,9 @@ constexpr int hopper_ring_depth(int bytes_left, int stage_bytes) {
 constexpr int hopper_stages(int head_dim, int rows, int keys, int q_buffers) {
   return hopper_ring_depth(kHopperSmemBytes - q_buffers * rows * head_dim * 2, 2 * keys * head_dim * 2);
 }
-constexpr int hopper_v_stages(int head_dim, int rows, int keys, int q_buffers, int k_stages) {
+constexpr int hopper_deeper_stages(int head_dim, int rows, int keys, int q_buffers, int other_stages) {
   const int tile = keys * head_dim * 2;
-  return hopper_ring_depth(kHopperSmemBytes - q_buffers * rows * head_dim * 2 - k_stages * tile, tile);
+  return hopper_ring_depth(kHopperSmemBytes - q_buffers * rows * head_dim * 2 - other_stages * tile, tile);
 }
 
 constexpr TileConfig tile_config(TileId id, int head_dim, CacheKind cache) {
@@ -188,7 +190,7 @@ constexpr TileConfig tile_config(TileId id, int head_dim, CacheKind cache) {
       // under the two others' GEMMs, where at 64 one tile's GEMMs are too short to hide it; its
       // consumers get 160 registers: DECISIONS.md, Hopper: three consumer warpgroups at head
       // dim 64). The K and V rings take as many stages as the sm90 opt-in shared memory holds
-      // next to the Q buffers (hopper_stages, hopper_v_stages).
+      // next to the Q buffers (hopper_stages, hopper_deeper_stages).
       t = {"hopper", Generation::hopper, 128, 4, 2, 1, head_dim <= 128 ? 128 : 64, 0, 1, KvFill::cp_async, false, 1};
       if (id == TileId::hopper_short) {
         t.name = "hopper_short";
@@ -200,15 +202,12 @@ constexpr TileConfig tile_config(TileId id, int head_dim, CacheKind cache) {
         t.warps_m = 3;
       }
       if (cache == CacheKind::fp8) t.fill = KvFill::convert;  // (wgmma reads 16-bit stages)
-      t.k_stages = hopper_stages(head_dim, t.rows, t.keys, t.q_buffers);
-      t.stages = hopper_v_stages(head_dim, t.rows, t.keys, t.q_buffers, t.k_stages);
-      // fp8 caches keep the extra stage in K: their fill converts each side one call late, after
-      // the next side's stage is acquired (hopper_fill.cuh), and measured slower with V deeper
-      // (DECISIONS.md: Hopper: a deeper V ring).
-      if (fp8_cache) {
-        const int k = t.k_stages;
-        t.k_stages = t.stages;
-        t.stages = k;
+      {
+        const int both = hopper_stages(head_dim, t.rows, t.keys, t.q_buffers);
+        const int deeper = hopper_deeper_stages(head_dim, t.rows, t.keys, t.q_buffers, both);
+        const bool v_deeper = !fp8_cache;
+        t.stages = v_deeper ? deeper : both;
+        t.k_stages = v_deeper ? both : deeper;
       }
       break;
   }
@@ -242,8 +241,11 @@ constexpr bool tile_instantiated(TileId id, int head_dim, CacheKind cache) {
       // 256, where both rings get two stages (not hopper_short at 256: K would get one). fp8
       // caches too: their codes reach the stages as f16 (hopper_fill.cuh), so the stages are the
       // 16-bit ones.
-      return cache != CacheKind::nvfp4 && head_dim >= 64 && head_dim % 64 == 0 && head_dim <= 256 &&
-             tile_config(id, head_dim, cache).k_stages >= 2 && tile_config(id, head_dim, cache).stages >= 2;
+      if (cache == CacheKind::nvfp4 || head_dim < 64 || head_dim % 64 != 0 || head_dim > 256) return false;
+      {
+        const TileConfig t = tile_config(id, head_dim, cache);
+        return t.k_stages >= 2 && t.stages >= 2;
+      }
   }
   return false;
 }
