@@ -325,19 +325,24 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       // With two Q buffers the item's Q first: its buffer was freed an item ago, while the K
       // stage may wait for the current item's steps. With one, K of tile 0 first: the buffer
       // frees only after the current item's last S.
-      if constexpr (kQB > 1) post_item(w, true);
-      for (int t = 0; t < n; ++t) {
-        if (t >= 1) load_v(t - 1);
+      auto load_k = [&](int t) {
         fill.acquire(k_pipe, k_at);
         fill.k(t, k_stage(k_at), k_pipe, k_at);
         k_at.advance();
-        if (kQB == 1 && t == 0) post_item(w, true);
+      };
+      if constexpr (kQB > 1) post_item(w, true);
+      load_k(0);
+      if constexpr (kQB == 1) post_item(w, true);
+      for (int t = 1; t < n; ++t) {  // (the item is posted: its fields need not stay in registers)
+        load_v(t - 1);
+        load_k(t);
       }
       load_v(n - 1);
       fill.drain();
     }
-    w.req = -1;  // the end of the walk
-    post_item(w, false);
+    WorkItem end{};  // (a fresh item: the walk's last one need not stay live through the loop)
+    end.req = -1;  // the end of the walk
+    post_item(end, false);
     cp_async_wait<0>();
     return;
   }
