@@ -3,7 +3,7 @@
 // online softmax as the mma_sync kernel (varlen_kernel.cuh); what differs is the GEMMs (each
 // warpgroup issues wgmma.mma_async on 64 rows x a tile of keys with Q / K / V read from swizzled
 // shared memory by descriptor) and the epilogue (without split partials there is nothing to
-// merge across warps: rows from registers, through the item's Q buffer where there are two).
+// merge across warps: rows leave through the item's Q buffer once its last S is done).
 //
 // Warp-specialised: a producer warpgroup copies Q (cp.async) and the K/V tiles through the page
 // map (TMA boxes or cp.async; fp8 codes converted to f16 in their stage: hopper_fill.cuh) into
@@ -121,33 +121,6 @@ __device__ __forceinline__ void staged_epilogue(const VarlenKernelParams& p, con
   }
 }
 
-// Output rows straight from the accumulator (tiles with one Q buffer: it takes the next item's
-// Q during this epilogue): each thread's two rows, 4-byte stores.
-template <class Tr>
-__device__ __forceinline__ void register_epilogue(const VarlenKernelParams& p, const WorkItem& w,
-                                                  const cuda::FragC (&o)[Tr::kOFrags],
-                                                  const cuda::RowSoftmax& softmax, float unit, bool fault,
-                                                  int warp_row0, int lane) {
-  using T = typename Tr::Elem;
-  float f[2];
-  finish_rows<Tr>(p, w, softmax, unit, fault, warp_row0, lane, f);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int m = warp_row0 + (lane >> 2) + 8 * r;
-    if (m >= w.rows) continue;
-    const PackedRow row = packed_row(p, w, w.m0 + m);
-    T* dst = static_cast<T*>(p.out) + row.token * p.out_stride_token + row.head * p.out_stride_head + 2 * (lane & 3);
-#pragma unroll
-    for (int dn = 0; dn < Tr::kOFrags; ++dn)
-    {
-      // The columns of the head size only (a break, not a guarded store: the guard left the
-      // consumers spilling 72-100 bytes).
-      if (dn * 8 >= p.head_size) break;
-      *reinterpret_cast<uint32_t*>(dst + dn * 8) = cuda::pack2<T>(o[dn].c[2 * r] * f[r], o[dn].c[2 * r + 1] * f[r]);
-    }
-  }
-}
-
 // The item's Q rows -> the Q buffer at sq (zero rows past w.rows, zero columns past the head
 // size), by the producer's 128 threads: warp v copies rows v, v + 4, ..., whole rows per warp
 // instruction; lane j finds the global address of the warp's rows j (and j + 32) once and the
@@ -238,7 +211,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // S = Q K^T is done, while V is still needed for O += P V one step later. The rings run on
   // across the CTA's work items (their PipelineStates); so does the ring of Q buffers (one or two).
   constexpr int kQB = Tr::kQBuffers;
-  constexpr bool kStagedOutput = Tr::kStagedOutput;  // (the output through the item's Q buffer)
   using KPos = typename Pipeline<kKS>::State;
   using VPos = typename Pipeline<kVS>::State;
   __shared__ PipelineBarriers<kKS> k_bars;
@@ -324,7 +296,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       };
       // With two Q buffers the item's Q first: its buffer was freed an item ago, while the K
       // stage may wait for the current item's steps. With one, K of tile 0 first: the buffer
-      // frees only after the current item's last S.
+      // frees only after the current item's epilogue.
       auto load_k = [&](int t) {
         fill.acquire(k_pipe, k_at);
         fill.k(t, k_stage(k_at), k_pipe, k_at);
@@ -465,10 +437,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
       step(0, std::false_type{});
       for (int it = 1; it < n; ++it) step(it, std::true_type{});
-      if constexpr (!kStagedOutput) {
-        q_pipe.release(q_at);  // every S of the item is done: the producer may reuse it
-        q_at.advance();
-      }
       v_pipe.wait(prev_at);
       if constexpr (kDeviceGuards) fault = s_fault[prev_at.stage];
       Fill::fix_tail_v(smem + (v_stage(prev_at) - s_base), w.seq_len - tile_key(w, n - 1), wg, tid & 127);
@@ -479,18 +447,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       wgmma_hold(o);
       wgmma_hold(pa);
       v_pipe.release(prev_at);
-    } else if constexpr (!kStagedOutput) {
-      q_pipe.release(q_at);  // (an item without tiles: its buffer holds no Q)
-      q_at.advance();
     }
-    if constexpr (kStagedOutput) {
-      if (warp_row0 < w.rows)
-        detail::staged_epilogue<Tr>(p, w, o, softmax, unit, fault, warp_row0, lane, s_q(q_at.stage));
-      q_pipe.release(q_at);  // the item's output rows have left its Q buffer
-      q_at.advance();
-    } else if (warp_row0 < w.rows) {
-      detail::register_epilogue<Tr>(p, w, o, softmax, unit, fault, warp_row0, lane);
-    }
+    if (warp_row0 < w.rows)
+      detail::staged_epilogue<Tr>(p, w, o, softmax, unit, fault, warp_row0, lane, s_q(q_at.stage));
+    q_pipe.release(q_at);  // the item's output rows have left its Q buffer
+    q_at.advance();
   }
   // The last warpgroup handed warpgroup 0 one more turn than warpgroup 0 took: take it, so no
   // arrival is left pending on its barrier.

@@ -90,11 +90,6 @@ struct HopperTraits {
   static constexpr int kTileBytes = kBlockN * kHeadDim * 2;
   static constexpr int kKStages = kConfig.k_stages, kVStages = kConfig.stages;  // (tile_set.h)
   static constexpr int kQBuffers = kConfig.q_buffers;
-  // The output leaves through the item's Q buffer where the next item's Q has a buffer of its own
-  // (two): the buffer is released after the epilogue (detail::staged_epilogue); with one, right
-  // after the item's last S, so the producer loads the next Q under the epilogue (the register
-  // epilogue).
-  static constexpr bool kStagedOutput = kQBuffers > 1;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kQOffset = (kKStages + kVStages) * kTileBytes;
   static constexpr int kAlign = 1024;  // swizzle atoms
