@@ -136,6 +136,7 @@ ATTNKIT_WGMMA_SS(64, __nv_bfloat16, "bf16", "34", "%32, %33, p, 1, 1, 0, 0")
 ATTNKIT_WGMMA_SS(64, __half, "f16", "34", "%32, %33, p, 1, 1, 0, 0")
 ATTNKIT_WGMMA_SS(128, __nv_bfloat16, "bf16", "66", "%64, %65, p, 1, 1, 0, 0")
 ATTNKIT_WGMMA_SS(128, __half, "f16", "66", "%64, %65, p, 1, 1, 0, 0")
+
 #undef ATTNKIT_WGMMA_SS
 #undef ATTNKIT_WGMMA_RS
 #undef ATTNKIT_WGMMA_ASM
@@ -145,5 +146,18 @@ ATTNKIT_WGMMA_SS(128, __half, "f16", "66", "%64, %65, p, 1, 1, 0, 0")
 #undef ATTNKIT_WGMMA_D64
 #undef ATTNKIT_WGMMA_F4
 #endif  // ATTNKIT_HAS_WGMMA
+
+// Four 8x8 b16 matrices from registers into shared memory (stmatrix): lane i gives the address
+// of row i % 8 of matrix i / 8 (16 contiguous bytes); register j of lane i holds row i / 4,
+// columns 2 (i % 4) and 2 (i % 4) + 1 of matrix j, the layout of half a C fragment packed to b16.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+#if ATTNKIT_HAS_WGMMA
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
+#else
+  __trap();  // (sm_90a code only: the hopper kernel)
+#endif
+}
 
 }  // namespace attnkit::cuda

@@ -82,7 +82,7 @@ __device__ __forceinline__ void finish_rows(const VarlenKernelParams& p, const W
 }
 
 // Output rows through shared memory: the warp's 16 rows of the item's Q buffer (s_q_buf: its
-// base), free once the item's last S is done, take the rows as 4-byte stores in the buffer's
+// base), free once the item's last S is done, take the rows by stmatrix in the buffer's
 // swizzled layout (conflict-free); whole rows leave as 16-byte loads and coalesced 16-byte
 // global stores (two 256-byte rows per warp instruction at head dim 128), not the 4-byte
 // scattered stores of the accumulator layout. Lane j < 16 finds row j's address once; the copy
@@ -101,13 +101,17 @@ __device__ __forceinline__ void staged_epilogue(const VarlenKernelParams& p, con
     row_addr = reinterpret_cast<long long>(static_cast<T*>(p.out) + row.token * p.out_stride_token +
                                            row.head * p.out_stride_head);
   }
+  // 16 columns of the warp's 16 rows per stmatrix: matrices (rows 0-7, 8-15) x (chunks dn,
+  // dn + 1); lane i addresses row i % 8 + 8 ((i / 8) % 2) of chunk dn + i / 16.
+  const int st_row = warp_row0 + (lane & 7) + 8 * ((lane >> 3) & 1), st_chunk = lane >> 4;
+  static_assert(Tr::kOFrags % 2 == 0, "pairs of 8-column chunks");
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int m = warp_row0 + (lane >> 2) + 8 * r;
-#pragma unroll
-    for (int dn = 0; dn < Tr::kOFrags; ++dn)
-      cuda::st_shared_u32(s_q_buf + L::offset(m, dn) + 4 * (lane & 3),
-                          cuda::pack2<T>(o[dn].c[2 * r] * f[r], o[dn].c[2 * r + 1] * f[r]));
+  for (int dn = 0; dn < Tr::kOFrags; dn += 2) {
+    const uint32_t r[4] = {cuda::pack2<T>(o[dn].c[0] * f[0], o[dn].c[1] * f[0]),
+                           cuda::pack2<T>(o[dn].c[2] * f[1], o[dn].c[3] * f[1]),
+                           cuda::pack2<T>(o[dn + 1].c[0] * f[0], o[dn + 1].c[1] * f[0]),
+                           cuda::pack2<T>(o[dn + 1].c[2] * f[1], o[dn + 1].c[3] * f[1])};
+    cuda::stmatrix_x4(s_q_buf + L::offset(st_row, dn + st_chunk), r);
   }
   __syncwarp();
   constexpr int kChunks = Tr::kHeadDim / 8;  // 16-byte chunks of a row
