@@ -29,8 +29,4 @@ __device__ __forceinline__ void st_global_v4(void* dst, uint4 v) {
                : "memory");
 }
 
-__device__ __forceinline__ void st_shared_u32(uint32_t dst, uint32_t v) {
-  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(dst), "r"(v) : "memory");
-}
-
 }  // namespace attnkit::cuda

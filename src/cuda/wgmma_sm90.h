@@ -136,7 +136,6 @@ ATTNKIT_WGMMA_SS(64, __nv_bfloat16, "bf16", "34", "%32, %33, p, 1, 1, 0, 0")
 ATTNKIT_WGMMA_SS(64, __half, "f16", "34", "%32, %33, p, 1, 1, 0, 0")
 ATTNKIT_WGMMA_SS(128, __nv_bfloat16, "bf16", "66", "%64, %65, p, 1, 1, 0, 0")
 ATTNKIT_WGMMA_SS(128, __half, "f16", "66", "%64, %65, p, 1, 1, 0, 0")
-
 #undef ATTNKIT_WGMMA_SS
 #undef ATTNKIT_WGMMA_RS
 #undef ATTNKIT_WGMMA_ASM
