@@ -37,7 +37,6 @@ namespace attnkit::cuda {
 #endif
 inline constexpr bool kDeviceGuards = ATTNKIT_DEVICE_GUARDS != 0;
 
-
 // The OR of `pred` over the `count` threads of named barrier `id` (sm90 named barriers; id 0
 // with the whole CTA is __syncthreads_or).
 __device__ __forceinline__ bool named_bar_or(int id, int count, bool pred) {
