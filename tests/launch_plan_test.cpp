@@ -81,7 +81,8 @@ TEST(TileSet, ConfigurationsAreConsistent) {
       if (t.k_stages < 4)
         EXPECT_GT(q + 2 * (t.k_stages + 1) * tile + 1024, 227 * 1024) << t.name << " hd " << hd << ": one more stage of both fits";
     }
-  // The depths (K, V) by tile and head dim; fp8 caches keep the extra stage in K.
+  // The depths (K, V) by tile and head dim; fp8 caches (K stages of fp8 codes, half a V stage,
+  // and an e4m3 Q copy) keep the extra stages in K.
   struct Rings {
     TileId id;
     int hd;
@@ -93,13 +94,23 @@ TEST(TileSet, ConfigurationsAreConsistent) {
                          Rings{TileId::hopper, 192, CacheKind::b16, 3, 4},
                          Rings{TileId::hopper_short, 192, CacheKind::b16, 2, 3},
                          Rings{TileId::hopper, 256, CacheKind::b16, 2, 3},
-                         Rings{TileId::hopper_short, 128, CacheKind::fp8, 3, 2},
-                         Rings{TileId::hopper, 256, CacheKind::fp8, 3, 2}}) {
+                         Rings{TileId::hopper, 128, CacheKind::fp8, 4, 3},
+                         Rings{TileId::hopper_short, 128, CacheKind::fp8, 3, 3},
+                         Rings{TileId::hopper, 192, CacheKind::fp8, 4, 4},
+                         Rings{TileId::hopper_short, 192, CacheKind::fp8, 4, 2},
+                         Rings{TileId::hopper, 256, CacheKind::fp8, 4, 2}}) {
     const TileConfig t = tile_config(r.id, r.hd, r.cache);
     EXPECT_EQ(t.k_stages, r.k) << t.name << " hd " << r.hd;
     EXPECT_EQ(t.stages, r.v) << t.name << " hd " << r.hd;
   }
   EXPECT_FALSE(tile_instantiated(TileId::hopper_short, 256, CacheKind::fp8));
+  for (int hd : {64, 128, 192, 256})  // fp8: the rings and the 16-bit and e4m3 Q tiles fit
+    for (TileId id : {TileId::hopper, TileId::hopper_short, TileId::hopper_wide}) {
+      const TileConfig t = tile_config(id, hd, CacheKind::fp8);
+      const int bytes = t.q_buffers * t.rows * hd * 2 + t.rows * hd + t.k_stages * t.keys * hd + t.stages * t.keys * hd * 2;
+      EXPECT_LE(bytes + 1024, 227 * 1024) << t.name << " hd " << hd;
+      EXPECT_GE(t.k_stages, t.stages) << t.name << " hd " << hd;
+    }
   EXPECT_FALSE(tile_instantiated(TileId::hopper, 96, CacheKind::b16));
   // Three consumer warpgroups of 64 rows at head dim 64 only, 16-bit and fp8 caches.
   EXPECT_EQ(tile_config(TileId::hopper_wide, 64, CacheKind::b16).rows, 192);

@@ -3,7 +3,8 @@
 // once, each copy's address (first address + Columns::at's XOR and step) is where the 128-byte
 // swizzle puts that chunk, and the pattern's thread counts are the ones the kernel relies on.
 // The fp8 convert fill walks the same pattern over chunk pairs: its f16 outputs cover every
-// chunk of a tile once, at the addresses the swizzle says.
+// chunk of a tile once, at the addresses the swizzle says; its raw K codes cover every chunk of
+// the 64-byte-swizzled fp8 K tile once.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -18,6 +19,7 @@ namespace {
 
 using attnkit::cuda::GroupColumns;
 using attnkit::cuda::Swizzle128Tile;
+using attnkit::cuda::Swizzle64Tile;
 
 // Each (row, chunk) of a tile hit exactly once: the count of those that are not, and the first.
 std::string not_once(const std::vector<int>& hits, int rows, int chunks, const char* what, int& bad) {
@@ -145,6 +147,68 @@ TEST(TileCopyLayout, ConvertPairsCoverEveryFp8HopperTileOnce) {
   check_pair_pattern<128, 4, 128>(16, 4);  // 128
   check_pair_pattern<64, 6, 128>(24, 4);   // 192: 96 threads copy
   check_pair_pattern<64, 8, 128>(32, 4);   // 256
+}
+
+// The fp8 K tile (Swizzle64Tile): a bijection of (row, 16-byte chunk) onto the tile's bytes in
+// 16-byte units, every 512-byte atom holding 8 whole rows of one 64-column region.
+template <int kRows, int kChunks>
+void check_swizzle64() {
+  std::set<uint32_t> seen;
+  for (int r = 0; r < kRows; ++r)
+    for (int ch = 0; ch < kChunks; ++ch) {
+      const uint32_t at = Swizzle64Tile<kRows>::offset(r, ch);
+      ASSERT_EQ(at % 16, 0u);
+      ASSERT_LT(at, static_cast<uint32_t>(kRows * kChunks * 16)) << "row " << r << " chunk " << ch;
+      ASSERT_EQ(at / 512, static_cast<uint32_t>((ch / 4) * (kRows / 8) + r / 8)) << "row " << r << " chunk " << ch;
+      seen.insert(at);
+    }
+  EXPECT_EQ(seen.size(), static_cast<size_t>(kRows * kChunks));
+}
+
+// The convert fill's raw K copies: the thread of pair p copies code chunks p and P + p of its
+// rows into the fp8 K stage, stepping from its first row's addresses by Swizzle64Tile::step.
+template <int kTileRows, int kPairs, int kMaxThreads>
+void check_k_code_pattern() {
+  using C = GroupColumns<kTileRows, kPairs, kMaxThreads>;
+  using L = Swizzle64Tile<kTileRows>;
+  constexpr int kChunks = 2 * kPairs;  // 16-byte code chunks of a row
+  const std::string shape = std::to_string(kTileRows) + " rows x " + std::to_string(kPairs) + " pairs";
+  std::vector<int> hits(static_cast<size_t>(kTileRows) * kChunks, 0);
+  int wrong = 0;
+  std::string first_wrong;
+  for (int tid = 0; tid < C::kThreads; ++tid) {
+    const auto c = C::of(tid);
+    const int chunks[2] = {c.column, kPairs + c.column};
+    for (int k = 0; k < 2; ++k) {
+      const uint32_t first = L::offset(C::row(c, 0), chunks[k]);
+      for (int i = 0; i < C::kRowsPerThread; ++i) {
+        const int row = C::row(c, i);
+        for (uint32_t base : {0u, 7u * 512u}) {
+          const uint32_t got = L::step(base + first, i * C::kPhases), want = base + L::offset(row, chunks[k]);
+          if (got != want && wrong++ == 0)
+            first_wrong = "tid " + std::to_string(tid) + " copy " + std::to_string(i) + " (row " + std::to_string(row) +
+                          ", chunk " + std::to_string(chunks[k]) + ", base " + std::to_string(base) +
+                          "): " + std::to_string(got) + " instead of " + std::to_string(want);
+        }
+        ++hits[static_cast<size_t>(row) * kChunks + chunks[k]];
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0) << shape << ": wrong addresses, the first at " << first_wrong;
+  int bad = 0;
+  const std::string first_bad = not_once(hits, kTileRows, kChunks, "copied", bad);
+  EXPECT_EQ(bad, 0) << shape << ": code chunks not copied exactly once, the first: " << first_bad;
+}
+
+TEST(TileCopyLayout, Fp8KTilesSwizzle64) {
+  check_swizzle64<128, 4>();   // head dim 64
+  check_swizzle64<128, 8>();   // 128
+  check_swizzle64<64, 12>();   // 192
+  check_swizzle64<64, 16>();   // 256
+  check_k_code_pattern<128, 2, 128>();
+  check_k_code_pattern<128, 4, 128>();
+  check_k_code_pattern<64, 6, 128>();
+  check_k_code_pattern<64, 8, 128>();
 }
 
 }  // namespace

@@ -135,6 +135,8 @@ class TorchBatch:
         self.max_seqlen_q, self.max_seqlen_k = max(q_lens), max(kv_lens)
         T = int(sum(q_lens))
         self.q = torch.randn(T, H, D, generator=g).to(dtype)
+        if fp8:  # queries on the e4m3 grid: the hopper prefill kernel quantises Q to e4m3 for S = Q K^T
+            self.q = self.q.to(torch.float8_e4m3fn).to(dtype)
         phys = (nb, 2, bs, Hkv, D) if layout == "NHD" else (nb, 2, Hkv, bs, D)
         cache = torch.randn(phys, generator=g)
         if fp8:

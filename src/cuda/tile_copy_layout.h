@@ -1,5 +1,5 @@
-// Where the rows of a K/V (or Q) tile land in shared memory in the 128-byte-swizzled layout that
-// wgmma descriptors read (wgmma_sm90.h), and which rows and chunks of a K/V tile each producer
+// Where the rows of a K/V (or Q) tile land in shared memory in the 128- and 64-byte-swizzled
+// layouts that wgmma descriptors read (wgmma_sm90.h), and which rows and chunks of a K/V tile each producer
 // thread copies in the group-column pattern (flash_attn/hopper_fill.cuh HopperCpAsyncFill).
 // Host and device code: the CPU tests (tests/tile_copy_layout_test.cpp) check that the pattern
 // covers every chunk of a tile once and that its per-copy address steps land where the swizzle
@@ -22,6 +22,22 @@ struct Swizzle128Tile {
   static constexpr int kRowStride = 128;  // for steps of whole swizzle periods (8 rows)
   ATTNKIT_LAYOUT_FN uint32_t offset(int row, int chunk) {
     return static_cast<uint32_t>((chunk >> 3) * (kRows * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+  }
+};
+
+// fp8 tiles (one byte per value) for the fp8 wgmma: 64-column chunks of a row are regions of
+// kRows 64-byte lines; inside a line the four 16-byte chunks are XOR-swizzled by (row / 2) % 4
+// (the 64-byte swizzle: atoms of 8 lines, 512 bytes). Tiles start 512-byte aligned.
+template <int kRows>
+struct Swizzle64Tile {
+  ATTNKIT_LAYOUT_FN uint32_t offset(int row, int chunk) {
+    return static_cast<uint32_t>((chunk >> 2) * (kRows * 64) + row * 64 + (((chunk & 3) ^ ((row >> 1) & 3)) << 4));
+  }
+  // Where the row `rows` further lands, from a row's address `at0`, for steps that are whole
+  // multiples of a power of two above the row's own phase bits (GroupColumns: rows phase +
+  // i kPhases): the swizzle bits of the step XOR in without a carry, the row is a constant step.
+  ATTNKIT_LAYOUT_FN uint32_t step(uint32_t at0, int rows) {
+    return (at0 ^ static_cast<uint32_t>(((rows >> 1) & 3) << 4)) + static_cast<uint32_t>(rows * 64);
   }
 };
 

@@ -1,6 +1,7 @@
 // Warpgroup tensor-core vocabulary of the hopper generation (sm_90a only): shared-memory matrix
-// descriptors for 128-byte-swizzled tiles, wgmma.mma_async with A from registers, and the
-// fences that order it against ordinary code.
+// descriptors for 128- and 64-byte-swizzled tiles, wgmma.mma_async (16-bit with A from registers
+// or shared memory, fp8 with both from shared memory), and the fences that order it against
+// ordinary code.
 //
 // Layout of a tile the descriptors describe ("Swizzle128Tile"): the tile's rows (keys) are
 // 128-byte lines (64 16-bit values of one 64-column chunk); the 16-byte chunk j of row n sits at
@@ -32,6 +33,12 @@ namespace attnkit::cuda {
 __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
   const uint32_t lo = (smem_addr >> 4) | (((lbo_bytes & 0x3FFFF) >> 4) << 16);
   const uint32_t hi = ((sbo_bytes & 0x3FFFF) >> 4) | (1u << 30);
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+// The same for a 64-byte-swizzled K-major tile (swizzle mode 2; LBO unused: 16 bytes).
+__device__ __forceinline__ uint64_t smem_desc_sw64(uint32_t smem_addr, uint32_t sbo_bytes) {
+  const uint32_t lo = (smem_addr >> 4) | (1u << 16);
+  const uint32_t hi = ((sbo_bytes & 0x3FFFF) >> 4) | (2u << 30);
   return (static_cast<uint64_t>(hi) << 32) | lo;
 }
 // The descriptor of the operand `bytes` (a multiple of 16) further into the same tile: the
@@ -77,6 +84,10 @@ struct WgmmaRS;
 // D (m64 x kN, fp32) += A (m64 x k16) * B (k16 x kN), both K-major by descriptor (kN = 64 / 128).
 template <class T, int kN>
 struct WgmmaSS;
+// D (m64 x kN, fp32) += A (m64 x k32, e4m3 codes) * B (k32 x kN, e4m3 or e5m2 codes: kBE5m2),
+// both K-major by descriptor from 64-byte-swizzled tiles (kN = 64 / 128).
+template <bool kBE5m2, int kN>
+struct WgmmaSSFp8;
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define ATTNKIT_HAS_WGMMA 1
@@ -136,6 +147,26 @@ ATTNKIT_WGMMA_SS(64, __nv_bfloat16, "bf16", "34", "%32, %33, p, 1, 1, 0, 0")
 ATTNKIT_WGMMA_SS(64, __half, "f16", "34", "%32, %33, p, 1, 1, 0, 0")
 ATTNKIT_WGMMA_SS(128, __nv_bfloat16, "bf16", "66", "%64, %65, p, 1, 1, 0, 0")
 ATTNKIT_WGMMA_SS(128, __half, "f16", "66", "%64, %65, p, 1, 1, 0, 0")
+
+// fp8 SS: m64nNk32 with an e4m3 A and a B of B_TYPE; no transpose immediates (fp8 operands are
+// K-major only).
+#define ATTNKIT_WGMMA_SS_FP8(N, B_E5M2, B_TYPE, PRED, OPERANDS)                                    \
+  template <>                                                                                   \
+  struct WgmmaSSFp8<B_E5M2, N> {                                                                \
+    __device__ __forceinline__ static void run(FragC (&d)[N / 8], uint64_t desc_a, uint64_t desc_b, \
+                                               bool accumulate) {                               \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" PRED ", 0;\n"                             \
+                   "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3." B_TYPE " {" ATTNKIT_WGMMA_R##N \
+                   "}, " OPERANDS ";\n}\n"                                                       \
+                   : ATTNKIT_WGMMA_D##N                                                        \
+                   : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));             \
+    }                                                                                           \
+  };
+ATTNKIT_WGMMA_SS_FP8(64, false, "e4m3", "34", "%32, %33, p, 1, 1")
+ATTNKIT_WGMMA_SS_FP8(64, true, "e5m2", "34", "%32, %33, p, 1, 1")
+ATTNKIT_WGMMA_SS_FP8(128, false, "e4m3", "66", "%64, %65, p, 1, 1")
+ATTNKIT_WGMMA_SS_FP8(128, true, "e5m2", "66", "%64, %65, p, 1, 1")
+#undef ATTNKIT_WGMMA_SS_FP8
 #undef ATTNKIT_WGMMA_SS
 #undef ATTNKIT_WGMMA_RS
 #undef ATTNKIT_WGMMA_ASM

@@ -4,7 +4,7 @@
 //
 //   Fill f(p, w, n, ptid);       all 128 producer threads, per work item of n tiles
 //   f.acquire(pipe, at);         wait for stage `at` of a ring to be empty (ConvertFill: and
-//                                converts while it waits)
+//                                converts V while it waits)
 //   f.k(t, dst, pipe, at);       K of tile t -> stage dst, completing the full barrier `at`
 //   f.v(t, dst, pipe, at);       V of tile t (called after k(t), before k(t + 1))
 //   f.drain();                   after the item's last v: what the fill still owes (ConvertFill)
@@ -23,7 +23,8 @@
 // the map's bounds turn into zeros without a read; a block id outside the cache is read as
 // block 0 (the metadata guards then write the item's rows as NaN). The group holding seq_len's end brings its
 // block's slots past it, which the consumers zero in V (fix_tail_v; K's are masked).
-// ConvertFill (fp8 caches): codes copied into their stage, converted to f16 in place (below).
+// ConvertFill (fp8 caches): codes copied into their stage, K's as they are, V's converted to f16
+// in place (below).
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -157,60 +158,73 @@ struct HopperCpAsyncFill
   }
 };
 
-// ConvertFill (fp8 caches): the codes of a side (K or V tile) are copied by cp.async into the
-// upper half of its own 16-bit stage, then converted to f16 (exact: cuda/fp8_dequant.h; the
-// scales fold in elsewhere) in place by the thread that copied them, which then arrives on the
-// full barrier. A call copies its side and converts the side before it (whose copies flew
-// while this call's stage was acquired), unless acquire() converted it already because the
-// stage was not free (rings of two stages); drain() converts an item's last side. In place
-// without a barrier: the group columns are chunk pairs (P = head dim / 32 of them, a row's
-// codes being 2P chunks): the thread of pair p copies code chunk P + p to 16-bit row chunk
-// 2(P + p), chunk p to 2(P + p) + 1 (both in the row's upper half), so its outputs (row chunks
-// 2p, 2p + 1 and 2(P + p), 2(P + p) + 1) overwrite only its own codes. Row phases 8 / 4 / 4 /
-// 4 at head dims 64 / 128 / 192 / 256 (96 threads copy at 192).
+// ConvertFill (fp8 caches): each side's codes are copied by cp.async. K's stay codes, in the
+// fp8 K stage (64-byte-swizzled regions, cuda::Swizzle64Tile: the fp8 wgmma reads them), and
+// complete their full barrier as they land. V's land in the upper half of their 16-bit stage and
+// are converted to f16 (exact: cuda/fp8_dequant.h; the scales fold in elsewhere) in place by the
+// thread that copied them, which then arrives on the full barrier: V of tile t in the call that
+// copies K of tile t + 1 (whose copies then fly while it converts), unless acquire() converted
+// it already because the stage was not free (rings of two stages); drain() converts an item's
+// last V. In place without a barrier: the group columns are chunk pairs (P = head dim / 32 of
+// them, a row's codes being 2P chunks): the thread of pair p copies code chunk P + p to 16-bit
+// row chunk 2(P + p), chunk p to 2(P + p) + 1 (both in the row's upper half), so its outputs
+// (row chunks 2p, 2p + 1 and 2(P + p), 2(P + p) + 1) overwrite only its own codes. Row phases
+// 8 / 4 / 4 / 4 at head dims 64 / 128 / 192 / 256 (96 threads copy at 192).
 template <class Tr, cuda::Fp8Format kFmt>
 struct HopperConvertFill
     : HopperGroupFill<Tr, cuda::GroupColumns<Tr::kBlockN, Tr::kHeadDim / 32, Tr::kProducerThreads>> {
-  static_assert(Tr::kFp8Cache && std::is_same_v<typename Tr::MmaElem, __half>, "fp8 codes become f16 stages");
+  static_assert(Tr::kFp8Cache && std::is_same_v<typename Tr::MmaElem, __half>, "fp8 V codes become f16 stages");
   using Base = typename HopperConvertFill::HopperGroupFill;
   using typename Base::Columns;
+  static constexpr bool kE5m2 = kFmt == cuda::Fp8Format::e5m2;  // K's codes, as the S GEMM reads them
   static constexpr int kPairs = Tr::kHeadDim / 32;  // P
-  using L = cuda::Swizzle128Tile<Tr::kBlockN>;
+  using L = cuda::Swizzle128Tile<Tr::kBlockN>;   // V stages
+  using L8 = cuda::Swizzle64Tile<Tr::kBlockN>;   // K stages
 
-  uint32_t hi0, lo0;  // its first row's chunks 2(P + p) (codes in, then f16) and 2p (f16 out) in a stage
-  bool hi_in;         // code chunk P + p inside the row (else zeros)
-  uint32_t pending = 0, pending_bar = 0;  // the side copied last: its stage, its full barrier
+  uint32_t hi0, lo0;      // V: its first row's chunks 2(P + p) (codes in, then f16) and 2p (f16 out)
+  uint32_t k_lo0, k_hi0;  // K: its first row's code chunks p and P + p
+  bool hi_in;             // code chunk P + p inside the row (else zeros)
+  uint32_t pending = 0, pending_bar = 0;  // the V copied last: its stage, its full barrier
 
   __device__ __forceinline__ HopperConvertFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid)
       : HopperConvertFill(p, w, n_, ptid, Columns::of(ptid)) {}
+  // K's codes as they are; then the V copied before them is converted (its copies are the
+  // older cp.async group).
   template <class Pipe>
   __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const typename Pipe::State& at) {
     if (this->copying) {
       this->start_tile(t);
-      copy(this->k_base, t, dst);
+      copy_k(t, dst);
     }
-    next(dst, pipe.full(at));
+    pipe.commit_cp_async(at);
+    cuda::cp_async_commit();
+    if (pending_bar != 0) {
+      cuda::cp_async_wait<1>();
+      finish();
+      pending_bar = 0;
+    }
   }
   template <class Pipe>
   __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const typename Pipe::State& at) {
-    if (this->copying) copy(this->v_base, t, dst);
-    next(dst, pipe.full(at));
+    if (this->copying) copy_v(t, dst);
+    cuda::cp_async_commit();
+    pending = dst;
+    pending_bar = pipe.full(at);
   }
-  // Rings of two stages (the K ring at head dim 256 and of the two-Q-buffer tiles): a side's
-  // conversion must not wait for the next stage, which frees only once the consumers are done
-  // with the side before it: they would wait for every conversion. Deeper rings have a stage of
-  // slack, and there the next side's copies go out first (DECISIONS.md: fp8 caches converted in
-  // their stage).
+  // Rings of two stages (the V ring at head dim 256 and of hopper_short at 192): V's conversion
+  // must not wait for the next stage, which frees only once the consumers are done with the
+  // tile before it: they would wait for every conversion. Deeper rings have a stage of slack,
+  // and there the next K's copies go out first (DECISIONS.md: fp8 caches converted in their
+  // stage).
   static constexpr bool kConvertWhileWaiting = (Tr::kKStages < Tr::kVStages ? Tr::kKStages : Tr::kVStages) <= 2;
-  // The next side's stage. With kConvertWhileWaiting, where it is not empty yet, the pending side
-  // is converted first (waiting for its copies) and arrives; else its copies fly while this
-  // side's issue.
+  // The next side's stage. With kConvertWhileWaiting, where it is not empty yet, the pending V
+  // is converted first (waiting for its copies) and arrives.
   template <class Pipe>
   __device__ __forceinline__ void acquire(const Pipe& pipe, const typename Pipe::State& at) {
     if (kConvertWhileWaiting && pending_bar != 0 && !pipe.can_acquire(at)) finish_now();
     pipe.acquire(at);
   }
-  // The item's last side: its copies landed, converted, arrived.
+  // The item's last V: its copies landed, converted, arrived.
   __device__ __forceinline__ void drain() {
     if (pending_bar != 0) finish_now();
   }
@@ -219,22 +233,24 @@ struct HopperConvertFill
   __device__ __forceinline__ HopperConvertFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid,
                                                const typename Columns::Column& c)
       : Base(p, w, n_, ptid, c, c.column * 16), hi0(L::offset(Columns::row(c, 0), 2 * (kPairs + c.column))),
-        lo0(L::offset(Columns::row(c, 0), 2 * c.column)), hi_in((kPairs + c.column) * 16 < p.kv_row_bytes) {}
-  // This call's side is committed as one cp.async group; the one before it (all but the newest
-  // group landed) is converted and arrives.
-  __device__ __forceinline__ void next(uint32_t dst, uint32_t bar) {
-    cuda::cp_async_commit();
-    if (pending_bar != 0) {
-      cuda::cp_async_wait<1>();
-      finish();
+        lo0(L::offset(Columns::row(c, 0), 2 * c.column)), k_lo0(L8::offset(Columns::row(c, 0), c.column)),
+        k_hi0(L8::offset(Columns::row(c, 0), kPairs + c.column)), hi_in((kPairs + c.column) * 16 < p.kv_row_bytes) {}
+  // This thread's code chunks p and P + p of its rows of tile t -> the fp8 K stage dst.
+  __device__ __forceinline__ void copy_k(int t, uint32_t dst) const {
+    const char* row = this->k_base + this->src;
+    const int rows_left = this->rows_left(t);
+#pragma unroll
+    for (int i = 0; i < Columns::kRowsPerThread; ++i) {
+      const bool row_in = i * Columns::kPhases < rows_left;
+      cuda::cp_async_16(L8::step(dst + k_lo0, i * Columns::kPhases), row, row_in);
+      cuda::cp_async_16(L8::step(dst + k_hi0, i * Columns::kPhases), row + Tr::kHeadDim / 2, row_in && hi_in);
+      row += Columns::kPhases * this->stride_slot;
     }
-    pending = dst;
-    pending_bar = bar;
   }
-  // This thread's code chunks p and P + p of its rows of tile t -> the upper half of stage dst
-  // (row chunks 2(P + p) + 1 and 2(P + p): the swizzle flips bit 4 of the one to get the other).
-  __device__ __forceinline__ void copy(const char* head_base, int t, uint32_t dst) const {
-    const char* row = head_base + this->src;
+  // ... of V -> the upper half of the 16-bit stage dst (row chunks 2(P + p) + 1 and 2(P + p):
+  // the swizzle flips bit 4 of the one to get the other).
+  __device__ __forceinline__ void copy_v(int t, uint32_t dst) const {
+    const char* row = this->v_base + this->src;
     const int rows_left = this->rows_left(t);
 #pragma unroll
     for (int i = 0; i < Columns::kRowsPerThread; ++i) {
@@ -245,13 +261,13 @@ struct HopperConvertFill
       row += Columns::kPhases * this->stride_slot;
     }
   }
-  // The pending side, once its copies (all this thread's) landed; none pending after.
+  // The pending V, once its copies (all this thread's) landed; none pending after.
   __device__ __forceinline__ void finish_now() {
     cuda::cp_async_wait<0>();
     finish();
     pending_bar = 0;
   }
-  // The pending side's codes (this thread's) -> f16 in place; then its arrival. The stores are
+  // The pending V's codes (this thread's) -> f16 in place; then its arrival. The stores are
   // generic-proxy writes that wgmma reads through the async proxy (the consumers fence too).
   __device__ __forceinline__ void finish() const {
     if (this->copying) {

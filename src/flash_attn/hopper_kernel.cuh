@@ -6,7 +6,7 @@
 // merge across warps: rows leave through the item's Q buffer once its last S is done).
 //
 // Warp-specialised: a producer warpgroup copies Q (cp.async) and the K/V tiles through the page
-// map (TMA boxes or cp.async; fp8 codes converted to f16 in their stage: hopper_fill.cuh) into
+// map (TMA boxes or cp.async; fp8 V codes converted to f16 in their stage: hopper_fill.cuh) into
 // two rings of stages, K and V apart,
 // signalled by mbarriers; two consumer
 // warpgroups of 64 rows (hopper_wide: three) take turns at the tensor cores, in a ring of named
@@ -24,6 +24,8 @@
 // (hopper_short). The producer alone walks the list: each item reaches the consumers in shared
 // memory next to its Q buffer. Which tile, how many CTAs: the LaunchPlan (launch_plan.cpp).
 #pragma once
+#include <cuda_fp8.h>
+
 #include <algorithm>
 #include <type_traits>
 
@@ -161,34 +163,59 @@ __device__ __forceinline__ void load_q_rows(const VarlenKernelParams& p, const W
   }
 }
 
-// fp8 caches with a bf16 Q (the GEMMs run in f16): this warpgroup's 64 rows of the Q buffer (q:
-// their first line, a generic address), converted to f16 in place times their
-// cuda::f16_range_factor, which it returns; then fenced for wgmma. s_max: 4 floats per
-// warpgroup of shared memory. By all 128 threads of warpgroup wg (its barrier, Tr::group_bar).
+// fp8 caches: this warpgroup's 64 rows of the item's Q buffer (q16: their first line, a
+// generic address; Swizzle128Tile) -> e4m3 codes of Q times a power-of-two factor that takes the
+// rows' largest |q| into [128, 256) (below e4m3's 448; values keep 3 mantissa bits down to
+// 2^-13 of that largest), into the e4m3 Q tile (q8: the warpgroup's first line;
+// cuda::Swizzle64Tile), fenced for wgmma; returns the factor (1 for rows of zeros). s_max: 4
+// floats per warpgroup of shared memory. By all 128 threads of warpgroup wg (its barrier,
+// Tr::group_bar). Output chunk c (16 codes) of a row is the row's 16-bit chunks 2c and 2c + 1.
 template <class Tr>
-__device__ __forceinline__ float q_rows_to_f16(unsigned char* q, float* s_max, int wg, int wg_tid) {
-  constexpr int kChunks = Tr::kHeadDim / 64 * 64 * 8;  // 16-byte chunks: regions x rows x chunks of a line
-  auto chunk = [&](int i) {
-    return reinterpret_cast<uint4*>(q + (i / 512) * (Tr::kBlockM * 128) + (i % 512) * 16);
+__device__ __forceinline__ float q_rows_to_e4m3(const unsigned char* q16, unsigned char* q8, float* s_max, int wg,
+                                                int wg_tid) {
+  using T = typename Tr::Elem;
+  constexpr int kUnits = Tr::kHeadDim / 64 * 64 * 4;  // e4m3 chunks: regions x rows x 4
+  auto in = [&](int u, int half) {  // unit u: region u / 256, row (u / 4) % 64, chunk u % 4
+    const int r = (u >> 2) & 63, c = 2 * (u & 3) + half;
+    return *reinterpret_cast<const uint4*>(q16 + (u >> 8) * (Tr::kBlockM * 128) + r * 128 + ((c ^ (r & 7)) << 4));
   };
-  __nv_bfloat162 mx2 = __float2bfloat162_rn(0.f);
-  for (int i = wg_tid; i < kChunks; i += 128) {
-    const uint4 v = *chunk(i);
-    for (uint32_t x : {v.x, v.y, v.z, v.w}) mx2 = __hmax2(mx2, __habs2(*reinterpret_cast<const __nv_bfloat162*>(&x)));
-  }
-  float mx = fmaxf(__low2float(mx2), __high2float(mx2));
+  auto to_f2 = [](uint32_t x) {
+    if constexpr (std::is_same_v<T, __half>) return __half22float2(*reinterpret_cast<const __half2*>(&x));
+    else return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
+  };
+  float mx = 0.f;
+#pragma unroll 1
+  for (int u = wg_tid; u < kUnits; u += 128)
+    for (int half = 0; half < 2; ++half) {
+      const uint4 v = in(u, half);
+      for (uint32_t x : {v.x, v.y, v.z, v.w}) {
+        const float2 f = to_f2(x);
+        mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
+      }
+    }
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   if ((wg_tid & 31) == 0) s_max[wg * 4 + wg_tid / 32] = mx;
   cuda::named_bar_sync(Tr::group_bar(wg), 128);
   mx = fmaxf(fmaxf(s_max[wg * 4], s_max[wg * 4 + 1]), fmaxf(s_max[wg * 4 + 2], s_max[wg * 4 + 3]));
-  const float factor = cuda::f16_range_factor(mx);
-  for (int i = wg_tid; i < kChunks; i += 128) {
-    uint4 v = *chunk(i);
-    for (uint32_t* x : {&v.x, &v.y, &v.z, &v.w}) {
-      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x));
-      *x = cuda::pack2<__half>(f.x * factor, f.y * factor);
+  int e = 0;
+  frexpf(mx, &e);  // mx in [2^(e-1), 2^e)
+  const float factor = (mx > 0.f && mx <= 3.0e38f) ? ldexpf(1.f, 8 - e) : 1.f;
+#pragma unroll 1
+  for (int u = wg_tid; u < kUnits; u += 128) {
+    uint32_t codes[4];
+    for (int half = 0; half < 2; ++half) {
+      const uint4 v = in(u, half);
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      for (int k = 0; k < 2; ++k) {
+        const float2 a = to_f2(w[2 * k]), b = to_f2(w[2 * k + 1]);
+        const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a.x * factor, a.y * factor), __NV_SATFINITE, __NV_E4M3);
+        const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(b.x * factor, b.y * factor), __NV_SATFINITE, __NV_E4M3);
+        codes[2 * half + k] = lo | (hi << 16);
+      }
     }
-    *chunk(i) = v;
+    const int r = (u >> 2) & 63, c = u & 3;
+    *reinterpret_cast<uint4*>(q8 + (u >> 8) * (Tr::kBlockM * 64) + r * 64 + ((c ^ ((r >> 1) & 3)) << 4)) =
+        make_uint4(codes[0], codes[1], codes[2], codes[3]);
   }
   cuda::fence_proxy_async_smem();  // (generic writes, read by wgmma)
   cuda::named_bar_sync(Tr::group_bar(wg), 128);  // the warpgroup's rows are all converted; s_max is free again
@@ -206,7 +233,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     hopper_varlen_kernel(const __grid_constant__ VarlenKernelParams p, const Sched items) {
 #if ATTNKIT_HAS_WGMMA
   using namespace attnkit::cuda;
-  using M = typename Tr::MmaElem;  // the GEMMs' inputs: the queries' type, f16 with fp8 caches
+  using M = typename Tr::MmaElem;  // the 16-bit GEMMs' inputs: the queries' type; P V in f16 with fp8 caches
   constexpr int kKS = Tr::kKStages, kVS = Tr::kVStages;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // Two rings, of kKS K tiles and of kVS V tiles, each stage with a "full" barrier
@@ -239,8 +266,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const Pipeline<kKS> k_pipe(k_bars);
   const Pipeline<kVS> v_pipe(v_bars);
   const Pipeline<kQB> q_pipe(q_bars);
-  auto k_stage = [&](const KPos& at) { return s_base + at.stage * Tr::kTileBytes; };
-  auto v_stage = [&](const VPos& at) { return s_base + (kKS + at.stage) * Tr::kTileBytes; };
+  auto k_stage = [&](const KPos& at) { return s_base + at.stage * Tr::kKTileBytes; };
+  auto v_stage = [&](const VPos& at) { return s_base + Tr::kVOffset + at.stage * Tr::kVTileBytes; };
   auto tile_key = [](const WorkItem& w, int t) { return w.first_key + t * Tr::kBlockN; };
 
   if (tid == 0) {
@@ -337,8 +364,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // per item below).
   ScoreMod mod{p.scale, p.softcap, p.alibi_slopes != nullptr};
   float unit = mod.unit();
-  constexpr bool kConvertQ = Tr::kFp8Cache && std::is_same_v<typename Tr::Elem, __nv_bfloat16>;
-  __shared__ float s_q_max[kConvertQ ? 4 * kWG : 1];
+  __shared__ float s_q_max[Tr::kFp8Cache ? 4 * kWG : 1];
   RowSoftmax softmax;
   FragC o[Tr::kOFrags];
   FragA pa[Tr::kSFrags / 2];
@@ -353,6 +379,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if constexpr (kQB == 1) return s_q_group0;
     else return s_q_group0 + q_at.stage * Tr::kQBytes;
   };
+  const uint32_t s_q8_group = s_base + Tr::kQ8Offset + wg * 64 * 64;  // (fp8 caches: its e4m3 rows)
 
   // O += P V in column ranges of kPvCols (128, the widest wgmma wrapper: two swizzle regions of V;
   // 64 where 128 does not divide the head dim), each over the tile's k16 steps of keys.
@@ -370,6 +397,29 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
     wgmma_commit();
   };
+  // S = Q K^T: one wgmma of N = kBlockN per k16 step of 16-bit Q and K (128-byte-swizzled
+  // regions of 64 dims, 32 bytes a step), or with fp8 caches per k32 step of their e4m3 Q and
+  // fp8 K (64-byte-swizzled regions, 32 bytes a step).
+  auto issue_s = [&](FragC(&s)[Tr::kSFrags], uint32_t k_tile) {
+    if constexpr (Tr::kFp8Cache) {
+      const uint64_t q_desc = smem_desc_sw64(s_q8_group, 512), k_desc = smem_desc_sw64(k_tile, 512);
+#pragma unroll
+      for (int ks = 0; ks < Tr::kHeadDim / 32; ++ks) {
+        const uint32_t step_bytes = (ks % 2) * 32;
+        WgmmaSSFp8<Fill::kE5m2, Tr::kBlockN>::run(s, smem_desc_advance(q_desc, (ks / 2) * (Tr::kBlockM * 64) + step_bytes),
+                                                  smem_desc_advance(k_desc, (ks / 2) * (Tr::kBlockN * 64) + step_bytes),
+                                                  ks > 0);
+      }
+    } else {
+      const uint64_t q_desc = smem_desc_sw128(s_q_group(), 16, 1024), k_desc = smem_desc_sw128(k_tile, 16, 1024);
+#pragma unroll
+      for (int ks = 0; ks < Tr::kKSteps; ++ks) {
+        const uint32_t step_bytes = (ks % 4) * 32;  // (16 head dims of a 64-column region)
+        WgmmaSS<M, Tr::kBlockN>::run(s, smem_desc_advance(q_desc, (ks / 4) * (Tr::kBlockM * 128) + step_bytes),
+                                     smem_desc_advance(k_desc, (ks / 4) * (Tr::kBlockN * 128) + step_bytes), ks > 0);
+      }
+    }
+  };
   auto step = [&](int it, auto with_pv) {
     constexpr bool kPV = decltype(with_pv)::value;
     // V_{j-1} and K_j (the order they are loaded in) before any wgmma: a wait loop between
@@ -381,13 +431,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     named_bar_sync(my_turn, kTurnThreads);
     FragC s[Tr::kSFrags];
     wgmma_fence();
-    const uint64_t q_desc = smem_desc_sw128(s_q_group(), 16, 1024), k_desc = smem_desc_sw128(k_stage(at), 16, 1024);
-#pragma unroll
-    for (int ks = 0; ks < Tr::kKSteps; ++ks) {
-      const uint32_t step_bytes = (ks % 4) * 32;  // (16 head dims of a 64-column region)
-      WgmmaSS<M, Tr::kBlockN>::run(s, smem_desc_advance(q_desc, (ks / 4) * (Tr::kBlockM * 128) + step_bytes),
-                                   smem_desc_advance(k_desc, (ks / 4) * (Tr::kBlockN * 128) + step_bytes), ks > 0);
-    }
+    issue_s(s, k_stage(at));
     wgmma_commit();
     if constexpr (kPV) issue_pv(prev_at);
     named_bar_arrive(next_turn, kTurnThreads);
@@ -435,8 +479,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       unit = mod.unit();
     }
     if (n > 0) {
-      if constexpr (kConvertQ) {
-        mod.scale /= detail::q_rows_to_f16<Tr>(smem + (s_q_group() - s_base), s_q_max, wg, tid & 127);
+      if constexpr (Tr::kFp8Cache) {
+        mod.scale /= detail::q_rows_to_e4m3<Tr>(smem + (s_q_group() - s_base), smem + (s_q8_group - s_base), s_q_max,
+                                                wg, tid & 127);
         unit = mod.unit();
       }
       step(0, std::false_type{});

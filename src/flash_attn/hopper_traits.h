@@ -22,10 +22,12 @@ namespace attnkit::flash_attn {
 
 // kTile_ (tile_set.h: hopper, hopper_short, hopper_wide): its stages are the depth of the K
 // ring and of the V ring; its Q buffers the Q tiles in shared memory (2: a persistent CTA loads the next item's
-// Q while it still computes on the current one). kCache_: 16-bit caches, or fp8 ones, whose
-// codes the producer converts to f16 on their way into the stages (hopper_fill.cuh): then the
-// GEMMs run in f16 (MmaElem), a bf16 Q tile is converted to f16 by its consumers, and the dequant
-// scales fold into the softmax scale (K) and the epilogue (V).
+// Q while it still computes on the current one). kCache_: 16-bit caches, or fp8 ones: then
+// S = Q K^T runs on the fp8 wgmma (K's codes as they are in the cache, Q quantised to e4m3 by
+// its consumers with a power-of-two scale per warpgroup: docs/architecture.md section 9), and
+// O += P V in f16 (MmaElem), the producer converting V's codes to f16 in their stage
+// (hopper_fill.cuh); the dequant scales fold into the softmax scale (K, over Q's scale) and the
+// epilogue (V).
 template <class Elem_, int kHeadDim_, TileId kTile_, CacheKind kCache_ = CacheKind::b16>
 struct HopperTraits {
   static constexpr TileConfig kConfig = tile_config(kTile_, kHeadDim_, kCache_);
@@ -82,18 +84,25 @@ struct HopperTraits {
                 "wgmma wrappers exist for N = 64 and 128");
 
   // Shared memory (from a 1024-byte aligned base): a ring of kKStages K tiles, a ring of
-  // kVStages V tiles, each tile kHeadDim / 64 regions of kBlockN 128-byte lines, then the Q tile in the same
-  // swizzled layout (kBlockM lines per region; warpgroup g reads lines 64g .. 64g+63).
+  // kVStages V tiles, each 16-bit tile kHeadDim / 64 regions of kBlockN 128-byte lines, then the
+  // Q buffers in the same swizzled layout (kBlockM lines per region; warpgroup g reads lines
+  // 64g .. 64g+63). fp8 caches: a K tile is kHeadDim / 64 regions of kBlockN 64-byte lines
+  // (cuda::Swizzle64Tile), and after the Q buffers comes the e4m3 Q copy in that layout
+  // (kBlockM lines per region; warpgroup g's at 4096 g bytes into each).
   // Q is the A operand of S = Q K^T from shared memory: with Q in registers (the RS form),
   // ptxas 13.0 reused Q's registers for P inside the loop (seen in the SASS), which broke
   // every work item of more than one K/V tile.
-  static constexpr int kTileBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kKTileBytes = hopper_k_stage_bytes(kHeadDim, kBlockN, kCache);
+  static constexpr int kVTileBytes = hopper_v_stage_bytes(kHeadDim, kBlockN);
   static constexpr int kKStages = kConfig.k_stages, kVStages = kConfig.stages;  // (tile_set.h)
   static constexpr int kQBuffers = kConfig.q_buffers;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
-  static constexpr int kQOffset = (kKStages + kVStages) * kTileBytes;
+  static constexpr int kVOffset = kKStages * kKTileBytes;
+  static constexpr int kQOffset = kVOffset + kVStages * kVTileBytes;
+  static constexpr int kQ8Offset = kQOffset + kQBuffers * kQBytes;  // (fp8 caches)
   static constexpr int kAlign = 1024;  // swizzle atoms
-  static constexpr int kSmemBytes = kQOffset + kQBuffers * kQBytes + kAlign;
+  static constexpr int kSmemBytes = kQOffset + hopper_q_bytes(kHeadDim, kBlockM, kQBuffers, kCache) + kAlign;
+  static_assert(kVOffset % kAlign == 0 && kQ8Offset % kAlign == 0, "tiles start at whole swizzle atoms");
   static_assert(kSmemBytes <= kHopperSmemBytes + kAlign, "K/V rings and Q buffers must fit the opt-in shared memory");
 };
 

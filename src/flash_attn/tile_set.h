@@ -30,15 +30,15 @@ inline constexpr TileId kAllTiles[] = {TileId::prefill,           TileId::decode
 enum class KvFill : uint8_t {
   cp_async,  // 16-byte cp.async copies by every (producer) thread, through the block table
   tma,       // TMA boxes per 16-key page group (sm90): decode tiles the whole row, hopper per 128-byte segment
-  convert,   // hopper, fp8 caches: codes by cp.async into their 16-bit stage, converted there to f16
+  convert,   // hopper, fp8 caches: codes by cp.async; K stays fp8 (fp8 wgmma), V is converted to f16 in its stage
 };
 
 // What a cache row holds, as the kernels see it: 16-bit values (the model's dtype), fp8 codes
 // (e4m3 / e5m2, one byte each), or NVFP4 (e2m1 codes packed two per byte, one e4m3 scale per 16
 // values in a separate region of the block: docs/architecture.md section 2).
 enum class CacheKind : uint8_t { b16, fp8, nvfp4 };
-// The 8- and 4-bit caches: the MMAs run in f16 and the global scales fold into the softmax
-// scale (K) and the epilogue (V).
+// The 8- and 4-bit caches: the MMAs run in f16 (the hopper kernel's S = Q K^T on fp8 caches in
+// e4m3: hopper_traits.h) and the global scales fold into the softmax scale (K) and the epilogue (V).
 constexpr bool quantized(CacheKind c) { return c != CacheKind::b16; }
 const char* cache_kind_name(CacheKind c);
 
@@ -121,28 +121,42 @@ constexpr bool tma_rows(int head_dim, CacheKind cache) {
          kv_row_bytes(head_dim, cache) <= 512;
 }
 
-// The hopper tiles' ring depths (hopper_traits.h lays them out): both rings take as many stages
-// of `keys` 16-bit rows as fit the sm90 opt-in shared memory (227 KB, less 1 KB of alignment
-// slack) next to q_buffers Q tiles of `rows` rows, at most 4 (hopper_stages): 4 / 3 / 3 / 2 at
-// head dims 64 / 128 / 192 / 256 with one Q buffer, 4 / 2 / 2 / 1 with two. One ring then takes
-// what is left, up to 4 (hopper_deeper_stages): one stage more at 192 / 256 with one Q buffer
-// and at 128 / 192 with two. That is the V ring (a V stage is held one step longer than a K one,
-// from its load to the P V after the S that freed K; both are loaded together), but with fp8
-// caches, whose fill converts each side one call late, after the next side's stage is acquired
-// (hopper_fill.cuh), and measured slower so (DECISIONS.md: Hopper: a deeper V ring).
-constexpr int kHopperSmemBytes = 227 * 1024 - 1024;
-// Stages of stage_bytes in the bytes left, at most 4 (0 for a tile without bytes).
+// The hopper tiles' shared memory (hopper_traits.h lays it out). A V stage holds `keys` 16-bit
+// rows (fp8 V codes are converted to f16 there: the P V GEMM runs in 16 bits); a K stage holds
+// 16-bit rows, or with an fp8 cache the raw codes, one byte each (S = Q K^T runs on the fp8
+// wgmma, Q quantised to e4m3 into a region of its own after the Q buffers).
+constexpr int kHopperSmemBytes = 227 * 1024 - 1024;  // the sm90 opt-in, less 1 KB of alignment slack
+constexpr int hopper_k_stage_bytes(int head_dim, int keys, CacheKind cache) {
+  return keys * head_dim * (cache == CacheKind::fp8 ? 1 : 2);
+}
+constexpr int hopper_v_stage_bytes(int head_dim, int keys) { return keys * head_dim * 2; }
+// The q_buffers 16-bit Q tiles of `rows` rows, and with an fp8 cache one e4m3 copy.
+constexpr int hopper_q_bytes(int head_dim, int rows, int q_buffers, CacheKind cache) {
+  return q_buffers * rows * head_dim * 2 + (cache == CacheKind::fp8 ? rows * head_dim : 0);
+}
+// The rings' depths: both take as many (K, V) stage pairs as the shared memory holds next to the
+// Q bytes, at most 4 (hopper_stages): 4 / 3 / 3 / 2 at head dims 64 / 128 / 192 / 256 with one
+// 16-bit Q buffer, 4 / 2 / 2 / 1 with two. One ring then takes what is left, up to 4
+// (hopper_deeper_stages): one stage more at 192 / 256 with one Q buffer and at 128 / 192 with
+// two. That is the V ring (a V stage is held one step longer than a K one, from its load to the
+// P V after the S that freed K; both are loaded together), but with fp8 caches the K ring, whose
+// stages are half a V stage (fp8: K 4 / 4 / 4 / 4, V 4 / 3 / 4 / 2 with one Q buffer; an fp8 V
+// stage is converted one call late, after the next side's stage is acquired: hopper_fill.cuh,
+// DECISIONS.md: Hopper: a deeper V ring).
 constexpr int hopper_ring_depth(int bytes_left, int stage_bytes) {
   if (stage_bytes <= 0) return 0;
   const int stages = bytes_left / stage_bytes;
   return stages < 4 ? stages : 4;
 }
-constexpr int hopper_stages(int head_dim, int rows, int keys, int q_buffers) {
-  return hopper_ring_depth(kHopperSmemBytes - q_buffers * rows * head_dim * 2, 2 * keys * head_dim * 2);
+constexpr int hopper_stages(int head_dim, int rows, int keys, int q_buffers, CacheKind cache) {
+  return hopper_ring_depth(kHopperSmemBytes - hopper_q_bytes(head_dim, rows, q_buffers, cache),
+                           hopper_k_stage_bytes(head_dim, keys, cache) + hopper_v_stage_bytes(head_dim, keys));
 }
-constexpr int hopper_deeper_stages(int head_dim, int rows, int keys, int q_buffers, int other_stages) {
-  const int tile = keys * head_dim * 2;
-  return hopper_ring_depth(kHopperSmemBytes - q_buffers * rows * head_dim * 2 - other_stages * tile, tile);
+// The deeper ring's depth (K with fp8 caches, else V), the other ring having `both` stages.
+constexpr int hopper_deeper_stages(int head_dim, int rows, int keys, int q_buffers, CacheKind cache, int both) {
+  const int k = hopper_k_stage_bytes(head_dim, keys, cache), v = hopper_v_stage_bytes(head_dim, keys);
+  const int tile = cache == CacheKind::fp8 ? k : v, other = cache == CacheKind::fp8 ? v : k;
+  return hopper_ring_depth(kHopperSmemBytes - hopper_q_bytes(head_dim, rows, q_buffers, cache) - both * other, tile);
 }
 
 constexpr TileConfig tile_config(TileId id, int head_dim, CacheKind cache) {
@@ -201,10 +215,10 @@ constexpr TileConfig tile_config(TileId id, int head_dim, CacheKind cache) {
         t.rows = 192;
         t.warps_m = 3;
       }
-      if (cache == CacheKind::fp8) t.fill = KvFill::convert;  // (wgmma reads 16-bit stages)
+      if (cache == CacheKind::fp8) t.fill = KvFill::convert;  // (raw K codes; V converted to f16)
       {
-        const int both = hopper_stages(head_dim, t.rows, t.keys, t.q_buffers);
-        const int deeper = hopper_deeper_stages(head_dim, t.rows, t.keys, t.q_buffers, both);
+        const int both = hopper_stages(head_dim, t.rows, t.keys, t.q_buffers, cache);
+        const int deeper = hopper_deeper_stages(head_dim, t.rows, t.keys, t.q_buffers, cache, both);
         const bool v_deeper = !fp8_cache;
         t.stages = v_deeper ? deeper : both;
         t.k_stages = v_deeper ? both : deeper;
@@ -239,8 +253,7 @@ constexpr bool tile_instantiated(TileId id, int head_dim, CacheKind cache) {
     case TileId::hopper_short:
       // Head dims of whole 128-byte segments of 16-bit values (wgmma's swizzled regions) up to
       // 256, where both rings get two stages (not hopper_short at 256: K would get one). fp8
-      // caches too: their codes reach the stages as f16 (hopper_fill.cuh), so the stages are the
-      // 16-bit ones.
+      // caches too (their K codes in 64-byte-swizzled regions of 64 columns, V as f16).
       if (cache == CacheKind::nvfp4 || head_dim < 64 || head_dim % 64 != 0 || head_dim > 256) return false;
       {
         const TileConfig t = tile_config(id, head_dim, cache);

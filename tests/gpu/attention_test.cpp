@@ -351,10 +351,11 @@ TEST(VarlenHopper, TileCountsAndHeadSizes) {
       }
 }
 
-// ---- fp8 caches on the hopper kernel (codes converted to f16 by its producer): both formats,
-// bf16 queries (converted to f16 by each consumer warpgroup with its own factor; |q| up to 8)
-// and f16 ones, per-tensor and per-KV-head scales, GQA 1 and 4, block sizes 16 and 64, 1..10
-// tiles, causal or not, head size 112 padded to 128; every case must take the hopper kernel ------
+// ---- fp8 caches on the hopper kernel (S = Q K^T in fp8 on K's codes and Q quantised to e4m3 by
+// each consumer warpgroup with its own power-of-two factor; V's codes converted to f16 by the
+// producer): both formats, bf16 queries (|q| up to 8) and f16 ones (on the e4m3 grid, as every
+// fp8 case's: Problem), per-tensor and per-KV-head scales, GQA 1 and 4, block sizes 16 and 64,
+// 1..10 tiles, causal or not, head size 112 padded to 128; every case must take the hopper kernel
 
 // (case i of the grid below; the sanitizer grid takes a few too)
 Case fp8_hopper_case(int i, int head_size, int kv, bool causal) {

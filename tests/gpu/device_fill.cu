@@ -19,9 +19,11 @@ __device__ float hash_uniform(uint64_t seed, int64_t i) {  // splitmix64 -> [-1,
   return static_cast<float>(z >> 40) * (2.f / 16777216.f) - 1.f;
 }
 
-__global__ void fill_kernel(void* dst, DType dtype, int64_t n, uint64_t seed, float amp) {
+__global__ void fill_kernel(void* dst, DType dtype, int64_t n, uint64_t seed, float amp, bool e4m3_grid) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float x = amp * hash_uniform(seed, i);
+    float x = amp * hash_uniform(seed, i);
+    if (e4m3_grid)
+      x = __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3), __NV_E4M3)));
     switch (dtype) {
       case DType::f32: static_cast<float*>(dst)[i] = x; break;
       case DType::bf16: static_cast<__nv_bfloat16*>(dst)[i] = __float2bfloat16_rn(x); break;
@@ -35,11 +37,11 @@ __global__ void fill_kernel(void* dst, DType dtype, int64_t n, uint64_t seed, fl
 
 }  // namespace
 
-void fill_random_device(void* dst, DType dtype, int64_t n, uint64_t seed, float amp) {
+void fill_random_device(void* dst, DType dtype, int64_t n, uint64_t seed, float amp, bool e4m3_grid) {
   const bool ok = dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16 || is_fp8(dtype);
   ATTNKIT_REQUIRE(ok, "fill_random_device", "dtype", dtype_name(dtype), "must be f32, bf16, f16 or fp8");
   if (n == 0) return;
-  fill_kernel<<<1024, 256>>>(dst, dtype, n, seed, amp);
+  fill_kernel<<<1024, 256>>>(dst, dtype, n, seed, amp, e4m3_grid);
   ATTNKIT_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,7 +1,9 @@
 // The hopper generation's wgmma building blocks (src/cuda/wgmma_sm90.h, Swizzle128Tile of
 // paged_kv_tile.h) on one warpgroup: D (64 x N) = A (64 x K, registers) * B (K x N) with B in
 // 128-byte-swizzled shared memory, K-major (the K operand of S = Q K^T) and MN-major (the V
-// operand of O = P V), N = 64 / 128, K = 16 .. 128 (several swizzle regions). Inputs are small
+// operand of O = P V), N = 64 / 128, K = 16 .. 128 (several swizzle regions); and the fp8 form
+// (WgmmaSSFp8: A e4m3, B e4m3 or e5m2, both K-major in 64-byte-swizzled tiles, Swizzle64Tile of
+// tile_copy_layout.h, as S = Q K^T of the hopper kernel on fp8 caches). Inputs are small
 // integers, so every product and sum is exact in fp32: the result must match exactly.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -13,6 +15,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_buffer.h"
 #include "cuda/paged_kv_tile.h"
+#include "cuda/tile_copy_layout.h"
 #include "cuda/wgmma_sm90.h"
 #include "flash_attn/varlen_launch.h"
 #include "test_util.h"
@@ -105,6 +108,89 @@ void check_gemm(uint64_t seed) {
   EXPECT_TRUE(all_close(got, want, {64, kN}, 0.0, 0.0));
 }
 
+// a: [64][kK] e4m3 codes; b: [kN][kK] codes (e5m2 where kE5m2); d: [64][kN]. Both tiles
+// Swizzle64Tile (regions of 64 columns), k32 steps of 32 bytes inside a region's lines.
+template <int kN, int kK, bool kE5m2>
+__global__ void wgmma_fp8_kernel(const uint8_t* a, const uint8_t* b, float* d) {
+#if ATTNKIT_HAS_WGMMA
+  using namespace attnkit::cuda;
+  __shared__ __align__(1024) unsigned char ta[64 * kK];
+  __shared__ __align__(1024) unsigned char tb[kN * kK];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int i = tid; i < 64 * kK / 16; i += 128) {
+    const int row = i / (kK / 16), chunk = i % (kK / 16);
+    *reinterpret_cast<uint4*>(ta + Swizzle64Tile<64>::offset(row, chunk)) = *reinterpret_cast<const uint4*>(a + i * 16);
+  }
+  for (int i = tid; i < kN * kK / 16; i += 128) {
+    const int row = i / (kK / 16), chunk = i % (kK / 16);
+    *reinterpret_cast<uint4*>(tb + Swizzle64Tile<kN>::offset(row, chunk)) = *reinterpret_cast<const uint4*>(b + i * 16);
+  }
+  fence_proxy_async_smem();
+  __syncthreads();
+  FragC acc[kN / 8];
+  wgmma_fence();
+  const uint64_t da = smem_desc_sw64(smem_addr(ta), 512), db = smem_desc_sw64(smem_addr(tb), 512);
+#pragma unroll
+  for (int ks = 0; ks < kK / 32; ++ks)
+    WgmmaSSFp8<kE5m2, kN>::run(acc, smem_desc_advance(da, (ks / 2) * (64 * 64) + (ks % 2) * 32),
+                               smem_desc_advance(db, (ks / 2) * (kN * 64) + (ks % 2) * 32), ks > 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_hold(acc);
+  const int g = warp * 16 + lane / 4, t = lane % 4;
+#pragma unroll
+  for (int i = 0; i < kN / 8; ++i) {
+    d[g * kN + 8 * i + 2 * t] = acc[i].c[0];
+    d[g * kN + 8 * i + 2 * t + 1] = acc[i].c[1];
+    d[(g + 8) * kN + 8 * i + 2 * t] = acc[i].c[2];
+    d[(g + 8) * kN + 8 * i + 2 * t + 1] = acc[i].c[3];
+  }
+#endif
+}
+
+// The fp8 code of a small integer in [-3, 3].
+uint8_t small_fp8(int v, bool e5m2) {
+  static constexpr uint8_t kE4m3[4] = {0x00, 0x38, 0x40, 0x44}, kE5m2[4] = {0x00, 0x3C, 0x40, 0x42};
+  const uint8_t code = (e5m2 ? kE5m2 : kE4m3)[v < 0 ? -v : v];
+  return static_cast<uint8_t>(v < 0 ? code | 0x80 : code);
+}
+
+template <int kN, int kK, bool kE5m2>
+void check_fp8_gemm(uint64_t seed) {
+  SCOPED_TRACE(std::string("fp8 N ") + std::to_string(kN) + ", K " + std::to_string(kK) + (kE5m2 ? ", B e5m2" : ", B e4m3"));
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> small(-3, 3);
+  std::vector<uint8_t> a(64 * kK), b(kN * kK);
+  std::vector<float> af(a.size()), bf(b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    const int v = small(rng);
+    af[i] = static_cast<float>(v);
+    a[i] = small_fp8(v, false);
+  }
+  for (size_t i = 0; i < b.size(); ++i) {
+    const int v = small(rng);
+    bf[i] = static_cast<float>(v);
+    b[i] = small_fp8(v, kE5m2);
+  }
+  std::vector<float> want(64 * kN, 0.f);
+  for (int m = 0; m < 64; ++m)
+    for (int n = 0; n < kN; ++n) {
+      float s = 0.f;
+      for (int k = 0; k < kK; ++k) s += af[m * kK + k] * bf[n * kK + k];
+      want[m * kN + n] = s;
+    }
+  cuda::DeviceBuffer da(a.size()), db(b.size()), dd(want.size() * 4);
+  ATTNKIT_CUDA_CHECK(cudaMemcpy(da.get(), a.data(), a.size(), cudaMemcpyHostToDevice));
+  ATTNKIT_CUDA_CHECK(cudaMemcpy(db.get(), b.data(), b.size(), cudaMemcpyHostToDevice));
+  ATTNKIT_CUDA_CHECK(cudaMemset(dd.get(), 0xff, want.size() * 4));  // NaN poison
+  wgmma_fp8_kernel<kN, kK, kE5m2><<<1, 128>>>(da.as<uint8_t>(), db.as<uint8_t>(), dd.as<float>());
+  ATTNKIT_CUDA_CHECK(cudaGetLastError());
+  ATTNKIT_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> got(want.size());
+  ATTNKIT_CUDA_CHECK(cudaMemcpy(got.data(), dd.get(), got.size() * 4, cudaMemcpyDeviceToHost));
+  EXPECT_TRUE(all_close(got, want, {64, kN}, 0.0, 0.0));
+}
+
 class WgmmaSm90 : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -126,6 +212,17 @@ TEST_F(WgmmaSm90, MnMajorB) {
   check_gemm<128, 16, true>(8);
   check_gemm<128, 64, true>(9);
   check_gemm<128, 128, true>(10);
+}
+
+// The head dims of the hopper tiles (K = 64 .. 256: one to four regions), N = 64 / 128 keys.
+TEST_F(WgmmaSm90, Fp8KMajor) {
+  check_fp8_gemm<64, 32, false>(11);
+  check_fp8_gemm<128, 64, false>(12);
+  check_fp8_gemm<128, 128, false>(13);
+  check_fp8_gemm<64, 192, false>(14);
+  check_fp8_gemm<64, 256, false>(15);
+  check_fp8_gemm<128, 128, true>(16);
+  check_fp8_gemm<64, 256, true>(17);
 }
 
 }  // namespace
