@@ -112,6 +112,7 @@ void check_gemm(uint64_t seed) {
 // Swizzle64Tile (regions of 64 columns), k32 steps of 32 bytes inside a region's lines.
 template <int kN, int kK, bool kE5m2>
 __global__ void wgmma_fp8_kernel(const uint8_t* a, const uint8_t* b, float* d) {
+  static_assert(kK % 64 == 0, "whole 64-byte lines (Swizzle64Tile)");
 #if ATTNKIT_HAS_WGMMA
   using namespace attnkit::cuda;
   __shared__ __align__(1024) unsigned char ta[64 * kK];
@@ -214,9 +215,10 @@ TEST_F(WgmmaSm90, MnMajorB) {
   check_gemm<128, 128, true>(10);
 }
 
-// The head dims of the hopper tiles (K = 64 .. 256: one to four regions), N = 64 / 128 keys.
+// The head dims of the hopper tiles (K = 64 .. 256: one to four regions of whole 64-byte lines),
+// N = 64 / 128 keys.
 TEST_F(WgmmaSm90, Fp8KMajor) {
-  check_fp8_gemm<64, 32, false>(11);
+  check_fp8_gemm<64, 64, false>(11);
   check_fp8_gemm<128, 64, false>(12);
   check_fp8_gemm<128, 128, false>(13);
   check_fp8_gemm<64, 192, false>(14);
