@@ -26,6 +26,19 @@ namespace {
 using cuda::FragA;
 using cuda::FragC;
 
+// The warpgroup's m64 x kN accumulator -> d [64][kN] (each warp's 16 rows: mma.sync C fragments).
+template <int kN>
+__device__ void store_acc(const FragC (&acc)[kN / 8], float* d) {
+  const int lane = threadIdx.x & 31, g = (threadIdx.x >> 5) * 16 + lane / 4, t = lane % 4;
+#pragma unroll
+  for (int i = 0; i < kN / 8; ++i) {
+    d[g * kN + 8 * i + 2 * t] = acc[i].c[0];
+    d[g * kN + 8 * i + 2 * t + 1] = acc[i].c[1];
+    d[(g + 8) * kN + 8 * i + 2 * t] = acc[i].c[2];
+    d[(g + 8) * kN + 8 * i + 2 * t + 1] = acc[i].c[3];
+  }
+}
+
 // a: [64][kK] row-major; b: kMnMajor ? [kK][kN] : [kN][kK]; d: [64][kN].
 template <int kN, int kK, bool kMnMajor>
 __global__ void wgmma_gemm_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, float* d) {
@@ -69,13 +82,7 @@ __global__ void wgmma_gemm_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b
   wgmma_commit();
   wgmma_wait<0>();
   wgmma_hold(acc);
-#pragma unroll
-  for (int i = 0; i < kN / 8; ++i) {
-    d[g * kN + 8 * i + 2 * t] = acc[i].c[0];
-    d[g * kN + 8 * i + 2 * t + 1] = acc[i].c[1];
-    d[(g + 8) * kN + 8 * i + 2 * t] = acc[i].c[2];
-    d[(g + 8) * kN + 8 * i + 2 * t + 1] = acc[i].c[3];
-  }
+  store_acc<kN>(acc, d);
 #endif
 }
 
@@ -117,7 +124,7 @@ __global__ void wgmma_fp8_kernel(const uint8_t* a, const uint8_t* b, float* d) {
   using namespace attnkit::cuda;
   __shared__ __align__(1024) unsigned char ta[64 * kK];
   __shared__ __align__(1024) unsigned char tb[kN * kK];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x;
   for (int i = tid; i < 64 * kK / 16; i += 128) {
     const int row = i / (kK / 16), chunk = i % (kK / 16);
     *reinterpret_cast<uint4*>(ta + Swizzle64Tile<64>::offset(row, chunk)) = *reinterpret_cast<const uint4*>(a + i * 16);
@@ -138,14 +145,7 @@ __global__ void wgmma_fp8_kernel(const uint8_t* a, const uint8_t* b, float* d) {
   wgmma_commit();
   wgmma_wait<0>();
   wgmma_hold(acc);
-  const int g = warp * 16 + lane / 4, t = lane % 4;
-#pragma unroll
-  for (int i = 0; i < kN / 8; ++i) {
-    d[g * kN + 8 * i + 2 * t] = acc[i].c[0];
-    d[g * kN + 8 * i + 2 * t + 1] = acc[i].c[1];
-    d[(g + 8) * kN + 8 * i + 2 * t] = acc[i].c[2];
-    d[(g + 8) * kN + 8 * i + 2 * t + 1] = acc[i].c[3];
-  }
+  store_acc<kN>(acc, d);
 #endif
 }
 
