@@ -139,18 +139,22 @@ class Problem {
 // n device elements of `dtype` as floats (a synchronous copy).
 std::vector<float> download_as_float(const void* src, DType dtype, int64_t n);
 
+// Whether the plan computes S = Q K^T on the fp8 wgmma (the hopper kernel on an fp8 cache:
+// docs/architecture.md section 9): its logits carry the tensor core's fp8 accumulation error
+// (products summed at about 13 bits: at head size 192 / 256 the outputs came out up to 0.011
+// off, an LSE of 27 0.015 off).
+bool fp8_qk(const flash_attn::LaunchPlan& plan, DType cache);
+
 // Comparisons with a reference (shape: the row-major shape for reporting coordinates).
-// Output: |a - e| <= tol + tol |e| with tol 1e-2 (bf16) or 2e-3 (f16); LSE: 2e-3 + 1e-4 |e|, with
-// an fp8 cache 2e-3 + 1e-3 |e| (the hopper kernel's S = Q K^T on fp8 accumulates in the tensor
-// core's fp8 accumulator, about 2^-13 of the largest partial sum per k32 step: a logit of 27 at
-// head size 256 came out 0.015 off).
-// NaN never passes; a failure reports the worst element with its coordinates (all_close).
+// Output: |a - e| <= tol + tol |e| with tol 1e-2 (bf16) or 2e-3 (f16), 2e-2 for fp8 S (fp8_s:
+// fp8_qk); LSE: 2e-3 + 1e-4 |e|, 2e-3 + 1e-3 |e| for fp8 S. NaN never passes; a failure
+// reports the worst element with its coordinates (all_close).
 ::testing::AssertionResult outputs_match(DType dtype, const std::vector<float>& actual,
                                          const std::vector<float>& expected,
-                                         const std::vector<int64_t>& shape);
+                                         const std::vector<int64_t>& shape, bool fp8_s = false);
 ::testing::AssertionResult lse_match(const std::vector<float>& actual,
                                      const std::vector<float>& expected,
-                                     const std::vector<int64_t>& shape, DType cache = DType::bf16);
+                                     const std::vector<int64_t>& shape, bool fp8_s = false);
 
 // Random case builders used by the grids (deterministic in the seed; random_cases.cpp).
 Case random_small_case(uint64_t seed);

@@ -174,8 +174,10 @@ void check_planned(const Case& c, int slots, const flash_attn::LaunchTuning& tun
     const PlannedRun run = run_planned(p, k, slots, tuning);
     SCOPED_TRACE(std::string(k == PlanKernel::TensorCore ? "tensor-core plan" : "cuda-core plan") + ", tile_q " +
                  std::to_string(run.tile_q) + (run.split ? ", split" : ", unsplit"));
-    EXPECT_TRUE(outputs_match(c.dtype, run.result.out, ref.out, {T, H, c.head_size}));
-    if (c.want_lse) EXPECT_TRUE(lse_match(run.result.lse, ref.lse, {H, T}, c.cache_dtype));
+    // (an fp8 cache's prefill rows may run on the hopper kernel: fp8 S)
+    const bool q8 = is_fp8(c.cache_dtype) && c.max_query_len() > 1;
+    EXPECT_TRUE(outputs_match(c.dtype, run.result.out, ref.out, {T, H, c.head_size}, q8));
+    if (c.want_lse) EXPECT_TRUE(lse_match(run.result.lse, ref.lse, {H, T}, q8));
   }
 }
 
@@ -319,7 +321,7 @@ TEST_P(PlannedDecodeLargeGrid, SampledRowsMatchGpuReference) {
   const int64_t m = static_cast<int64_t>(rows.size());
   SCOPED_TRACE(std::string(run.split ? "split" : "unsplit") + " plan, tile_q " + std::to_string(run.tile_q));
   EXPECT_TRUE(outputs_match(c.dtype, out, ref_out, {m, D})) << "(sampled row index, dim)";
-  EXPECT_TRUE(lse_match(lse, ref_lse, {m}, c.cache_dtype)) << "(sampled row index)";
+  EXPECT_TRUE(lse_match(lse, ref_lse, {m})) << "(sampled row index)";
 }
 INSTANTIATE_TEST_SUITE_P(Seeds, PlannedDecodeLargeGrid, ::testing::Range(0, 12));
 

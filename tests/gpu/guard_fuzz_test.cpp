@@ -143,6 +143,7 @@ void fuzz_case(uint64_t seed, Tally& tally) {
       poison_device(lse.get(), T * H * 4, stream);
       flash_attn::varlen_workspace_init(a.workspace, a.workspace_bytes, stream);
       flash_attn::run_varlen_attention(a, v.tuning);
+      const bool q8 = fp8_qk(flash_attn::choose_launch(flash_attn::varlen_launch_facts(a), v.tuning), c.cache_dtype);
       ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));  // (a fault would be a CUDA error here)
       ++tally.runs;
       const DeviceErrors e = device_errors(stream);
@@ -160,7 +161,7 @@ void fuzz_case(uint64_t seed, Tally& tally) {
       }
       if (hit.empty()) {
         EXPECT_EQ(e.faults, 0) << e.describe();
-        EXPECT_TRUE(outputs_match(c.dtype, got, ref.out, {T, H, D}));
+        EXPECT_TRUE(outputs_match(c.dtype, got, ref.out, {T, H, D}, q8));
         continue;
       }
       EXPECT_GE(e.faults, 1) << "no violation recorded";
@@ -193,7 +194,7 @@ void fuzz_case(uint64_t seed, Tally& tally) {
             const int64_t at = t * row + h * D;
             const std::vector<float> g(got.begin() + at, got.begin() + at + D), r(ref.out.begin() + at, ref.out.begin() + at + D);
             if (std::all_of(g.begin(), g.end(), [](float x) { return std::isnan(x); })) continue;
-            EXPECT_TRUE(outputs_match(c.dtype, g, r, {1, 1, D})) << "token " << t << ", head " << h;
+            EXPECT_TRUE(outputs_match(c.dtype, g, r, {1, 1, D}, q8)) << "token " << t << ", head " << h;
           }
         }
       } else if (f != Fault::cu_decreasing) {  // (every row of a hit request: NaN or, past the grid, its poison)
@@ -204,7 +205,7 @@ void fuzz_case(uint64_t seed, Tally& tally) {
       for (int r : untouched) {
         const int64_t t0 = p.cu_seqlens()[r], t1 = p.cu_seqlens()[r + 1];
         if (t1 > t0) {
-          EXPECT_TRUE(outputs_match(c.dtype, token_rows(got, t0, t1, row), token_rows(ref.out, t0, t1, row), {t1 - t0, H, D}))
+          EXPECT_TRUE(outputs_match(c.dtype, token_rows(got, t0, t1, row), token_rows(ref.out, t0, t1, row), {t1 - t0, H, D}, q8))
               << "request " << r << ", next to the bad one";
         }
       }
