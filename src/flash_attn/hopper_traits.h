@@ -4,8 +4,9 @@
 // A CTA serves the same work item as the mma_sync kernels (varlen_schedule.cuh): 128 packed
 // query rows of one request and KV head (hopper_wide: 192), all K/V tiles of one split. Two
 // consumer warpgroups (hopper_wide: three) own 64 rows each; every warp of a warpgroup holds 16
-// rows, the layout the mma_sync epilogue and softmax already use. Q and the K/V tiles of 128 keys arrive by cp.async (K/V through the
-// block table) in 128-byte-swizzled shared memory that wgmma reads by descriptor; P stays in
+// rows, the layout the mma_sync epilogue and softmax already use. Q and the K/V tiles
+// arrive by cp.async or TMA (K/V through the page map) in 128-byte-swizzled shared memory that
+// wgmma reads by descriptor (fp8 K codes and the e4m3 Q copy: 64-byte-swizzled); P stays in
 // registers (the A operand of O = P V).
 #pragma once
 #include <cuda_fp16.h>
