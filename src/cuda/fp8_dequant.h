@@ -72,14 +72,16 @@ __device__ __forceinline__ void fp8x4_to_f16x4(uint32_t four, uint32_t& lo, uint
   hi = fp8x2_to_f16x2<kFmt>(four >> 16);
 }
 
-// With an fp8 cache the MMAs run in f16, so a bf16 Q tile is converted to f16 times a power of
-// two: the one that puts the tile's largest |q| (max_abs) in [2^14, 2^15), f16's top octave
-// (exact scaling; 1 for an all-zero or non-finite tile). The caller divides the softmax scale by it.
-__device__ __forceinline__ float f16_range_factor(float max_abs) {
+// The power of two that puts a tile's largest |value| (max_abs) in [2^(top - 1), 2^top) (exact
+// scaling; 1 for an all-zero or non-finite tile). The caller divides the softmax scale by it.
+__device__ __forceinline__ float pow2_range_factor(float max_abs, int top) {
   int e = 0;
   frexpf(max_abs, &e);  // max_abs < 2^e
-  return (max_abs > 0.f && max_abs <= 3.0e38f) ? ldexpf(1.f, 15 - e) : 1.f;
+  return (max_abs > 0.f && max_abs <= 3.0e38f) ? ldexpf(1.f, top - e) : 1.f;
 }
+// With an fp8 cache the mma_sync MMAs run in f16, so a bf16 Q tile is converted to f16 times the
+// factor that puts its largest |q| in f16's top octave, [2^14, 2^15).
+__device__ __forceinline__ float f16_range_factor(float max_abs) { return pow2_range_factor(max_abs, 15); }
 
 // ---- MMA fragments straight from fp8 tiles in shared memory (no dequantised copy) -------------
 // Tiles are [key][dim] fp8 codes laid out by L (kv_smem_layout.h). The fragments are f16.

@@ -197,9 +197,7 @@ __device__ __forceinline__ float q_rows_to_e4m3(const unsigned char* q16, unsign
   if ((wg_tid & 31) == 0) s_max[wg * 4 + wg_tid / 32] = mx;
   cuda::named_bar_sync(Tr::group_bar(wg), 128);
   mx = fmaxf(fmaxf(s_max[wg * 4], s_max[wg * 4 + 1]), fmaxf(s_max[wg * 4 + 2], s_max[wg * 4 + 3]));
-  int e = 0;
-  frexpf(mx, &e);  // mx in [2^(e-1), 2^e)
-  const float factor = (mx > 0.f && mx <= 3.0e38f) ? ldexpf(1.f, 8 - e) : 1.f;
+  const float factor = cuda::pow2_range_factor(mx, 8);  // (largest |q| to [128, 256))
 #pragma unroll 1
   for (int u = wg_tid; u < kUnits; u += 128) {
     uint32_t codes[4];

@@ -134,11 +134,10 @@ constexpr int hopper_v_stage_bytes(int head_dim, int keys) { return keys * head_
 constexpr int hopper_q_bytes(int head_dim, int rows, int q_buffers, CacheKind cache) {
   return q_buffers * rows * head_dim * 2 + (cache == CacheKind::fp8 ? rows * head_dim : 0);
 }
-// The rings' depths: both take as many (K, V) stage pairs as the shared memory holds next to the
-// Q bytes, at most 4 (hopper_stages): 4 / 3 / 3 / 2 at head dims 64 / 128 / 192 / 256 with one
-// 16-bit Q buffer, 4 / 2 / 2 / 1 with two. One ring then takes what is left, up to 4
-// (hopper_deeper_stages): one stage more at 192 / 256 with one Q buffer and at 128 / 192 with
-// two. That is the V ring (a V stage is held one step longer than a K one, from its load to the
+// The rings' depths (hopper_rings): both take as many (K, V) stage pairs as the shared memory
+// holds next to the Q bytes, at most 4: 4 / 3 / 3 / 2 at head dims 64 / 128 / 192 / 256 with one
+// 16-bit Q buffer, 4 / 2 / 2 / 1 with two. One ring then takes what is left, up to 4: one stage
+// more at 192 / 256 with one Q buffer and at 128 / 192 with two. That is the V ring (a V stage is held one step longer than a K one, from its load to the
 // P V after the S that freed K; both are loaded together), but with fp8 caches the K ring, whose
 // stages are half a V stage (fp8: K 4 / 4 / 4 / 4, V 4 / 3 / 4 / 2 with one Q buffer; an fp8 V
 // stage is converted one call late, after the next side's stage is acquired: hopper_fill.cuh,
@@ -148,15 +147,15 @@ constexpr int hopper_ring_depth(int bytes_left, int stage_bytes) {
   const int stages = bytes_left / stage_bytes;
   return stages < 4 ? stages : 4;
 }
-constexpr int hopper_stages(int head_dim, int rows, int keys, int q_buffers, CacheKind cache) {
-  return hopper_ring_depth(kHopperSmemBytes - hopper_q_bytes(head_dim, rows, q_buffers, cache),
-                           hopper_k_stage_bytes(head_dim, keys, cache) + hopper_v_stage_bytes(head_dim, keys));
-}
-// The deeper ring's depth (K with fp8 caches, else V), the other ring having `both` stages.
-constexpr int hopper_deeper_stages(int head_dim, int rows, int keys, int q_buffers, CacheKind cache, int both) {
+struct HopperRings {
+  int k, v;  // stages of the K ring and of the V ring
+};
+constexpr HopperRings hopper_rings(int head_dim, int rows, int keys, int q_buffers, CacheKind cache) {
   const int k = hopper_k_stage_bytes(head_dim, keys, cache), v = hopper_v_stage_bytes(head_dim, keys);
-  const int tile = cache == CacheKind::fp8 ? k : v, other = cache == CacheKind::fp8 ? v : k;
-  return hopper_ring_depth(kHopperSmemBytes - hopper_q_bytes(head_dim, rows, q_buffers, cache) - both * other, tile);
+  const int left = kHopperSmemBytes - hopper_q_bytes(head_dim, rows, q_buffers, cache);
+  const int both = hopper_ring_depth(left, k + v);
+  if (cache == CacheKind::fp8) return {hopper_ring_depth(left - both * v, k), both};
+  return {both, hopper_ring_depth(left - both * k, v)};
 }
 
 constexpr TileConfig tile_config(TileId id, int head_dim, CacheKind cache) {
@@ -204,7 +203,7 @@ constexpr TileConfig tile_config(TileId id, int head_dim, CacheKind cache) {
       // under the two others' GEMMs, where at 64 one tile's GEMMs are too short to hide it; its
       // consumers get 160 registers: DECISIONS.md, Hopper: three consumer warpgroups at head
       // dim 64). The K and V rings take as many stages as the sm90 opt-in shared memory holds
-      // next to the Q buffers (hopper_stages, hopper_deeper_stages).
+      // next to the Q buffers (hopper_rings).
       t = {"hopper", Generation::hopper, 128, 4, 2, 1, head_dim <= 128 ? 128 : 64, 0, 1, KvFill::cp_async, false, 1};
       if (id == TileId::hopper_short) {
         t.name = "hopper_short";
@@ -217,11 +216,9 @@ constexpr TileConfig tile_config(TileId id, int head_dim, CacheKind cache) {
       }
       if (cache == CacheKind::fp8) t.fill = KvFill::convert;  // (raw K codes; V converted to f16)
       {
-        const int both = hopper_stages(head_dim, t.rows, t.keys, t.q_buffers, cache);
-        const int deeper = hopper_deeper_stages(head_dim, t.rows, t.keys, t.q_buffers, cache, both);
-        const bool v_deeper = !fp8_cache;
-        t.stages = v_deeper ? deeper : both;
-        t.k_stages = v_deeper ? both : deeper;
+        const HopperRings rings = hopper_rings(head_dim, t.rows, t.keys, t.q_buffers, cache);
+        t.k_stages = rings.k;
+        t.stages = rings.v;
       }
       break;
   }
