@@ -2,11 +2,12 @@
 // at every hopper tile shape, the copying threads cover each (row, chunk) of a K/V tile exactly
 // once, each copy's address (first address + Columns::at's XOR and step) is where the 128-byte
 // swizzle puts that chunk, and the pattern's thread counts are the ones the kernel relies on.
-// The fp8 convert fill walks the same pattern over chunk pairs: its f16 outputs cover every
-// chunk of a tile once, at the addresses the swizzle says; its raw K codes cover every chunk of
-// the 64-byte-swizzled fp8 K tile once.
+// The fp8 convert fill walks the same pattern over chunk pairs: its V copies cover every chunk
+// of the staged rows once, its raw K codes every chunk of the 64-byte-swizzled fp8 K tile once;
+// its V transpose covers the staged words and the Vt tile once, without bank conflicts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <set>
 #include <string>
@@ -99,14 +100,14 @@ TEST(TileCopyLayout, GroupColumnsOtherShapes) {
 }
 
 // The fp8 convert fill (flash_attn/hopper_fill.cuh HopperConvertFill): columns are chunk pairs p
-// (P = head dim / 32); the thread of pair p writes the f16 row chunks 2p, 2p + 1 (from code
-// chunk p) and 2(P + p), 2(P + p) + 1 (code chunk P + p, converted in place), stepping from its
-// first row's chunks 2(P + p) and 2p by Columns::at, the odd chunk by flipping bit 4.
+// (P = head dim / 32); the thread of pair p copies V's code chunks p and P + p of its rows into
+// the staged rows (row-major, kHeadDim bytes a line, key k at line Fp8VTranspose::stage_line(k)),
+// stepping from its first row's address by kPhases lines.
 template <int kTileRows, int kPairs, int kMaxThreads>
 void check_pair_pattern(int expect_group_threads, int expect_phases) {
   using C = GroupColumns<kTileRows, kPairs, kMaxThreads>;
-  using L = Swizzle128Tile<kTileRows>;
-  constexpr int kChunks = 4 * kPairs;  // 16-bit row chunks
+  constexpr int kHeadDim = 32 * kPairs, kChunks = 2 * kPairs;  // 16-byte code chunks of a row
+  using X = attnkit::cuda::Fp8VTranspose<kHeadDim, kTileRows>;
   const std::string shape = std::to_string(kTileRows) + " rows x " + std::to_string(kPairs) + " pairs";
   EXPECT_EQ(C::kGroupThreads, expect_group_threads) << shape;
   EXPECT_EQ(C::kPhases, expect_phases) << shape;
@@ -116,29 +117,26 @@ void check_pair_pattern(int expect_group_threads, int expect_phases) {
   std::string first_wrong;
   for (int tid = 0; tid < C::kThreads; ++tid) {
     const auto c = C::of(tid);
-    const uint32_t hi0 = L::offset(C::row(c, 0), 2 * (kPairs + c.column)), lo0 = L::offset(C::row(c, 0), 2 * c.column);
+    const uint32_t first = static_cast<uint32_t>(X::stage_line(C::row(c, 0)) * kHeadDim + c.column * 16);
     for (int i = 0; i < C::kRowsPerThread; ++i) {
       const int row = C::row(c, i);
       ASSERT_TRUE(row >= 0 && row < kTileRows && row / 16 == c.group) << shape << " tid " << tid << " copy " << i;
-      for (uint32_t base : {0u, 3u * 1024u}) {
-        const uint32_t hi = C::at(base + hi0, i), lo = C::at(base + lo0, i);
-        const int chunks[4] = {2 * (kPairs + c.column), 2 * (kPairs + c.column) + 1, 2 * c.column, 2 * c.column + 1};
-        const uint32_t got[4] = {hi, hi ^ 16u, lo, lo ^ 16u};
-        for (int k = 0; k < 4; ++k) {
-          const uint32_t want = base + L::offset(row, chunks[k]);
-          if (got[k] != want && wrong++ == 0)
-            first_wrong = "tid " + std::to_string(tid) + " copy " + std::to_string(i) + " (row " + std::to_string(row) +
-                          ", chunk " + std::to_string(chunks[k]) + ", base " + std::to_string(base) +
-                          "): " + std::to_string(got[k]) + " instead of " + std::to_string(want);
-          if (base == 0) ++hits[static_cast<size_t>(row) * kChunks + chunks[k]];
-        }
+      const int chunks[2] = {c.column, kPairs + c.column};
+      for (int k = 0; k < 2; ++k) {
+        const uint32_t got = first + static_cast<uint32_t>(i * C::kPhases * kHeadDim + k * kHeadDim / 2);
+        const uint32_t want = static_cast<uint32_t>(X::stage_line(row) * kHeadDim + chunks[k] * 16);
+        if (got != want && wrong++ == 0)
+          first_wrong = "tid " + std::to_string(tid) + " copy " + std::to_string(i) + " (row " + std::to_string(row) +
+                        ", chunk " + std::to_string(chunks[k]) + "): " + std::to_string(got) + " instead of " +
+                        std::to_string(want);
+        ++hits[static_cast<size_t>(X::stage_line(row)) * kChunks + chunks[k]];
       }
     }
   }
   EXPECT_EQ(wrong, 0) << shape << ": wrong addresses, the first at " << first_wrong;
   int bad = 0;
-  const std::string first_bad = not_once(hits, kTileRows, kChunks, "written", bad);
-  EXPECT_EQ(bad, 0) << shape << ": f16 chunks not written exactly once, the first: " << first_bad;
+  const std::string first_bad = not_once(hits, kTileRows, kChunks, "copied", bad);
+  EXPECT_EQ(bad, 0) << shape << ": staged chunks not copied exactly once, the first: " << first_bad;
 }
 
 // fp8 rows: head dim / 32 chunk pairs; 96 threads copy at head dim 192.
@@ -198,6 +196,83 @@ void check_k_code_pattern() {
   int bad = 0;
   const std::string first_bad = not_once(hits, kTileRows, kChunks, "copied", bad);
   EXPECT_EQ(bad, 0) << shape << ": code chunks not copied exactly once, the first: " << first_bad;
+}
+
+// The V transpose (cuda::Fp8VTranspose, run by HopperConvertFill::finish): slot order is the
+// one that lets P's A fragment be packed from S's accumulator in place; the units cover every
+// staged word and every Vt chunk once; the most distinct addresses of a warp's load (4 bytes)
+// on one bank, and of a store's (16 bytes) 8-lane phase on one 16-byte bank slot, is 1.
+template <int kHeadDim, int kKeys>
+void check_v_transpose() {
+  using X = attnkit::cuda::Fp8VTranspose<kHeadDim, kKeys>;
+  const std::string shape = "head dim " + std::to_string(kHeadDim) + ", " + std::to_string(kKeys) + " keys";
+  // Lane (g, t) of an accumulator holds keys 2t, 2t + 1 of each 8-key chunk; its A registers
+  // 0 / 2 pack chunks 0, 1 / 2, 3 of a k32 step: slots 4t .. 4t + 3 (+ 16).
+  for (int step = 0; step < kKeys / 32; ++step)
+    for (int t = 0; t < 4; ++t)
+      for (int half = 0; half < 2; ++half) {
+        const int keys[4] = {2 * t, 2 * t + 1, 8 + 2 * t, 9 + 2 * t};
+        for (int i = 0; i < 4; ++i) {
+          const int slot = 32 * step + 16 * half + 4 * t + i;
+          EXPECT_EQ(X::slot_key(slot), 32 * step + 16 * half + keys[i]) << shape << ": slot " << slot;
+        }
+      }
+  std::vector<int> read(static_cast<size_t>(kKeys) * X::kQuads, 0), written(static_cast<size_t>(kHeadDim) * X::kGroups, 0);
+  std::set<uint32_t> vt_chunks;
+  int worst_load = 0, worst_store = 0;
+  std::string worst_load_at, worst_store_at;
+  for (int u0 = 0; u0 < X::kUnits; u0 += 32) {  // a warp's 32 consecutive units
+    const int lanes = std::min(32, X::kUnits - u0);
+    for (int j = 0; j < 16; ++j) {  // load j: key 16g + j, word q
+      std::vector<std::set<uint32_t>> bank(32);
+      for (int l = 0; l < lanes; ++l) {
+        const int u = u0 + l, g = u / X::kQuads, q = u % X::kQuads, key = 16 * g + j;
+        const uint32_t at = static_cast<uint32_t>(X::stage_line(key) * kHeadDim + 4 * q);
+        bank[at / 4 % 32].insert(at);
+        ++read[static_cast<size_t>(key) * X::kQuads + q];
+      }
+      for (int b = 0; b < 32; ++b)
+        if (static_cast<int>(bank[b].size()) > worst_load) {
+          worst_load = static_cast<int>(bank[b].size());
+          worst_load_at = "units " + std::to_string(u0) + "+, load " + std::to_string(j);
+        }
+    }
+    for (int s = 0; s < 4; ++s)
+      for (int ph = 0; ph < lanes; ph += 8) {  // store s, by 8-lane phases
+        std::vector<std::set<uint32_t>> slot(8);
+        for (int l = ph; l < std::min(ph + 8, lanes); ++l) {
+          const int u = u0 + l, g = u / X::kQuads, q = u % X::kQuads, d = X::dim_of(q, s);
+          ASSERT_TRUE(d / 4 == q) << shape;
+          const uint32_t at = X::vt_offset(d, g);
+          ASSERT_EQ(at % 16, 0u);
+          ASSERT_LT(at, static_cast<uint32_t>(X::kStageBytes)) << shape << ": line " << d << ", chunk " << g;
+          slot[at / 16 % 8].insert(at);
+          vt_chunks.insert(at);
+          ++written[static_cast<size_t>(d) * X::kGroups + g];
+        }
+        for (int b = 0; b < 8; ++b)
+          if (static_cast<int>(slot[b].size()) > worst_store) {
+            worst_store = static_cast<int>(slot[b].size());
+            worst_store_at = "units " + std::to_string(u0) + "+, store " + std::to_string(s) + ", lanes " +
+                             std::to_string(ph) + "+";
+          }
+      }
+  }
+  int bad = 0;
+  std::string first_bad = not_once(read, kKeys, X::kQuads, "read", bad);
+  EXPECT_EQ(bad, 0) << shape << ": staged words not read exactly once, the first: " << first_bad;
+  first_bad = not_once(written, kHeadDim, X::kGroups, "written", bad);
+  EXPECT_EQ(bad, 0) << shape << ": Vt chunks not written exactly once, the first: " << first_bad;
+  EXPECT_EQ(vt_chunks.size(), static_cast<size_t>(kHeadDim * X::kGroups)) << shape << ": Vt chunks overlap";
+  EXPECT_EQ(worst_load, 1) << shape << ": a load's bank conflict at " << worst_load_at;
+  EXPECT_EQ(worst_store, 1) << shape << ": a store's bank conflict at " << worst_store_at;
+}
+
+TEST(TileCopyLayout, Fp8VTransposeCoversAndIsConflictFree) {
+  check_v_transpose<64, 128>();
+  check_v_transpose<128, 128>();
+  check_v_transpose<192, 64>();
+  check_v_transpose<256, 64>();
 }
 
 TEST(TileCopyLayout, Fp8KTilesSwizzle64) {

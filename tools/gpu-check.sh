@@ -100,7 +100,7 @@ BUILD_OK=1
 if want build; then
   need_tests=0 tests_flag=OFF bench_flag=OFF
   if want cpu || want gpu || want sanitizer; then need_tests=1 tests_flag=ON; fi
-  if want bench || want profile; then bench_flag=ON; fi
+  if want bench || want profile || want patches; then bench_flag=ON; fi
   cmake_args=(-S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNKIT_CUDA=ON
               "-DATTNKIT_TESTS=$tests_flag" "-DATTNKIT_BENCH=$bench_flag"
               -DCMAKE_CUDA_ARCHITECTURES=90a

@@ -115,6 +115,12 @@ def tol(dtype):
     return {torch.float16: (3e-3, 3e-3), torch.bfloat16: (2e-2, 2e-2), torch.float32: (1e-4, 1e-4)}[dtype]
 
 
+# Outputs of the hopper prefill kernel on fp8 caches: both GEMMs on the fp8 wgmma, P rounded to
+# e4m3 (each within 2^-4 relative: an output within 2^-4 of the P-weighted mean |v|; these
+# batches' V is N(0, 1)).
+FP8_WGMMA_TOL = (8e-2, 2e-2)
+
+
 class TorchBatch:
     """A paged batch of torch tensors: kv_cache [num_blocks, 2, block_size, Hkv, D] (NHD) or
     [num_blocks, 2, Hkv, block_size, D] (HND); the paged views are kv_cache[:, 0] / [:, 1]."""
@@ -145,6 +151,7 @@ class TorchBatch:
             cache = cache.to(dtype)
         self.kv_cache = cache
         self.layout = layout
+        self.fp8 = fp8
         self.to(device)
 
     def to(self, device):
@@ -173,7 +180,7 @@ KV_LENS = [1, 17, 100, 257, 600, 33, 37, 300, 500, 64]
 
 def check(b, got, exp, what):
     out, lse = got
-    atol, rtol = tol(b.q.dtype)
+    atol, rtol = FP8_WGMMA_TOL if b.fp8 and b.q.is_cuda else tol(b.q.dtype)
     assert out.dtype == b.q.dtype and out.device == b.q.device
     assert_close_t(out, exp[0], atol, rtol, f"{what} out")
     assert_close_t(lse, exp[1].to(torch.float32), 2e-3, 2e-3, f"{what} lse")
@@ -1070,10 +1077,19 @@ def test_cuda_soak_engine_path():
                                       torch.arange(blocks[r], dtype=torch.int32, device="cuda").view(1, -1),
                                       causal=True)[0]
                 atol, rtol = tol(dt)
+                bound = atol + rtol * exp.abs()
                 if kc.dtype == torch.float8_e4m3fn:
-                    atol, rtol = 2 * atol, 2 * rtol
+                    # (its prefills run the hopper kernel's fp8 GEMMs: Q quantised, and P rounded to
+                    # e4m3 before P V, each weight within 2^-4 relative, so an output is within 2^-4
+                    # of the attention over |V|: a row that weighs a few large values, as these short
+                    # requests over N(0, 1) values do, errs by up to ~0.15)
+                    cu1 = torch.tensor([0, q1 - q0], dtype=torch.int32)
+                    tab1 = torch.arange(blocks[r], dtype=torch.int32, device="cuda").view(1, -1)
+                    over_abs = torch_attention(qt[q0:q1], kc, vc.to(torch.float64).abs(), cu1, seq[r:r + 1], tab1,
+                                               causal=True)[0]
+                    bound = 2 * bound + 2.0 ** -4 * over_abs
                 a = out[q0:q1].double()
-                if not torch.isfinite(a).all() or ((a - exp).abs() > atol + rtol * exp.abs()).any():
+                if not torch.isfinite(a).all() or ((a - exp).abs() > bound).any():
                     worst = float((a - exp).abs().max()) if torch.isfinite(a).all() else float("nan")
                     found.append(f"batch {i} ({layer.backend}, H {H}/{Hkv}, D {D}, {kc.dtype}, block {bs}) "
                                  f"request {r} of q {q_lens} kv {kv_lens}: max |error| {worst}")

@@ -17,6 +17,12 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t src) {
   return v;
 }
 
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t src) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(src) : "memory");
+  return v;
+}
+
 __device__ __forceinline__ void st_shared_v4(uint32_t dst, uint4 v) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");

@@ -59,10 +59,16 @@ __device__ __forceinline__ void tile_row_max(const FragC (&s)[N], float (&m)[2])
 struct RowSoftmax {
   float max[2];  // running row maximum in score units (-inf: nothing visible yet)
   float sum[2];  // this thread's partial of sum(exp2((s - max) * unit))
+  // P's scale, log2: P = 2^p_log2 exp2((S - max) * unit), the sums alike (free: one FFMA's
+  // addend); finish() takes it back out of the maxima, so LSE and the normalised rows are as
+  // without. fp8 P (the hopper kernel on fp8 caches) takes 8: P in [0, 256], e4m3's normal
+  // range reaching 2^-14 of the row maximum instead of 2^-6.
+  float p_log2;
 
-  __device__ __forceinline__ void init() {
+  __device__ __forceinline__ void init(float p_log2_scale = 0.f) {
     max[0] = max[1] = -INFINITY;
     sum[0] = sum[1] = 0.f;
+    p_log2 = p_log2_scale;
   }
 
   // Folds one tile of scores into the state: S becomes P = exp2((S - max) * unit) in place
@@ -81,6 +87,7 @@ struct RowSoftmax {
       rescale[r] = fast_exp2(max[r] * unit - base[r]);  // old max -inf -> 0 (accumulators are 0 too)
       max[r] = m[r];
       sum[r] *= rescale[r];
+      base[r] -= p_log2;
     }
 #pragma unroll
     for (int i = 0; i < N; ++i) {
@@ -97,7 +104,7 @@ struct RowSoftmax {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       row_sum[r] = Lay::reduce_sum(sum[r]);
-      max_log2[r] = max[r] == -INFINITY ? -INFINITY : max[r] * unit;
+      max_log2[r] = max[r] == -INFINITY ? -INFINITY : max[r] * unit - p_log2;
     }
   }
 };

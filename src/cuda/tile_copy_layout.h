@@ -82,4 +82,43 @@ struct GroupColumns {
   }
 };
 
+
+// O += P V on fp8 codes (the hopper kernel on fp8 caches): the fp8 wgmma reads both operands
+// K-major, so V's tile of kKeys keys x kHeadDim codes is transposed by the producer from a
+// staging area into the "Vt" tile of kHeadDim lines of kKeys codes (the keys in slot order,
+// below), which the wgmma reads as B (128-byte-swizzled lines at 128 keys, 64-byte ones at 64).
+//
+// Slot order: P, the A operand, comes from registers, made of S's accumulator without moving a
+// value between lanes. An m64nNk32 fp8 A fragment gives lane (g, t) of a warp row g (and g + 8),
+// k slots 4t .. 4t + 3 and 16 + 4t .. 16 + 4t + 3; S's accumulator gives it keys 2t, 2t + 1 of
+// each 8-key chunk. So slot 4t + i of a 16-slot half holds key 2t + (i & 1) + 8 (i >> 1) of
+// the half's 16 keys (slot_key): a register packs S's chunks 2c and 2c + 1 (c_quad_to_a_e4m3),
+// and Vt's column of that slot holds that key.
+//
+// The transposition unit: 16 keys (one 16-key group g) x 4 head dims (quad q) per thread, read
+// as 16 4-byte words (word q of each key's staged row) and written as 4 16-byte Vt chunks
+// (chunk g of lines 4q .. 4q + 3). Staging rows are kHeadDim bytes, key k at line stage_line(k):
+// the odd groups' even and odd rows swapped, so that a warp reading two groups' rows (head dims
+// 64 and 192) hits both halves of the banks. A warp's 8-lane phases store consecutive quads, and
+// lane q stores its dims in rotated order (dim_of: step s, dim 4q + (s + q / 2) % 4), so that
+// the 8 lines of a phase land on 8 distinct 16-byte bank slots in either swizzle.
+template <int kHeadDim, int kKeys>
+struct Fp8VTranspose {
+  static_assert(kKeys == 128 || kKeys == 64, "Vt lines of 128 or 64 keys");
+  static constexpr int kQuads = kHeadDim / 4, kGroups = kKeys / 16;
+  static constexpr int kUnits = kGroups * kQuads;  // (group, quad) units of a tile
+  static constexpr int kStageBytes = kHeadDim * kKeys;  // the staged codes; Vt the same
+  ATTNKIT_LAYOUT_FN int slot_key(int slot) {
+    const int i = slot & 3;
+    return (slot & ~15) + 2 * ((slot & 15) >> 2) + (i & 1) + 8 * (i >> 1);
+  }
+  ATTNKIT_LAYOUT_FN int stage_line(int key) { return key ^ ((key >> 4) & 1); }
+  ATTNKIT_LAYOUT_FN int dim_of(int quad, int s) { return 4 * quad + ((s + (quad >> 1)) & 3); }
+  // Vt: line d (a head dim), 16-byte chunk g (slots 16g .. 16g + 15).
+  ATTNKIT_LAYOUT_FN uint32_t vt_offset(int d, int g) {
+    if constexpr (kKeys == 128) return Swizzle128Tile<kHeadDim>::offset(d, g);
+    else return Swizzle64Tile<kHeadDim>::offset(d, g);
+  }
+};
+
 }  // namespace attnkit::cuda

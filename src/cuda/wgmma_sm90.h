@@ -1,6 +1,6 @@
 // Warpgroup tensor-core vocabulary of the hopper generation (sm_90a only): shared-memory matrix
 // descriptors for 128- and 64-byte-swizzled tiles, wgmma.mma_async (16-bit with A from registers
-// or shared memory, fp8 with both from shared memory), and the fences that order it against
+// or shared memory, fp8 with A from registers or shared memory), and the fences that order it against
 // ordinary code.
 //
 // Layout of a tile the descriptors describe ("Swizzle128Tile"): the tile's rows (keys) are
@@ -19,6 +19,7 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -88,6 +89,10 @@ struct WgmmaSS;
 // both K-major by descriptor from 64-byte-swizzled tiles (kN = 64 / 128).
 template <bool kBE5m2, int kN>
 struct WgmmaSSFp8;
+// D (m64 x kN, fp32) += A (m64 x k32, e4m3 codes in four registers: c_quad_to_a_e4m3) * B (k32 x
+// kN, e4m3 or e5m2 codes), B K-major by descriptor (kN = 64 / 128).
+template <bool kBE5m2, int kN>
+struct WgmmaRSFp8;
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define ATTNKIT_HAS_WGMMA 1
@@ -166,6 +171,25 @@ ATTNKIT_WGMMA_SS_FP8(64, false, "e4m3", "34", "%32, %33, p, 1, 1")
 ATTNKIT_WGMMA_SS_FP8(64, true, "e5m2", "34", "%32, %33, p, 1, 1")
 ATTNKIT_WGMMA_SS_FP8(128, false, "e4m3", "66", "%64, %65, p, 1, 1")
 ATTNKIT_WGMMA_SS_FP8(128, true, "e5m2", "66", "%64, %65, p, 1, 1")
+// fp8 RS: the same with A in four registers.
+#define ATTNKIT_WGMMA_RS_FP8(N, B_E5M2, B_TYPE, PRED, OPERANDS)                                    \
+  template <>                                                                                   \
+  struct WgmmaRSFp8<B_E5M2, N> {                                                                \
+    __device__ __forceinline__ static void run(FragC (&d)[N / 8], const FragA& a, uint64_t desc_b, \
+                                               bool accumulate) {                               \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" PRED ", 0;\n"                             \
+                   "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3." B_TYPE " {" ATTNKIT_WGMMA_R##N \
+                   "}, " OPERANDS ";\n}\n"                                                       \
+                   : ATTNKIT_WGMMA_D##N                                                        \
+                   : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(desc_b),          \
+                     "r"(static_cast<int>(accumulate)));                                       \
+    }                                                                                           \
+  };
+ATTNKIT_WGMMA_RS_FP8(64, false, "e4m3", "37", "{%32,%33,%34,%35}, %36, p, 1, 1")
+ATTNKIT_WGMMA_RS_FP8(64, true, "e5m2", "37", "{%32,%33,%34,%35}, %36, p, 1, 1")
+ATTNKIT_WGMMA_RS_FP8(128, false, "e4m3", "69", "{%64,%65,%66,%67}, %68, p, 1, 1")
+ATTNKIT_WGMMA_RS_FP8(128, true, "e5m2", "69", "{%64,%65,%66,%67}, %68, p, 1, 1")
+#undef ATTNKIT_WGMMA_RS_FP8
 #undef ATTNKIT_WGMMA_SS_FP8
 #undef ATTNKIT_WGMMA_SS
 #undef ATTNKIT_WGMMA_RS
@@ -176,6 +200,23 @@ ATTNKIT_WGMMA_SS_FP8(128, true, "e5m2", "66", "%64, %65, p, 1, 1")
 #undef ATTNKIT_WGMMA_D64
 #undef ATTNKIT_WGMMA_F4
 #endif  // ATTNKIT_HAS_WGMMA
+
+// The A fragment of an fp8 k32 step (P over 32 keys in slot order: cuda::Fp8VTranspose,
+// tile_copy_layout.h) from the fp32 C fragments of its four n8 chunks, rounded to e4m3
+// (saturating): register j packs chunks 2 (j / 2) and 2 (j / 2) + 1 of row g (j even) or g + 8.
+__device__ __forceinline__ FragA c_quad_to_a_e4m3(const FragC& c0, const FragC& c1, const FragC& c2, const FragC& c3) {
+  auto pack4 = [](float a, float b, float c, float d) {
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+    return lo | (hi << 16);
+  };
+  FragA a;
+  a.r[0] = pack4(c0.c[0], c0.c[1], c1.c[0], c1.c[1]);
+  a.r[1] = pack4(c0.c[2], c0.c[3], c1.c[2], c1.c[3]);
+  a.r[2] = pack4(c2.c[0], c2.c[1], c3.c[0], c3.c[1]);
+  a.r[3] = pack4(c2.c[2], c2.c[3], c3.c[2], c3.c[3]);
+  return a;
+}
 
 // Four 8x8 b16 matrices from registers into shared memory (stmatrix): lane i gives the address
 // of row i % 8 of matrix i / 8 (16 contiguous bytes); register j of lane i holds row i / 4,

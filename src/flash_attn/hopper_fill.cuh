@@ -23,8 +23,8 @@
 // the map's bounds turn into zeros without a read; a block id outside the cache is read as
 // block 0 (the metadata guards then write the item's rows as NaN). The group holding seq_len's end brings its
 // block's slots past it, which the consumers zero in V (fix_tail_v; K's are masked).
-// ConvertFill (fp8 caches): codes copied into their stage, K's as they are, V's converted to f16
-// in place (below).
+// ConvertFill (fp8 caches): codes copied into their stage, K's as they are, V's transposed into
+// the K-major layout the fp8 wgmma reads (below).
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -160,35 +160,38 @@ struct HopperCpAsyncFill
 
 // ConvertFill (fp8 caches): each side's codes are copied by cp.async. K's stay codes, in the
 // fp8 K stage (64-byte-swizzled regions, cuda::Swizzle64Tile: the fp8 wgmma reads them), and
-// complete their full barrier as they land. V's land in the upper half of their 16-bit stage and
-// are converted to f16 (exact: cuda/fp8_dequant.h; the scales fold in elsewhere) in place by the
-// thread that copied them, which then arrives on the full barrier: V of tile t in the call that
-// copies K of tile t + 1 (whose copies then fly while it converts), unless acquire() converted
-// it already because the stage was not free (rings of two stages); drain() converts an item's
-// last V. In place without a barrier: the group columns are chunk pairs (P = head dim / 32 of
-// them, a row's codes being 2P chunks): the thread of pair p copies code chunk P + p to 16-bit
-// row chunk 2(P + p), chunk p to 2(P + p) + 1 (both in the row's upper half), so its outputs
-// (row chunks 2p, 2p + 1 and 2(P + p), 2(P + p) + 1) overwrite only its own codes. Row phases
-// 8 / 4 / 4 / 4 at head dims 64 / 128 / 192 / 256 (96 threads copy at 192).
+// complete their full barrier as they land. V's land in the upper half of their stage (staged
+// rows: cuda::Fp8VTranspose) and are transposed by the producer warpgroup into the stage's lower
+// half, the Vt tile that O += P V reads K-major (head dims x keys, codes as they are: the scales
+// fold in elsewhere); then each thread arrives on the full barrier. V of tile t is transposed in
+// the call that copies K of tile t + 1 (whose copies then fly meanwhile), unless acquire() did
+// it already because the stage was not free (rings of two stages); drain() transposes an item's
+// last V. Each thread transposes codes other threads copied: after its own copies landed, the
+// producer warpgroup's barrier (Tr::kProducerBar), which every producer thread reaches in the
+// same order (the decisions to transpose are uniform across it). Copies: the group columns of
+// chunk pairs (P = head dim / 32 of them, a row's codes being 2P chunks: the thread of pair p
+// copies code chunks p and P + p), row phases 8 / 4 / 4 / 4 at head dims 64 / 128 / 192 / 256
+// (96 threads copy at 192).
 template <class Tr, cuda::Fp8Format kFmt>
 struct HopperConvertFill
     : HopperGroupFill<Tr, cuda::GroupColumns<Tr::kBlockN, Tr::kHeadDim / 32, Tr::kProducerThreads>> {
-  static_assert(Tr::kFp8Cache && std::is_same_v<typename Tr::MmaElem, __half>, "fp8 V codes become f16 stages");
+  static_assert(Tr::kFp8Cache, "fp8 codes");
   using Base = typename HopperConvertFill::HopperGroupFill;
   using typename Base::Columns;
-  static constexpr bool kE5m2 = kFmt == cuda::Fp8Format::e5m2;  // K's codes, as the S GEMM reads them
+  static constexpr bool kE5m2 = kFmt == cuda::Fp8Format::e5m2;  // the codes, as the GEMMs read them
   static constexpr int kPairs = Tr::kHeadDim / 32;  // P
-  using L = cuda::Swizzle128Tile<Tr::kBlockN>;   // V stages
   using L8 = cuda::Swizzle64Tile<Tr::kBlockN>;   // K stages
+  using X = cuda::Fp8VTranspose<Tr::kHeadDim, Tr::kBlockN>;  // V stages: Vt, then the staged rows
+  static_assert(Tr::kVTileBytes == 2 * X::kStageBytes, "a V stage holds Vt and the staged codes");
 
-  uint32_t hi0, lo0;      // V: its first row's chunks 2(P + p) (codes in, then f16) and 2p (f16 out)
+  uint32_t stage0;        // V: its first row's code chunk p in the staged rows (from the stage)
   uint32_t k_lo0, k_hi0;  // K: its first row's code chunks p and P + p
   bool hi_in;             // code chunk P + p inside the row (else zeros)
   uint32_t pending = 0, pending_bar = 0;  // the V copied last: its stage, its full barrier
 
   __device__ __forceinline__ HopperConvertFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid)
       : HopperConvertFill(p, w, n_, ptid, Columns::of(ptid)) {}
-  // K's codes as they are; then the V copied before them is converted (its copies are the
+  // K's codes as they are; then the V copied before them is transposed (its copies are the
   // older cp.async group).
   template <class Pipe>
   __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const typename Pipe::State& at) {
@@ -201,7 +204,6 @@ struct HopperConvertFill
     if (pending_bar != 0) {
       cuda::cp_async_wait<1>();
       finish();
-      pending_bar = 0;
     }
   }
   template <class Pipe>
@@ -211,20 +213,23 @@ struct HopperConvertFill
     pending = dst;
     pending_bar = pipe.full(at);
   }
-  // Rings of two stages (the V ring at head dim 256 and of hopper_short at 192): V's conversion
+  // Rings of two stages (the V ring at head dim 256 and of hopper_short at 192): V's transpose
   // must not wait for the next stage, which frees only once the consumers are done with the
-  // tile before it: they would wait for every conversion. Deeper rings have a stage of slack,
+  // tile before it: they would wait for every transpose. Deeper rings have a stage of slack,
   // and there the next K's copies go out first (DECISIONS.md: fp8 caches converted in their
   // stage).
   static constexpr bool kConvertWhileWaiting = (Tr::kKStages < Tr::kVStages ? Tr::kKStages : Tr::kVStages) <= 2;
-  // The next side's stage. With kConvertWhileWaiting, where it is not empty yet, the pending V
-  // is converted first (waiting for its copies) and arrives.
+  // The next side's stage. With kConvertWhileWaiting, where any producer thread finds it not
+  // empty yet, the pending V is transposed first (waiting for its copies) and arrives.
   template <class Pipe>
   __device__ __forceinline__ void acquire(const Pipe& pipe, const typename Pipe::State& at) {
-    if (kConvertWhileWaiting && pending_bar != 0 && !pipe.can_acquire(at)) finish_now();
+    if constexpr (kConvertWhileWaiting) {
+      if (pending_bar != 0 && cuda::named_bar_or(Tr::kProducerBar, Tr::kProducerThreads, !pipe.can_acquire(at)))
+        finish_now();
+    }
     pipe.acquire(at);
   }
-  // The item's last V: its copies landed, converted, arrived.
+  // The item's last V: its copies landed, transposed, arrived.
   __device__ __forceinline__ void drain() {
     if (pending_bar != 0) finish_now();
   }
@@ -232,9 +237,10 @@ struct HopperConvertFill
  private:
   __device__ __forceinline__ HopperConvertFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid,
                                                const typename Columns::Column& c)
-      : Base(p, w, n_, ptid, c, c.column * 16), hi0(L::offset(Columns::row(c, 0), 2 * (kPairs + c.column))),
-        lo0(L::offset(Columns::row(c, 0), 2 * c.column)), k_lo0(L8::offset(Columns::row(c, 0), c.column)),
-        k_hi0(L8::offset(Columns::row(c, 0), kPairs + c.column)), hi_in((kPairs + c.column) * 16 < p.kv_row_bytes) {}
+      : Base(p, w, n_, ptid, c, c.column * 16),
+        stage0(X::kStageBytes + X::stage_line(Columns::row(c, 0)) * Tr::kHeadDim + c.column * 16),
+        k_lo0(L8::offset(Columns::row(c, 0), c.column)), k_hi0(L8::offset(Columns::row(c, 0), kPairs + c.column)),
+        hi_in((kPairs + c.column) * 16 < p.kv_row_bytes) {}
   // This thread's code chunks p and P + p of its rows of tile t -> the fp8 K stage dst.
   __device__ __forceinline__ void copy_k(int t, uint32_t dst) const {
     const char* row = this->k_base + this->src;
@@ -247,51 +253,59 @@ struct HopperConvertFill
       row += Columns::kPhases * this->stride_slot;
     }
   }
-  // ... of V -> the upper half of the 16-bit stage dst (row chunks 2(P + p) + 1 and 2(P + p):
-  // the swizzle flips bit 4 of the one to get the other).
+  // ... of V -> the staged rows of stage dst (row steps are even: stage_line's swap of a row
+  // pair commutes with them).
   __device__ __forceinline__ void copy_v(int t, uint32_t dst) const {
     const char* row = this->v_base + this->src;
     const int rows_left = this->rows_left(t);
 #pragma unroll
     for (int i = 0; i < Columns::kRowsPerThread; ++i) {
       const bool row_in = i * Columns::kPhases < rows_left;
-      const uint32_t at = Columns::at(dst + hi0, i);
-      cuda::cp_async_16(at, row + Tr::kHeadDim / 2, row_in && hi_in);
-      cuda::cp_async_16(at ^ 16, row, row_in);
+      const uint32_t at = dst + stage0 + i * Columns::kPhases * Tr::kHeadDim;
+      cuda::cp_async_16(at, row, row_in);
+      cuda::cp_async_16(at + Tr::kHeadDim / 2, row + Tr::kHeadDim / 2, row_in && hi_in);
       row += Columns::kPhases * this->stride_slot;
     }
   }
-  // The pending V, once its copies (all this thread's) landed; none pending after.
+  // The pending V, once this thread's copies landed: transposed, arrived; none pending after.
   __device__ __forceinline__ void finish_now() {
     cuda::cp_async_wait<0>();
     finish();
-    pending_bar = 0;
   }
-  // The pending V's codes (this thread's) -> f16 in place; then its arrival. The stores are
-  // generic-proxy writes that wgmma reads through the async proxy (the consumers fence too).
-  __device__ __forceinline__ void finish() const {
-    if (this->copying) {
+  // Every producer thread's copies of the pending V landed (the barrier) -> its units of the
+  // transpose (X: 16 keys x 4 head dims each); the stores are generic-proxy writes that wgmma
+  // reads through the async proxy (the consumers fence too); then its arrival.
+  __device__ __forceinline__ void finish() {
+    cuda::named_bar_sync(Tr::kProducerBar, Tr::kProducerThreads);
+    const int ptid = static_cast<int>(threadIdx.x) - Tr::kConsumerThreads;
+    const uint32_t staged = pending + X::kStageBytes;
+#pragma unroll 1
+    for (int u = ptid; u < X::kUnits; u += Tr::kProducerThreads) {
+      const int g = u / X::kQuads, q = u % X::kQuads;
+      // Key 16g + j of the unit at staged line 16g + (j ^ (g & 1)) (X::stage_line).
+      const uint32_t src = staged + 16 * g * Tr::kHeadDim + 4 * q;
+      const uint32_t even = (g & 1) * Tr::kHeadDim, odd = Tr::kHeadDim - even;
+      uint32_t w[16];  // word q of the group's 16 keys: head dims 4q .. 4q + 3
 #pragma unroll
-      for (int i = 0; i < Columns::kRowsPerThread; ++i) {
-        const uint32_t hi = Columns::at(pending + hi0, i);
-        const uint4 codes_hi = cuda::ld_shared_v4(hi), codes_lo = cuda::ld_shared_v4(hi ^ 16);
-        store_f16(Columns::at(pending + lo0, i), codes_lo);
-        store_f16(hi, codes_hi);
+      for (int j = 0; j < 16; j += 2) {
+        w[j] = cuda::ld_shared_u32(src + j * Tr::kHeadDim + even);
+        w[j + 1] = cuda::ld_shared_u32(src + j * Tr::kHeadDim + odd);
       }
-      cuda::fence_proxy_async_smem();
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const int d = X::dim_of(q, s), i = d & 3;
+        const uint32_t sel = static_cast<uint32_t>(i | ((i + 4) << 4));  // byte i of two words
+        uint32_t o[4];  // slots 4m .. 4m + 3 of Vt chunk g: keys 2m, 2m + 1, 2m + 8, 2m + 9
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+          o[m] = __byte_perm(__byte_perm(w[2 * m], w[2 * m + 1], sel), __byte_perm(w[2 * m + 8], w[2 * m + 9], sel),
+                             0x5410);
+        cuda::st_shared_v4(pending + X::vt_offset(d, g), make_uint4(o[0], o[1], o[2], o[3]));
+      }
     }
+    cuda::fence_proxy_async_smem();
     cuda::mbar_arrive(pending_bar);
-  }
-  // 16 codes -> 16 f16 values at row chunks c (this address) and c + 1 (c even: the address with
-  // bit 4 flipped, as the swizzle XORs the chunk index).
-  __device__ __forceinline__ static void store_f16(uint32_t at, uint4 c) {
-    uint4 a, b;
-    cuda::fp8x4_to_f16x4<kFmt>(c.x, a.x, a.y);
-    cuda::fp8x4_to_f16x4<kFmt>(c.y, a.z, a.w);
-    cuda::fp8x4_to_f16x4<kFmt>(c.z, b.x, b.y);
-    cuda::fp8x4_to_f16x4<kFmt>(c.w, b.z, b.w);
-    cuda::st_shared_v4(at, a);
-    cuda::st_shared_v4(at ^ 16, b);
+    pending_bar = 0;
   }
 };
 

@@ -6,7 +6,7 @@
 // merge across warps: rows leave through the item's Q buffer once its last S is done).
 //
 // Warp-specialised: a producer warpgroup copies Q (cp.async) and the K/V tiles through the page
-// map (TMA boxes or cp.async; fp8 V codes converted to f16 in their stage: hopper_fill.cuh) into
+// map (TMA boxes or cp.async; fp8 V codes transposed in their stage: hopper_fill.cuh) into
 // two rings of stages, K and V apart,
 // signalled by mbarriers; two consumer
 // warpgroups of 64 rows (hopper_wide: three) take turns at the tensor cores, in a ring of named
@@ -231,7 +231,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     hopper_varlen_kernel(const __grid_constant__ VarlenKernelParams p, const Sched items) {
 #if ATTNKIT_HAS_WGMMA
   using namespace attnkit::cuda;
-  using M = typename Tr::MmaElem;  // the 16-bit GEMMs' inputs: the queries' type; P V in f16 with fp8 caches
+  using M = typename Tr::MmaElem;  // the 16-bit GEMMs' inputs: the queries' type (16-bit caches)
   constexpr int kKS = Tr::kKStages, kVS = Tr::kVStages;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // Two rings, of kKS K tiles and of kVS V tiles, each stage with a "full" barrier
@@ -359,13 +359,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   constexpr int kWG = Tr::kWarpGroups, kTurnThreads = 2 * 128;  // (a turn: one warpgroup waits, the one before arrives)
   const int my_turn = Tr::turn_bar(wg), next_turn = Tr::turn_bar((wg + 1) % kWG);
   // The softmax scale; with fp8 caches times the item's K dequant scale over its Q factor (set
-  // per item below).
+  // per item below). fp8 caches: P times 2^8 (RowSoftmax::p_log2), rounded to e4m3.
   ScoreMod mod{p.scale, p.softcap, p.alibi_slopes != nullptr};
   float unit = mod.unit();
   __shared__ float s_q_max[Tr::kFp8Cache ? 4 * kWG : 1];
   RowSoftmax softmax;
   FragC o[Tr::kOFrags];
-  FragA pa[Tr::kSFrags / 2];
+  constexpr int kPFrags = Tr::kFp8Cache ? Tr::kBlockN / 32 : Tr::kSFrags / 2;  // A fragments of P: k32 / k16 steps
+  constexpr float kPLog2 = Tr::kFp8Cache ? 8.f : 0.f;
+  FragA pa[kPFrags];
   KPos at;  // the stage of tile j's K
   VPos prev_at = VPos::before_first();  // of tile j - 1's V (advanced after each step)
   typename Pipeline<kQB>::State q_at;
@@ -380,18 +382,26 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const uint32_t s_q8_group = s_base + Tr::kQ8Offset + wg * 64 * 64;  // (fp8 caches: its e4m3 rows)
 
   // O += P V in column ranges of kPvCols (128, the widest wgmma wrapper: two swizzle regions of V;
-  // 64 where 128 does not divide the head dim), each over the tile's k16 steps of keys.
+  // 64 where 128 does not divide the head dim), each over the tile's k16 steps of keys; with fp8
+  // caches over its k32 steps, Vt's lines (head dims) of kBlockN codes K-major (32 bytes a step).
   auto issue_pv = [&](const VPos& v_at) {
     constexpr int kCols = Tr::kPvCols;
-    const uint64_t v_desc = smem_desc_sw128(v_stage(v_at), Tr::kBlockN * 128, 1024);
 #pragma unroll
     for (int c = 0; c < Tr::kHeadDim / kCols; ++c) {
       auto& o_cols = *reinterpret_cast<FragC(*)[kCols / 8]>(&o[c * (kCols / 8)]);
+      if constexpr (Tr::kFp8Cache) {
+        const uint32_t vt = v_stage(v_at) + c * kCols * Tr::kBlockN;
+        const uint64_t v_desc = Tr::kBlockN == 128 ? smem_desc_sw128(vt, 16, 1024) : smem_desc_sw64(vt, 512);
 #pragma unroll
-      for (int kk = 0; kk < Tr::kSFrags / 2; ++kk)
-        WgmmaRS<M, kCols>::template run<1>(o_cols, pa[kk],
-                                           smem_desc_advance(v_desc, c * (kCols / 64) * (Tr::kBlockN * 128) + kk * 16 * 128),
-                                           true);
+        for (int ks = 0; ks < kPFrags; ++ks)
+          WgmmaRSFp8<Fill::kE5m2, kCols>::run(o_cols, pa[ks], smem_desc_advance(v_desc, ks * 32), true);
+      } else {
+        const uint64_t v_desc = smem_desc_sw128(v_stage(v_at), Tr::kBlockN * 128, 1024);
+#pragma unroll
+        for (int kk = 0; kk < kPFrags; ++kk)
+          WgmmaRS<M, kCols>::template run<1>(
+              o_cols, pa[kk], smem_desc_advance(v_desc, c * (kCols / 64) * (Tr::kBlockN * 128) + kk * 16 * 128), true);
+      }
     }
     wgmma_commit();
   };
@@ -459,12 +469,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     prev_at.advance();
     at.advance();
 #pragma unroll
-    for (int kk = 0; kk < Tr::kSFrags / 2; ++kk) pa[kk] = c_pair_to_a<M>(s[2 * kk], s[2 * kk + 1]);
+    for (int kk = 0; kk < kPFrags; ++kk) {
+      if constexpr (Tr::kFp8Cache) pa[kk] = c_quad_to_a_e4m3(s[4 * kk], s[4 * kk + 1], s[4 * kk + 2], s[4 * kk + 3]);
+      else pa[kk] = c_pair_to_a<M>(s[2 * kk], s[2 * kk + 1]);
+    }
   };
 
   if (wg == kWG - 1) named_bar_arrive(Tr::turn_bar(0), kTurnThreads);  // warpgroup 0 goes first
   for (;;) {
-    softmax.init();
+    softmax.init(kPLog2);
 #pragma unroll
     for (int f = 0; f < Tr::kOFrags; ++f) o[f] = FragC{};
     q_pipe.wait(q_at);  // the next item and its Q rows

@@ -23,12 +23,13 @@ namespace attnkit::flash_attn {
 
 // kTile_ (tile_set.h: hopper, hopper_short, hopper_wide): its stages are the depth of the K
 // ring and of the V ring; its Q buffers the Q tiles in shared memory (2: a persistent CTA loads the next item's
-// Q while it still computes on the current one). kCache_: 16-bit caches, or fp8 ones: then
-// S = Q K^T runs on the fp8 wgmma (K's codes as they are in the cache, Q quantised to e4m3 by
-// its consumers with a power-of-two scale per warpgroup: docs/architecture.md section 9), and
-// O += P V in f16 (MmaElem), the producer converting V's codes to f16 in their stage
-// (hopper_fill.cuh); the dequant scales fold into the softmax scale (K, over Q's scale) and the
-// epilogue (V).
+// Q while it still computes on the current one). kCache_: 16-bit caches, or fp8 ones: then both
+// GEMMs run on the fp8 wgmma, S = Q K^T on K's codes as they are in the cache with Q quantised
+// to e4m3 by its consumers (a power-of-two scale per warpgroup), O += P V on V's codes, which
+// the producer transposes into a K-major Vt tile, with P rounded to e4m3 (times 2^8:
+// cuda::RowSoftmax::p_log2) in slot order (cuda::Fp8VTranspose): docs/architecture.md section
+// 9; the dequant scales fold into the softmax scale (K, over Q's scale) and the epilogue (V,
+// over P's).
 template <class Elem_, int kHeadDim_, TileId kTile_, CacheKind kCache_ = CacheKind::b16>
 struct HopperTraits {
   static constexpr TileConfig kConfig = tile_config(kTile_, kHeadDim_, kCache_);
@@ -37,7 +38,7 @@ struct HopperTraits {
   static constexpr CacheKind kCache = kCache_;
   static constexpr bool kFp8Cache = kCache == CacheKind::fp8, kFp4Cache = false, kQuantCache = kFp8Cache;
   using Elem = Elem_;
-  using MmaElem = std::conditional_t<kFp8Cache, __half, Elem_>;
+  using MmaElem = Elem_;  // the 16-bit GEMMs' inputs (16-bit caches)
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kWarpGroups = kConfig.warps_m;  // consumers: 64 rows each (2; hopper_wide 3)
   static constexpr int kConsumerThreads = 128 * kWarpGroups;
@@ -54,8 +55,12 @@ struct HopperTraits {
   // without spills; head dim 192 holds less: O 96 + S and P of 64 keys 48). Head dim 256: O
   // alone is 128 fp32 per thread; the consumers spill in their loop at 216, not at 224, so the
   // cp.async producer gets 56 (a few spill loads per tile).
-  static constexpr int kProducerRegs = kWarpGroups == 3 ? 32 : kHeadDim <= 192 ? 88 : 56,
-                       kConsumerRegs = kWarpGroups == 3 ? 160 : kHeadDim <= 192 ? 208 : 224;
+  // fp8 caches: P is half the registers (e4m3), and the producer transposes V through
+  // registers (16 words a unit: hopper_fill.cuh): 8 consumer registers go to it, 3 x 152 + 56 and
+  // 2 x 216 + 72 (ptxas 13.0: no spills; the 16-bit split spilled 300 / 116 bytes in the
+  // producer).
+  static constexpr int kProducerRegs = kWarpGroups == 3 ? (kFp8Cache ? 56 : 32) : kHeadDim <= 192 ? 88 : kFp8Cache ? 72 : 56,
+                       kConsumerRegs = kWarpGroups == 3 ? (kFp8Cache ? 152 : 160) : kHeadDim <= 192 ? 208 : kFp8Cache ? 216 : 224;
   // With TMA fills (hopper_fill.cuh) the producer issues boxes from one warp and loads Q, and
   // the consumers get the registers: (2 x 224 + 56) x 128 = 168 x 384. ptxas 13.0, head size
   // 128, persistent: consumers at 208 spilled 80 bytes, at 216 56; the producer at 56 spills
@@ -89,7 +94,9 @@ struct HopperTraits {
   // Q buffers in the same swizzled layout (kBlockM lines per region; warpgroup g reads lines
   // 64g .. 64g+63). fp8 caches: a K tile is kHeadDim / 64 regions of kBlockN 64-byte lines
   // (cuda::Swizzle64Tile), and after the Q buffers comes the e4m3 Q copy in that layout
-  // (kBlockM lines per region; warpgroup g's at 4096 g bytes into each).
+  // (kBlockM lines per region; warpgroup g's at 4096 g bytes into each); a V stage is the Vt tile
+// (kHeadDim lines of kBlockN codes) and then the staged codes the producer transposes into it
+// (cuda::Fp8VTranspose), the same bytes as a 16-bit V tile.
   // Q is the A operand of S = Q K^T from shared memory: with Q in registers (the RS form),
   // ptxas 13.0 reused Q's registers for P inside the loop (seen in the SASS), which broke
   // every work item of more than one K/V tile.

@@ -30,7 +30,7 @@ inline constexpr TileId kAllTiles[] = {TileId::prefill,           TileId::decode
 enum class KvFill : uint8_t {
   cp_async,  // 16-byte cp.async copies by every (producer) thread, through the block table
   tma,       // TMA boxes per 16-key page group (sm90): decode tiles the whole row, hopper per 128-byte segment
-  convert,   // hopper, fp8 caches: codes by cp.async; K stays fp8 (fp8 wgmma), V is converted to f16 in its stage
+  convert,   // hopper, fp8 caches: codes by cp.async; K as they are, V transposed in its stage (both GEMMs fp8)
 };
 
 // What a cache row holds, as the kernels see it: 16-bit values (the model's dtype), fp8 codes
@@ -122,9 +122,10 @@ constexpr bool tma_rows(int head_dim, CacheKind cache) {
 }
 
 // The hopper tiles' shared memory (hopper_traits.h lays it out). A V stage holds `keys` 16-bit
-// rows (fp8 V codes are converted to f16 there: the P V GEMM runs in 16 bits); a K stage holds
-// 16-bit rows, or with an fp8 cache the raw codes, one byte each (S = Q K^T runs on the fp8
-// wgmma, Q quantised to e4m3 into a region of its own after the Q buffers).
+// rows, or with an fp8 cache the codes staged and their transpose (O += P V runs on the fp8
+// wgmma, which reads V K-major), the same bytes; a K stage holds 16-bit rows, or with an fp8
+// cache the raw codes, one byte each (S = Q K^T runs on the fp8 wgmma, Q quantised to e4m3 into
+// a region of its own after the Q buffers).
 constexpr int kHopperSmemBytes = 227 * 1024 - 1024;  // the sm90 opt-in, less 1 KB of alignment slack
 constexpr int hopper_k_stage_bytes(int head_dim, int keys, CacheKind cache) {
   return keys * head_dim * (cache == CacheKind::fp8 ? 1 : 2);
@@ -140,7 +141,7 @@ constexpr int hopper_q_bytes(int head_dim, int rows, int q_buffers, CacheKind ca
 // more at 192 / 256 with one Q buffer and at 128 / 192 with two. That is the V ring (a V stage is held one step longer than a K one, from its load to the
 // P V after the S that freed K; both are loaded together), but with fp8 caches the K ring, whose
 // stages are half a V stage (fp8: K 4 / 4 / 4 / 4, V 4 / 3 / 4 / 2 with one Q buffer; an fp8 V
-// stage is converted one call late, after the next side's stage is acquired: hopper_fill.cuh,
+// stage is transposed one call late, after the next side's stage is acquired: hopper_fill.cuh,
 // DECISIONS.md: Hopper: a deeper V ring).
 constexpr int hopper_ring_depth(int bytes_left, int stage_bytes) {
   if (stage_bytes <= 0) return 0;
@@ -214,7 +215,7 @@ constexpr TileConfig tile_config(TileId id, int head_dim, CacheKind cache) {
         t.rows = 192;
         t.warps_m = 3;
       }
-      if (cache == CacheKind::fp8) t.fill = KvFill::convert;  // (raw K codes; V converted to f16)
+      if (cache == CacheKind::fp8) t.fill = KvFill::convert;  // (raw K codes; V transposed)
       {
         const HopperRings rings = hopper_rings(head_dim, t.rows, t.keys, t.q_buffers, cache);
         t.k_stages = rings.k;

@@ -457,22 +457,23 @@ std::vector<RefRow> Problem::sample_rows(int random_tokens, uint64_t seed) const
 
 // ---- comparisons ---------------------------------------------------------------------------
 
-bool fp8_qk(const flash_attn::LaunchPlan& plan, DType cache) {
+bool fp8_wgmma(const flash_attn::LaunchPlan& plan, DType cache) {
   return plan.generation == flash_attn::Generation::hopper && is_fp8(cache);
 }
 
 ::testing::AssertionResult outputs_match(DType dtype, const std::vector<float>& actual,
                                          const std::vector<float>& expected,
-                                         const std::vector<int64_t>& shape, bool fp8_s) {
+                                         const std::vector<int64_t>& shape, bool fp8) {
   // bf16 keeps 8 significant bits: P (rounded to bf16 before P V) and the output each add
-  // ~2^-9 relative error; f16 keeps 11. Logits from the fp8 wgmma carry its accumulator's error.
-  const double tol = fp8_s ? 2e-2 : dtype == DType::bf16 ? 1e-2 : 2e-3;
+  // ~2^-9 relative error; f16 keeps 11. fp8 GEMMs: P rounded to e4m3 (fp8_wgmma).
+  if (fp8) return all_close(actual, expected, shape, 2e-2, 5e-2);
+  const double tol = dtype == DType::bf16 ? 1e-2 : 2e-3;
   return all_close(actual, expected, shape, tol, tol);
 }
 
 ::testing::AssertionResult lse_match(const std::vector<float>& actual, const std::vector<float>& expected,
-                                     const std::vector<int64_t>& shape, bool fp8_s) {
-  return all_close(actual, expected, shape, fp8_s ? 1e-3 : 1e-4, 2e-3);
+                                     const std::vector<int64_t>& shape, bool fp8) {
+  return all_close(actual, expected, shape, fp8 ? 1e-3 : 1e-4, 2e-3);
 }
 
 }  // namespace attnkit::test

@@ -59,7 +59,7 @@ void check_against_cpu(const Case& c) {
         SCOPED_TRACE("num_splits " + std::to_string(splits) + ", " + v.name + ": " +
                      p.launch_plan(splits, v.tuning).reason);
         const Result got = p.run_kernel(splits);
-        const bool q8 = fp8_qk(p.launch_plan(splits, v.tuning), c.cache_dtype);
+        const bool q8 = fp8_wgmma(p.launch_plan(splits, v.tuning), c.cache_dtype);
         EXPECT_TRUE(outputs_match(c.dtype, got.out, ref.out, {T, H, D}, q8));
         if (c.want_lse) EXPECT_TRUE(lse_match(got.lse, ref.lse, {H, T}, q8));
         EXPECT_TRUE(got.padding_untouched) << "the launch wrote rows past the batch's last token";
@@ -288,7 +288,7 @@ TEST_P(VarlenLargeGrid, SampledRowsMatchGpuReference) {
   std::vector<float> out, lse;
   p.gather_rows(got, rows, out, lse);
   const int64_t n = static_cast<int64_t>(rows.size());
-  const bool q8 = fp8_qk(p.launch_plan(c.num_splits, c.tuning), c.cache_dtype);
+  const bool q8 = fp8_wgmma(p.launch_plan(c.num_splits, c.tuning), c.cache_dtype);
   EXPECT_TRUE(outputs_match(c.dtype, out, ref_out, {n, D}, q8)) << "(sampled row index, dim)";
   if (c.want_lse) EXPECT_TRUE(lse_match(lse, ref_lse, {n}, q8)) << "(sampled row index)";
 }

@@ -143,7 +143,7 @@ void fuzz_case(uint64_t seed, Tally& tally) {
       poison_device(lse.get(), T * H * 4, stream);
       flash_attn::varlen_workspace_init(a.workspace, a.workspace_bytes, stream);
       flash_attn::run_varlen_attention(a, v.tuning);
-      const bool q8 = fp8_qk(flash_attn::choose_launch(flash_attn::varlen_launch_facts(a), v.tuning), c.cache_dtype);
+      const bool q8 = fp8_wgmma(flash_attn::choose_launch(flash_attn::varlen_launch_facts(a), v.tuning), c.cache_dtype);
       ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));  // (a fault would be a CUDA error here)
       ++tally.runs;
       const DeviceErrors e = device_errors(stream);
