@@ -57,8 +57,8 @@ struct HopperTraits {
   // cp.async producer gets 56 (a few spill loads per tile).
   // fp8 caches: P is half the registers (e4m3), and the producer transposes V through
   // registers (16 words a unit: hopper_fill.cuh): 8 consumer registers go to it, 3 x 152 + 56 and
-  // 2 x 216 + 72 (ptxas 13.0: no spills; the 16-bit split spilled 300 / 116 bytes in the
-  // producer).
+  // 2 x 216 + 72 (ptxas 13.0 still reports spill stores of 172 bytes at head dim 64's wide tile
+  // and 12-56 at 256, against 300 / 116 with the 16-bit split; none at 128 / 192).
   static constexpr int kProducerRegs = kWarpGroups == 3 ? (kFp8Cache ? 56 : 32) : kHeadDim <= 192 ? 88 : kFp8Cache ? 72 : 56,
                        kConsumerRegs = kWarpGroups == 3 ? (kFp8Cache ? 152 : 160) : kHeadDim <= 192 ? 208 : kFp8Cache ? 216 : 224;
   // With TMA fills (hopper_fill.cuh) the producer issues boxes from one warp and loads Q, and
@@ -95,8 +95,8 @@ struct HopperTraits {
   // 64g .. 64g+63). fp8 caches: a K tile is kHeadDim / 64 regions of kBlockN 64-byte lines
   // (cuda::Swizzle64Tile), and after the Q buffers comes the e4m3 Q copy in that layout
   // (kBlockM lines per region; warpgroup g's at 4096 g bytes into each); a V stage is the Vt tile
-// (kHeadDim lines of kBlockN codes) and then the staged codes the producer transposes into it
-// (cuda::Fp8VTranspose), the same bytes as a 16-bit V tile.
+  // (kHeadDim lines of kBlockN codes) and then the staged codes the producer transposes into it
+  // (cuda::Fp8VTranspose), the same bytes as a 16-bit V tile.
   // Q is the A operand of S = Q K^T from shared memory: with Q in registers (the RS form),
   // ptxas 13.0 reused Q's registers for P inside the loop (seen in the SASS), which broke
   // every work item of more than one K/V tile.
