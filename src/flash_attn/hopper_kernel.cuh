@@ -163,61 +163,79 @@ __device__ __forceinline__ void load_q_rows(const VarlenKernelParams& p, const W
   }
 }
 
-// fp8 caches: this warpgroup's 64 rows of the item's Q buffer (q16: their first line, a
-// generic address; Swizzle128Tile) -> e4m3 codes of Q times a power-of-two factor that takes the
-// rows' largest |q| into [128, 256) (below e4m3's 448; values keep 3 mantissa bits down to
-// 2^-13 of that largest), into the e4m3 Q tile (q8: the warpgroup's first line;
-// cuda::Swizzle64Tile), fenced for wgmma; returns the factor (1 for rows of zeros). s_max: 4
-// floats per warpgroup of shared memory. By all 128 threads of warpgroup wg (its barrier,
-// Tr::group_bar). Output chunk c (16 codes) of a row is the row's 16-bit chunks 2c and 2c + 1.
+// fp8 caches: the item's Q rows, landed in its Q buffer at sq (every producer thread waited for
+// its own copies), -> e4m3 codes of Q times a power-of-two factor per consumer warpgroup that
+// takes its 64 rows' largest |q| into [128, 256) (below e4m3's 448; values keep 3 mantissa bits
+// down to 2^-13 of that largest), in place: warpgroup g's codes go into the upper half of its
+// own lines of the buffer (Tr::q8_offset), which no other warpgroup reads and its epilogue
+// overwrites only after its last S. By the producer's 128 threads (ptid): the largest |q| per
+// warpgroup (s_red: 4 floats per warpgroup of scratch), then the regions last to first, each
+// read and converted before the barrier that lets its codes overwrite a region already read
+// (region r's codes land in region (regions + r) / 2 >= r). The factors -> factors[g]; the codes
+// fenced for wgmma. Code chunk c (16 codes) of a row is the row's 16-bit chunks 2c and 2c + 1.
 template <class Tr>
-__device__ __forceinline__ float q_rows_to_e4m3(const unsigned char* q16, unsigned char* q8, float* s_max, int wg,
-                                                int wg_tid) {
+__device__ __forceinline__ void q_to_e4m3(uint32_t sq, float* s_red, float* factors, int ptid) {
   using T = typename Tr::Elem;
-  constexpr int kUnits = Tr::kHeadDim / 64 * 64 * 4;  // e4m3 chunks: regions x rows x 4
-  auto in = [&](int u, int half) {  // unit u: region u / 256, row (u / 4) % 64, chunk u % 4
-    const int r = (u >> 2) & 63, c = 2 * (u & 3) + half;
-    return *reinterpret_cast<const uint4*>(q16 + (u >> 8) * (Tr::kBlockM * 128) + r * 128 + ((c ^ (r & 7)) << 4));
-  };
+  using L = cuda::Swizzle128Tile<Tr::kBlockM>;
+  constexpr int kWG = Tr::kWarpGroups, kChunks = Tr::kHeadDim / 8;  // 16-bit chunks of a row
+  static_assert(Tr::kProducerThreads == 128, "two code chunks of each warpgroup's rows per thread and region");
   auto to_f2 = [](uint32_t x) {
     if constexpr (std::is_same_v<T, __half>) return __half22float2(*reinterpret_cast<const __half2*>(&x));
     else return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
   };
-  float mx = 0.f;
-#pragma unroll 1
-  for (int u = wg_tid; u < kUnits; u += 128)
-    for (int half = 0; half < 2; ++half) {
-      const uint4 v = in(u, half);
+  cuda::named_bar_sync(Tr::kProducerBar, Tr::kProducerThreads);  // every thread's Q copies landed
+#pragma unroll
+  for (int g = 0; g < kWG; ++g) {
+    float mx = 0.f;
+#pragma unroll 2
+    for (int i = ptid; i < 64 * kChunks; i += 128) {
+      const uint4 v = cuda::ld_shared_v4(sq + L::offset(64 * g + i / kChunks, i % kChunks));
       for (uint32_t x : {v.x, v.y, v.z, v.w}) {
         const float2 f = to_f2(x);
         mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
       }
     }
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  if ((wg_tid & 31) == 0) s_max[wg * 4 + wg_tid / 32] = mx;
-  cuda::named_bar_sync(Tr::group_bar(wg), 128);
-  mx = fmaxf(fmaxf(s_max[wg * 4], s_max[wg * 4 + 1]), fmaxf(s_max[wg * 4 + 2], s_max[wg * 4 + 3]));
-  const float factor = cuda::pow2_range_factor(mx, 8);  // (largest |q| to [128, 256))
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if ((ptid & 31) == 0) s_red[4 * g + ptid / 32] = mx;
+  }
+  cuda::named_bar_sync(Tr::kProducerBar, Tr::kProducerThreads);
+  float factor[kWG];
+#pragma unroll
+  for (int g = 0; g < kWG; ++g) {
+    factor[g] = cuda::pow2_range_factor(fmaxf(fmaxf(s_red[4 * g], s_red[4 * g + 1]), fmaxf(s_red[4 * g + 2], s_red[4 * g + 3])), 8);
+    if (ptid == 0) factors[g] = factor[g];
+  }
+  const int c = ptid & 3;  // this thread's code chunk of rows ptid / 4 and 32 + ptid / 4 of each warpgroup
 #pragma unroll 1
-  for (int u = wg_tid; u < kUnits; u += 128) {
-    uint32_t codes[4];
-    for (int half = 0; half < 2; ++half) {
-      const uint4 v = in(u, half);
-      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-      for (int k = 0; k < 2; ++k) {
-        const float2 a = to_f2(w[2 * k]), b = to_f2(w[2 * k + 1]);
-        const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a.x * factor, a.y * factor), __NV_SATFINITE, __NV_E4M3);
-        const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(b.x * factor, b.y * factor), __NV_SATFINITE, __NV_E4M3);
-        codes[2 * half + k] = lo | (hi << 16);
+  for (int r = Tr::kHeadDim / 64 - 1; r >= 0; --r) {
+    uint4 codes[2 * kWG];
+#pragma unroll
+    for (int k = 0; k < 2 * kWG; ++k) {
+      const int g = k / 2, m = (ptid >> 2) + 32 * (k % 2);
+      const float fg = factor[g];
+      uint32_t out[4];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint4 v = cuda::ld_shared_v4(sq + L::offset(64 * g + m, 8 * r + 2 * c + half));
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float2 a = to_f2(w[2 * j]), b = to_f2(w[2 * j + 1]);
+          const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a.x * fg, a.y * fg), __NV_SATFINITE, __NV_E4M3);
+          const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(b.x * fg, b.y * fg), __NV_SATFINITE, __NV_E4M3);
+          out[2 * half + j] = lo | (hi << 16);
+        }
       }
+      codes[k] = make_uint4(out[0], out[1], out[2], out[3]);
     }
-    const int r = (u >> 2) & 63, c = u & 3;
-    *reinterpret_cast<uint4*>(q8 + (u >> 8) * (Tr::kBlockM * 64) + r * 64 + ((c ^ ((r >> 1) & 3)) << 4)) =
-        make_uint4(codes[0], codes[1], codes[2], codes[3]);
+    cuda::named_bar_sync(Tr::kProducerBar, Tr::kProducerThreads);  // region r read by all: its codes may land
+#pragma unroll
+    for (int k = 0; k < 2 * kWG; ++k) {
+      const int g = k / 2, m = (ptid >> 2) + 32 * (k % 2);
+      cuda::st_shared_v4(sq + g * 64 * 128 + Tr::q8_offset(r) + Tr::q8_chunk(m, c), codes[k]);
+    }
   }
   cuda::fence_proxy_async_smem();  // (generic writes, read by wgmma)
-  cuda::named_bar_sync(Tr::group_bar(wg), 128);  // the warpgroup's rows are all converted; s_max is free again
-  return factor;
 }
 
 }  // namespace detail
@@ -255,6 +273,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // instead of walking the schedule themselves (its metadata loads and divisions stay off their
   // path between items).
   __shared__ WorkItem s_item[kQB];
+  // fp8 caches: the factor of each consumer warpgroup's e4m3 Q rows per Q buffer, written by the
+  // producer with them (detail::q_to_e4m3), and its scratch.
+  constexpr int kQ8Groups = Tr::kFp8Cache ? Tr::kWarpGroups : 1;
+  __shared__ float s_q_factor[kQB][kQ8Groups];
+  __shared__ float s_q_red[4 * kQ8Groups];
 
   pdl_wait();  // everything below may read what the previous kernel wrote (metadata, q, cache)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -289,7 +312,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     KPos k_at;  // the next K tile's stage
     VPos v_at;  // the next V tile's (one tile behind)
     typename Pipeline<kQB>::State q_at;
-    // The next Q buffer: the item (thread 0, then its arrival) and, with tiles, its Q rows.
+    // The next Q buffer: the item (thread 0, then its arrival) and, with tiles, its Q rows. With
+    // fp8 caches their copies are a cp.async group of their own, and the producer's arrivals
+    // wait for their e4m3 copy (quantise_q, below).
+    typename Pipeline<kQB>::State q_posted;
     auto post_item = [&](const WorkItem& item, bool load) {
       q_pipe.acquire(q_at);  // the Q of kQB items back is no longer read, nor its item
       if (ptid == 0) {
@@ -297,7 +323,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         mbar_arrive(q_pipe.full(q_at));
       }
       if (load) detail::load_q_rows<Tr>(p, item, s_q(q_at.stage), ptid);
-      q_pipe.commit_cp_async(q_at);
+      if (Tr::kFp8Cache && load) cp_async_commit();
+      else q_pipe.commit_cp_async(q_at);
+      q_posted = q_at;
       q_at.advance();
     };
     WorkItem w;
@@ -334,6 +362,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       if constexpr (kQB > 1) post_item(w, true);
       load_k(0);
       if constexpr (kQB == 1) post_item(w, true);
+      // fp8 caches: the item's Q to e4m3 in its buffer once its copies landed (with two Q
+      // buffers, while K of tile 0, the newest group, may still be on its way), then the
+      // producer's arrivals. The consumers find Q ready: no work of theirs before the first S.
+      if constexpr (Tr::kFp8Cache) {
+        cp_async_wait<(kQB > 1 ? 1 : 0)>();
+        detail::q_to_e4m3<Tr>(s_q(q_posted.stage), s_q_red, s_q_factor[q_posted.stage], ptid);
+        mbar_arrive(q_pipe.full(q_posted));
+      }
       for (int t = 1; t < n; ++t) {  // (the item is posted: its fields need not stay in registers)
         load_v(t - 1);
         load_k(t);
@@ -362,7 +398,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // per item below). fp8 caches: P times 2^8 (RowSoftmax::p_log2), rounded to e4m3.
   ScoreMod mod{p.scale, p.softcap, p.alibi_slopes != nullptr};
   float unit = mod.unit();
-  __shared__ float s_q_max[Tr::kFp8Cache ? 4 * kWG : 1];
   RowSoftmax softmax;
   FragC o[Tr::kOFrags];
   constexpr int kPFrags = Tr::kFp8Cache ? Tr::kBlockN / 32 : Tr::kSFrags / 2;  // A fragments of P: k32 / k16 steps
@@ -379,7 +414,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if constexpr (kQB == 1) return s_q_group0;
     else return s_q_group0 + q_at.stage * Tr::kQBytes;
   };
-  const uint32_t s_q8_group = s_base + Tr::kQ8Offset + wg * 64 * 64;  // (fp8 caches: its e4m3 rows)
 
   // O += P V in column ranges of kPvCols (128, the widest wgmma wrapper: two swizzle regions of V;
   // 64 where 128 does not divide the head dim), each over the tile's k16 steps of keys; with fp8
@@ -406,15 +440,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     wgmma_commit();
   };
   // S = Q K^T: one wgmma of N = kBlockN per k16 step of 16-bit Q and K (128-byte-swizzled
-  // regions of 64 dims, 32 bytes a step), or with fp8 caches per k32 step of their e4m3 Q and
-  // fp8 K (64-byte-swizzled regions, 32 bytes a step).
+  // regions of 64 dims, 32 bytes a step), or with fp8 caches per k32 step of their e4m3 Q (in
+  // the warpgroup's lines of its Q buffer: 64-byte-swizzled atoms of 8 rows 1024 bytes apart,
+  // Tr::q8_offset) and fp8 K (64-byte-swizzled regions), 32 bytes a step.
   auto issue_s = [&](FragC(&s)[Tr::kSFrags], uint32_t k_tile) {
     if constexpr (Tr::kFp8Cache) {
-      const uint64_t q_desc = smem_desc_sw64(s_q8_group, 512), k_desc = smem_desc_sw64(k_tile, 512);
+      const uint64_t q_desc = smem_desc_sw64(s_q_group(), 1024), k_desc = smem_desc_sw64(k_tile, 512);
 #pragma unroll
       for (int ks = 0; ks < Tr::kHeadDim / 32; ++ks) {
         const uint32_t step_bytes = (ks % 2) * 32;
-        WgmmaSSFp8<Fill::kE5m2, Tr::kBlockN>::run(s, smem_desc_advance(q_desc, (ks / 2) * (Tr::kBlockM * 64) + step_bytes),
+        WgmmaSSFp8<Fill::kE5m2, Tr::kBlockN>::run(s, smem_desc_advance(q_desc, Tr::q8_offset(ks / 2) + step_bytes),
                                                   smem_desc_advance(k_desc, (ks / 2) * (Tr::kBlockN * 64) + step_bytes),
                                                   ks > 0);
       }
@@ -491,8 +526,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
     if (n > 0) {
       if constexpr (Tr::kFp8Cache) {
-        mod.scale /= detail::q_rows_to_e4m3<Tr>(smem + (s_q_group() - s_base), smem + (s_q8_group - s_base), s_q_max,
-                                                wg, tid & 127);
+        mod.scale /= s_q_factor[q_at.stage][wg];  // (Q's e4m3 codes: q times it)
         unit = mod.unit();
       }
       step(0, std::false_type{});

@@ -7,7 +7,8 @@
 // rows, the layout the mma_sync epilogue and softmax already use. Q and the K/V tiles
 // arrive by cp.async or TMA (K/V through the page map) in 128-byte-swizzled shared memory that
 // wgmma reads by descriptor (fp8 K codes and the e4m3 Q copy: 64-byte-swizzled); P stays in
-// registers (the A operand of O = P V).
+// registers (the A operand of O = P V); with fp8 caches the producer rounds Q to e4m3 in its
+// buffer (q8_offset).
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -25,7 +26,7 @@ namespace attnkit::flash_attn {
 // ring and of the V ring; its Q buffers the Q tiles in shared memory (2: a persistent CTA loads the next item's
 // Q while it still computes on the current one). kCache_: 16-bit caches, or fp8 ones: then both
 // GEMMs run on the fp8 wgmma, S = Q K^T on K's codes as they are in the cache with Q quantised
-// to e4m3 by its consumers (a power-of-two scale per warpgroup), O += P V on V's codes, which
+// to e4m3 by the producer (a power-of-two scale per consumer warpgroup), O += P V on V's codes, which
 // the producer transposes into a K-major Vt tile, with P rounded to e4m3 (times 2^8:
 // cuda::RowSoftmax::p_log2) in slot order (cuda::Fp8VTranspose): docs/architecture.md section
 // 9; the dequant scales fold into the softmax scale (K, over Q's scale) and the epilogue (V,
@@ -93,8 +94,7 @@ struct HopperTraits {
   // kVStages V tiles, each 16-bit tile kHeadDim / 64 regions of kBlockN 128-byte lines, then the
   // Q buffers in the same swizzled layout (kBlockM lines per region; warpgroup g reads lines
   // 64g .. 64g+63). fp8 caches: a K tile is kHeadDim / 64 regions of kBlockN 64-byte lines
-  // (cuda::Swizzle64Tile), and after the Q buffers comes the e4m3 Q copy in that layout
-  // (kBlockM lines per region; warpgroup g's at 4096 g bytes into each); a V stage is the Vt tile
+  // (cuda::Swizzle64Tile), Q's e4m3 copy lives in its own Q buffer (q8_offset); a V stage is the Vt tile
   // (kHeadDim lines of kBlockN codes) and then the staged codes the producer transposes into it
   // (cuda::Fp8VTranspose), the same bytes as a 16-bit V tile.
   // Q is the A operand of S = Q K^T from shared memory: with Q in registers (the RS form),
@@ -107,10 +107,23 @@ struct HopperTraits {
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kVOffset = kKStages * kKTileBytes;
   static constexpr int kQOffset = kVOffset + kVStages * kVTileBytes;
-  static constexpr int kQ8Offset = kQOffset + kQBuffers * kQBytes;  // (fp8 caches)
+  // fp8 caches: warpgroup g's e4m3 Q rows in its own lines of the Q buffer (64 lines from 64 g
+  // of each 64-dim region, 8 KB), in the upper half of them: region r of its codes (64 rows of
+  // 64, the 64-byte swizzle: atoms of 8 rows, 512 bytes) in 16-bit region h = kHeadDim / 64 + r,
+  // its atoms 1024 bytes apart from 512 (h % 2) on. So each warp's 16 code rows stay in its own
+  // 16 lines, which only its epilogue writes, after the warpgroup's last S (as with 16-bit Q);
+  // q8_chunk: code chunk c of row m from the region's start.
+  static constexpr uint32_t q8_offset(int r) {
+    const int h = kHeadDim / 64 + r;
+    return static_cast<uint32_t>((h / 2) * (kBlockM * 128) + (h % 2) * 512);
+  }
+  static constexpr uint32_t q8_chunk(int m, int c) {
+    return static_cast<uint32_t>((m / 8) * 1024 + (m % 8) * 64 + ((c ^ ((m >> 1) & 3)) << 4));
+  }
   static constexpr int kAlign = 1024;  // swizzle atoms
-  static constexpr int kSmemBytes = kQOffset + hopper_q_bytes(kHeadDim, kBlockM, kQBuffers, kCache) + kAlign;
-  static_assert(kVOffset % kAlign == 0 && kQ8Offset % kAlign == 0, "tiles start at whole swizzle atoms");
+  static constexpr int kSmemBytes = kQOffset + hopper_q_bytes(kHeadDim, kBlockM, kQBuffers) + kAlign;
+  static_assert(kVOffset % kAlign == 0 && kQOffset % kAlign == 0 && kQBytes % kAlign == 0,
+                "tiles start at whole swizzle atoms");
   static_assert(kSmemBytes <= kHopperSmemBytes + kAlign, "K/V rings and Q buffers must fit the opt-in shared memory");
 };
 

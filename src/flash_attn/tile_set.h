@@ -124,23 +124,22 @@ constexpr bool tma_rows(int head_dim, CacheKind cache) {
 // The hopper tiles' shared memory (hopper_traits.h lays it out). A V stage holds `keys` 16-bit
 // rows, or with an fp8 cache the codes staged and their transpose (O += P V runs on the fp8
 // wgmma, which reads V K-major), the same bytes; a K stage holds 16-bit rows, or with an fp8
-// cache the raw codes, one byte each (S = Q K^T runs on the fp8 wgmma, Q quantised to e4m3 into
-// a region of its own after the Q buffers).
+// cache the raw codes, one byte each (S = Q K^T runs on the fp8 wgmma, Q quantised to e4m3 in
+// its own buffer: hopper_traits.h).
 constexpr int kHopperSmemBytes = 227 * 1024 - 1024;  // the sm90 opt-in, less 1 KB of alignment slack
 constexpr int hopper_k_stage_bytes(int head_dim, int keys, CacheKind cache) {
   return keys * head_dim * (cache == CacheKind::fp8 ? 1 : 2);
 }
 constexpr int hopper_v_stage_bytes(int head_dim, int keys) { return keys * head_dim * 2; }
-// The q_buffers 16-bit Q tiles of `rows` rows, and with an fp8 cache one e4m3 copy.
-constexpr int hopper_q_bytes(int head_dim, int rows, int q_buffers, CacheKind cache) {
-  return q_buffers * rows * head_dim * 2 + (cache == CacheKind::fp8 ? rows * head_dim : 0);
-}
+// The q_buffers 16-bit Q tiles of `rows` rows (with an fp8 cache each also holds its e4m3 copy).
+constexpr int hopper_q_bytes(int head_dim, int rows, int q_buffers) { return q_buffers * rows * head_dim * 2; }
 // The rings' depths (hopper_rings): both take as many (K, V) stage pairs as the shared memory
 // holds next to the Q bytes, at most 4: 4 / 3 / 3 / 2 at head dims 64 / 128 / 192 / 256 with one
 // 16-bit Q buffer, 4 / 2 / 2 / 1 with two. One ring then takes what is left, up to 4: one stage
 // more at 192 / 256 with one Q buffer and at 128 / 192 with two. That is the V ring (a V stage is held one step longer than a K one, from its load to the
 // P V after the S that freed K; both are loaded together), but with fp8 caches the K ring, whose
-// stages are half a V stage (fp8: K 4 / 4 / 4 / 4, V 4 / 3 / 4 / 2 with one Q buffer; an fp8 V
+// stages are half a V stage (fp8: K 4 / 4 / 4 / 4, V 4 / 4 / 4 / 3 with one Q buffer, K 4 / 4 / 4 /
+// 2, V 4 / 3 / 3 / 2 with two; an fp8 V
 // stage is transposed one call late, after the next side's stage is acquired: hopper_fill.cuh,
 // DECISIONS.md: Hopper: a deeper V ring).
 constexpr int hopper_ring_depth(int bytes_left, int stage_bytes) {
@@ -153,7 +152,7 @@ struct HopperRings {
 };
 constexpr HopperRings hopper_rings(int head_dim, int rows, int keys, int q_buffers, CacheKind cache) {
   const int k = hopper_k_stage_bytes(head_dim, keys, cache), v = hopper_v_stage_bytes(head_dim, keys);
-  const int left = kHopperSmemBytes - hopper_q_bytes(head_dim, rows, q_buffers, cache);
+  const int left = kHopperSmemBytes - hopper_q_bytes(head_dim, rows, q_buffers);
   const int both = hopper_ring_depth(left, k + v);
   if (cache == CacheKind::fp8) return {hopper_ring_depth(left - both * v, k), both};
   return {both, hopper_ring_depth(left - both * k, v)};
@@ -250,8 +249,9 @@ constexpr bool tile_instantiated(TileId id, int head_dim, CacheKind cache) {
     case TileId::hopper:
     case TileId::hopper_short:
       // Head dims of whole 128-byte segments of 16-bit values (wgmma's swizzled regions) up to
-      // 256, where both rings get two stages (not hopper_short at 256: K would get one). fp8
-      // caches too (their K codes in 64-byte-swizzled regions of 64 columns, V as f16).
+      // 256, where both rings get two stages (not hopper_short at 256 with 16-bit caches: K
+      // would get one). fp8 caches too (their K codes in 64-byte-swizzled regions of 64 columns,
+      // V's transposed).
       if (cache == CacheKind::nvfp4 || head_dim < 64 || head_dim % 64 != 0 || head_dim > 256) return false;
       {
         const TileConfig t = tile_config(id, head_dim, cache);
