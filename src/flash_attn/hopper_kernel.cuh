@@ -5,8 +5,9 @@
 // shared memory by descriptor) and the epilogue (without split partials there is nothing to
 // merge across warps: rows leave through the item's Q buffer once its last S is done).
 //
-// Warp-specialised: a producer warpgroup copies Q (cp.async) and the K/V tiles through the page
-// map (TMA boxes or cp.async; fp8 V codes transposed in their stage: hopper_fill.cuh) into
+// Warp-specialised: a producer warpgroup copies Q (cp.async; fp8 caches: then rounds it to e4m3
+// in its buffer) and the K/V tiles through the page map (TMA boxes or cp.async; fp8 V codes
+// transposed in their stage: hopper_fill.cuh) into
 // two rings of stages, K and V apart,
 // signalled by mbarriers; two consumer
 // warpgroups of 64 rows (hopper_wide: three) take turns at the tensor cores, in a ring of named
