@@ -15,6 +15,7 @@
 
 #include <type_traits>
 
+#include "cuda/tile_copy_layout.h"
 #include "flash_attn/varlen_params.h"
 #include "flash_attn/launch_plan.h"
 #include "flash_attn/tile_set.h"
@@ -117,9 +118,7 @@ struct HopperTraits {
     const int h = kHeadDim / 64 + r;
     return static_cast<uint32_t>((h / 2) * (kBlockM * 128) + (h % 2) * 512);
   }
-  static constexpr uint32_t q8_chunk(int m, int c) {
-    return static_cast<uint32_t>((m / 8) * 1024 + (m % 8) * 64 + ((c ^ ((m >> 1) & 3)) << 4));
-  }
+  static constexpr uint32_t q8_chunk(int m, int c) { return (m / 8) * 1024 + cuda::Swizzle64Tile<8>::offset(m % 8, c); }
   static constexpr int kAlign = 1024;  // swizzle atoms
   static constexpr int kSmemBytes = kQOffset + hopper_q_bytes(kHeadDim, kBlockM, kQBuffers) + kAlign;
   static_assert(kVOffset % kAlign == 0 && kQOffset % kAlign == 0 && kQBytes % kAlign == 0,
