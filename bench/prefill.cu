@@ -100,7 +100,7 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
             // The hopper launcher's choices, each way in the same run: one CTA per SM looping
             // over the items vs one CTA per item, and (up to 4k keys, persistent) two vs one Q
             // buffers in turns (64 .. 192); K/V by TMA vs by cp.async, timed in turns (64 .. 256);
-            // at 192 / 256 the mma_sync generation too (the launches the hopper kernel took over).
+            // (the mma_sync generation in turns with it: below).
             if (hd % 64 == 0 && hd <= 256 && causal && args.num_splits == 1 && flash_attn::hopper_kernels_available() &&
                 flash_attn::choose_launch(flash_attn::varlen_launch_facts(args)).generation ==
                     flash_attn::Generation::hopper) {
@@ -133,13 +133,18 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
                        "K/V by TMA (LaunchTuning::hopper_tma_fill), in turns with cp.async: cp.async / TMA ", "",
                        "cp.async", [&] { flash_attn::run_varlen_attention(args, cp_async); },
                        "K/V by cp.async (LaunchTuning::cp_async_fill)");
-              if (hd >= 192) {
-                flash_attn::VarlenArgs mma = args;
-                mma.generation = flash_attn::Generation::mma_sync;
-                in_turns("generation", "hopper", [&] { flash_attn::run_varlen_attention(args); },
-                         "the launch rule's hopper kernel, in turns with mma_sync: mma_sync / hopper ", "", "mma_sync",
-                         [&] { flash_attn::run_varlen_attention(mma); }, "the mma_sync prefill tile (VarlenArgs::generation)");
-              }
+            }
+            // The launches the hopper kernel took over from the mma_sync prefill tile (head dims
+            // 192 / 256, and 72 .. 96 padded to its 128: tile_head_dim), in turns with that tile.
+            if (causal && hkv == 8 && args.num_splits == 1 && hd <= 256 && (hd >= 192 || hd % 64 != 0) &&
+                flash_attn::hopper_kernels_available() &&
+                flash_attn::choose_launch(flash_attn::varlen_launch_facts(args)).generation ==
+                    flash_attn::Generation::hopper) {
+              flash_attn::VarlenArgs mma = args;
+              mma.generation = flash_attn::Generation::mma_sync;
+              in_turns("generation", "hopper", [&] { flash_attn::run_varlen_attention(args); },
+                       "the launch rule's hopper kernel, in turns with mma_sync: mma_sync / hopper ", "", "mma_sync",
+                       [&] { flash_attn::run_varlen_attention(mma); }, "the mma_sync prefill tile (VarlenArgs::generation)");
             }
             // Head dim 64: two and three consumer warpgroups (128- and 192-row tiles) at the
             // rule's CTA count, in turns, causal and not, and for causal shapes of <= 4k keys three

@@ -56,17 +56,17 @@ TEST(Generation, ChoiceTable) {
       {"hd64 sm90", 90, 64, DType::bf16, false, false, H, M, {}, {}},
       {"hd64 sinks sm90", 90, 64, DType::bf16, false, true, H, M, {}, {}},
       {"hd256 sm90", 90, 256, DType::bf16, false, true, H, M, {}, {}},
-      {"hd96 sm90", 90, 96, DType::bf16, false, false, M, M, {"head dims 64 / 128 / 192 / 256"}, {}},
+      {"hd96 sm90", 90, 96, DType::bf16, false, false, H, M, {}, {}},
       {"hd192 sm90", 90, 192, DType::bf16, false, false, H, M, {}, {}},
       {"hd160 sm90", 90, 160, DType::bf16, false, false, H, M, {}, {}},
-      // Rounded head sizes: hopper serves the ones whose mma_sync dim is 64 / 128 / 192 / 256.
+      // Rounded head sizes: hopper serves every size up to 256, on the next of 64 / 128 / 192 / 256.
       {"hd8 sm90", 90, 8, DType::bf16, false, false, H, M, {}, {}},
       {"hd40 sm90", 90, 40, DType::bf16, false, false, H, M, {}, {}},
       {"hd112 sm90", 90, 112, DType::bf16, false, false, H, M, {}, {}},
-      {"hd72 sm90", 90, 72, DType::bf16, false, false, M, M, {"head size 72 runs on dim 80"}, {}},
-      {"hd80 sm90", 90, 80, DType::bf16, false, false, M, M, {"head size 80 runs on dim 80"}, {}},
+      {"hd72 sm90", 90, 72, DType::bf16, false, false, H, M, {}, {}},
+      {"hd80 sm90", 90, 80, DType::bf16, false, false, H, M, {}, {}},
       {"hd200 sm90", 90, 200, DType::bf16, false, false, H, M, {}, {}},
-      {"fp8 hd80 sm90", 90, 80, DType::fp8_e4m3, false, false, M, M, {"head size 80 runs on dim 96"}, {}},
+      {"fp8 hd80 sm90", 90, 80, DType::fp8_e4m3, false, false, H, M, {}, {}},
       {"fp8 hd40 sm90", 90, 40, DType::fp8_e4m3, false, false, -1, -1, {"has no kernel dim"}, {"16 with an fp8 cache"}},
       {"hd84 sm90", 90, 84, DType::bf16, false, false, -1, -1, {"has no kernel dim"}, {"head size is 84"}},
       {"hd264 sm90", 90, 264, DType::bf16, false, false, M, M, {"head size 264 runs on dim 512"}, {}},
@@ -172,6 +172,12 @@ TEST(FlashAttnBackend, CapabilitiesAndRules) {
     EXPECT_TRUE(fa.check(config(90, hs)).empty()) << hs << ": " << joined(fa.check(config(90, hs)));
   EXPECT_NE(fa.variant(config(90, 112)).find("head-dim-128 kernels (head size 112 zero-padded)"), std::string::npos)
       << fa.variant(config(90, 112));
+  // Head size 96: prefill-shaped launches on the hopper kernel at 128, decode-shaped ones on the
+  // mma_sync decode tile at 96 (tile_head_dim).
+  EXPECT_NE(fa.variant(config(90, 96)).find("head-dim-128 kernels (head size 96 zero-padded); the mma_sync launches on "
+                                            "the head-dim-96 kernels"),
+            std::string::npos)
+      << fa.variant(config(90, 96));
 }
 
 // ---- cascade -------------------------------------------------------------------------------

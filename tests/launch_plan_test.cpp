@@ -176,7 +176,8 @@ TEST(ChooseLaunch, Table) {
        false, false},
       {"fp8 hd 256 prefill 2 x 8k: one CTA per item", h200(2, 8192, 8192, 256, true), {}, TileId::hopper, -1, true, false,
        false},
-      {"hd 96 prefill: mma_sync", h200(4, 4096, 4096, 96), {}, TileId::prefill, -1, true, true, false},
+      {"hd 96 prefill 4 x 4k: hopper at 128, as head size 128", h200(4, 4096, 4096, 96), {}, TileId::hopper_short, 132,
+       true, false, false},
       {"mma_sync preferred", mma_sync_pref, {}, TileId::prefill, -1, true, true, false},
       {"K and V strides differ", other_strides, {}, TileId::prefill, -1, true, true, false},
       {"ALiBi slopes per request: mma_sync", alibi_rows, {}, TileId::prefill, -1, true, true, false},
@@ -285,8 +286,8 @@ TEST(TileSet, EveryHeadSizeRunsOnTheNextCompiledDim) {
   EXPECT_EQ(kernel_head_dim(192, CacheKind::nvfp4, true), 256);
   EXPECT_EQ(kernel_head_dim(96, CacheKind::nvfp4, true), 0);
   EXPECT_EQ(kernel_head_dim(96, CacheKind::fp8, true), 128);
-  // A padded size reads its rows by cp.async (a TMA box copies whole rows); hopper serves the
-  // sizes whose dim is 64 / 128 / 192 / 256.
+  // A padded size reads its rows by cp.async (a TMA box copies whole rows); hopper serves every
+  // size up to 256 on the next of its dims 64 / 128 / 192 / 256.
   LaunchFacts dec = h200(64, 1, 4096, 112);
   EXPECT_EQ(choose_launch(dec).tile, TileId::decode) << choose_launch(dec).reason;
   EXPECT_NE(choose_launch(dec).reason.find("padded to 128"), std::string::npos) << choose_launch(dec).reason;
@@ -294,8 +295,26 @@ TEST(TileSet, EveryHeadSizeRunsOnTheNextCompiledDim) {
   EXPECT_EQ(choose_launch(dec).tile, TileId::decode_tma);
   EXPECT_EQ(choose_launch(h200(4, 2048, 2048, 112)).generation, Generation::hopper);
   EXPECT_EQ(choose_launch(h200(4, 2048, 2048, 40)).generation, Generation::hopper);
-  EXPECT_EQ(choose_launch(h200(4, 2048, 2048, 72)).generation, Generation::mma_sync);
-  EXPECT_EQ(choose_launch(h200(4, 2048, 2048, 72)).head_dim, 80);
+  // 72 .. 96: the hopper kernel at 128 for prefill-shaped launches, the decode tile at its
+  // mma_sync dim for decode-shaped ones (tile_head_dim); a split launch (mma_sync) at that dim too.
+  for (int hs : {72, 80, 88, 96}) {
+    const std::string ctx = "head size " + std::to_string(hs);
+    const int mma_dim = hs <= 80 ? 80 : 96;
+    EXPECT_EQ(choose_launch(h200(4, 2048, 2048, hs)).generation, Generation::hopper) << ctx;
+    EXPECT_EQ(choose_launch(h200(4, 2048, 2048, hs)).head_dim, 128) << ctx;
+    EXPECT_NE(choose_launch(h200(4, 2048, 2048, hs)).reason.find("padded to 128"), std::string::npos) << ctx;
+    EXPECT_EQ(choose_launch(h200(64, 1, 4096, hs)).tile, TileId::decode) << ctx;
+    EXPECT_EQ(choose_launch(h200(64, 1, 4096, hs)).head_dim, mma_dim) << ctx;
+    LaunchFacts split = h200(4, 2048, 2048, hs);
+    split.num_splits = 2;
+    EXPECT_EQ(choose_launch(split).tile, TileId::prefill) << ctx;
+    EXPECT_EQ(choose_launch(split).head_dim, mma_dim) << ctx;
+    EXPECT_EQ(tile_head_dim(TileId::hopper, hs, CacheKind::fp8), hs % 16 == 0 ? 128 : 0) << ctx;
+    EXPECT_EQ(tile_head_dim(TileId::prefill, hs, CacheKind::b16), mma_dim) << ctx;
+  }
+  EXPECT_EQ(tile_head_dim(TileId::hopper, 264, CacheKind::b16), 0);
+  EXPECT_EQ(tile_head_dim(TileId::hopper, 96, CacheKind::b16, /*planned=*/true), 128);
+  EXPECT_EQ(tile_head_dim(TileId::hopper_wide, 40, CacheKind::b16), 64);
   EXPECT_EQ(choose_launch(h200(4, 2048, 2048, 232)).generation, Generation::hopper);
   EXPECT_EQ(choose_launch(h200(4, 2048, 2048, 232)).config.keys, 64);
   EXPECT_TRUE(test::throws_error_with([] { choose_launch(h200(4, 16, 16, 84)); }, {"head_size", "84", "multiple of 8"}));

@@ -56,11 +56,13 @@ std::vector<std::string> hopper_rules(const AttentionConfig& cfg, bool built) {
   if (!cfg.device.cpu && cfg.device.cc() != kHopperCC)
     why.push_back("needs sm90 (wgmma and TMA are Hopper instructions; the device is " +
                   cfg.device.describe() + ")");
-  const int dim = kernel_head_dim(cfg.head_size, fa_cache_kind(cfg.cache_dtype));
+  const int dim = tile_head_dim(TileId::hopper, cfg.head_size, fa_cache_kind(cfg.cache_dtype));
   if (!tile_instantiated(TileId::hopper, dim, CacheKind::b16))
-    why.push_back("has kernels for head dims 64 / 128 / 192 / 256, serving the head sizes whose mma_sync "
-                  "kernel dim is the same (head size " + std::to_string(cfg.head_size) +
-                  (dim > 0 ? " runs on dim " + std::to_string(dim) + ")" : " has no kernel dim)"));
+    why.push_back("has kernels for head dims 64 / 128 / 192 / 256, serving head sizes up to 256 on the next of "
+                  "them (head size " + std::to_string(cfg.head_size) +
+                  (kernel_head_dim(cfg.head_size, fa_cache_kind(cfg.cache_dtype)) > 0
+                       ? " runs on dim " + std::to_string(kernel_head_dim(cfg.head_size, fa_cache_kind(cfg.cache_dtype))) + ")"
+                       : " has no kernel dim)"));
   if (!built) why.push_back("its kernels are not built (this library has no sm_90a code)");
   return why;
 }
@@ -98,14 +100,18 @@ GenerationChoice choose_generation(const AttentionConfig& cfg, bool hopper_kerne
     choice.why = "no kernel generation serves this configuration";
     return choice;
   }
-  const int dim = kernel_head_dim(cfg.head_size, fa_cache_kind(cfg.cache_dtype));
-  const std::string kernels =
-      dim == cfg.head_size ? "the head-dim-" + std::to_string(dim) + " kernels"
-                           : "the head-dim-" + std::to_string(dim) + " kernels (head size " +
-                                 std::to_string(cfg.head_size) + " zero-padded)";
+  const CacheKind kind = fa_cache_kind(cfg.cache_dtype);
+  auto kernels = [&](int dim) {
+    return dim == cfg.head_size ? "the head-dim-" + std::to_string(dim) + " kernels"
+                                : "the head-dim-" + std::to_string(dim) + " kernels (head size " +
+                                      std::to_string(cfg.head_size) + " zero-padded)";
+  };
+  const int dim = kernel_head_dim(cfg.head_size, kind);
   if (*choice.chosen == Generation::hopper) {
+    const int hopper_dim = tile_head_dim(TileId::hopper, cfg.head_size, kind);
     choice.why = "sm90 hot shape: wgmma kernels for prefill-shaped launches (decode-shaped and split "
-                 "launches run the mma_sync kernels), " + kernels;
+                 "launches run the mma_sync kernels), " + kernels(hopper_dim);
+    if (hopper_dim != dim) choice.why += "; the mma_sync launches on " + kernels(dim);
     return choice;
   }
   // mma_sync chosen: say whether hopper lost only because its kernels are not built.
@@ -115,7 +121,7 @@ GenerationChoice choose_generation(const AttentionConfig& cfg, bool hopper_kerne
                  "are not built, so mma_sync (sm80+) serves it";
   else
     choice.why = "mma.sync kernels for sm80+ with the widest feature set";
-  choice.why += ", " + kernels;
+  choice.why += ", " + kernels(dim);
   return choice;
 }
 

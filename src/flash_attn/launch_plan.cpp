@@ -51,7 +51,8 @@ void validate(const LaunchFacts& f, const LaunchTuning& t) {
 // The tile family of the launch, before the grid-size refinements; `why` gets the reason.
 TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) {
   const int64_t rows = item_rows(f);
-  const int hd = kernel_head_dim(f.head_size, f.cache, f.planned_items > 0);
+  const int hd = kernel_head_dim(f.head_size, f.cache, f.planned_items > 0);  // (the mma_sync tiles')
+  const int hopper_hd = tile_head_dim(TileId::hopper, f.head_size, f.cache, f.planned_items > 0);
   if (rows <= kDecodeTileRows && tile_instantiated(TileId::decode, hd, f.cache)) {
     // Decode-shaped (one token x its GQA group, or a few speculative tokens): 16-row tiles with
     // the warps along the keys. On sm90 their stages fill by TMA wherever the cache's rows and
@@ -78,14 +79,14 @@ TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) 
   why = std::to_string(rows) + " packed rows: prefill tile";
   if (rows <= kDecodeTileRows) why += " (no decode tile above head dim " + std::to_string(kMaxDecodeTileDim) + ")";
   const bool hopper_serves = f.preferred == Generation::hopper && f.hopper_kernels &&
-                             tile_instantiated(TileId::hopper, hd, f.cache) && f.num_splits == 1 && f.same_kv_strides &&
+                             tile_instantiated(TileId::hopper, hopper_hd, f.cache) && f.num_splits == 1 && f.same_kv_strides &&
                              !f.alibi_per_request;
   if (f.planned_items > 0) {
     // A planned prefill part: the hopper kernel walking the plan's items (PlanWalk) where it
     // serves the launch, the plan is unsplit (its epilogue writes the output, no partial rows)
     // and the plan's tile is the hopper tile's rows; else the mma_sync prefill tile, whose
     // epilogue also writes the plan's partials.
-    const int hopper_rows = tile_config(TileId::hopper, hd, f.cache).rows;
+    const int hopper_rows = tile_config(TileId::hopper, hopper_hd, f.cache).rows;
     if (hopper_serves && f.planned_unsplit && f.plan_tile_q == hopper_rows) {
       why += " of the hopper generation over the plan's items (unsplit, tile_q " + std::to_string(hopper_rows) + ")";
       return TileId::hopper;
@@ -104,9 +105,9 @@ TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) 
   // Why not hopper, when it was asked for.
   if (f.preferred == Generation::hopper) {
     if (!f.hopper_kernels) why += " (mma_sync: no sm_90a kernels for this device)";
-    else if (!tile_instantiated(TileId::hopper, hd, f.cache))
-      why += " (mma_sync: the hopper kernel serves 16-bit and fp8 caches at head dims 64 / 128 / 192 / 256; head size " +
-             std::to_string(f.head_size) + " runs on dim " + std::to_string(hd) + ")";
+    else if (!tile_instantiated(TileId::hopper, hopper_hd, f.cache))
+      why += " (mma_sync: the hopper kernel serves 16-bit and fp8 caches at head dims 64 / 128 / 192 / 256, head sizes up "
+             "to 256; head size " + std::to_string(f.head_size) + " runs on dim " + std::to_string(hd) + ")";
     else if (f.num_splits > 1) why += " (mma_sync: split launches merge in the mma_sync epilogue)";
     else if (f.alibi_per_request) why += " (mma_sync: the hopper kernel reads per-head ALiBi slopes only)";
     else why += " (mma_sync: the hopper producer needs equal K and V strides)";
@@ -167,7 +168,7 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
   validate(f, t);
   LaunchPlan plan;
   plan.tile = base_tile(f, t, plan.reason);
-  plan.head_dim = kernel_head_dim(f.head_size, f.cache, f.planned_items > 0);
+  plan.head_dim = tile_head_dim(plan.tile, f.head_size, f.cache, f.planned_items > 0);
   if (plan.head_dim != f.head_size)
     plan.reason += "; head size " + std::to_string(f.head_size) + " padded to " + std::to_string(plan.head_dim);
   auto grid_of = [&](TileId id) {

@@ -47,7 +47,8 @@ LaunchFacts split_kv_facts(const SplitKVInput& in) {
 
 TileConfig split_kv_tile(const SplitKVInput& in) {
   const LaunchFacts f = split_kv_facts(in);
-  return tile_config(split_rule_tile(f), kernel_head_dim(f.head_size, f.cache), f.cache);
+  const TileId tile = split_rule_tile(f);
+  return tile_config(tile, tile_head_dim(tile, f.head_size, f.cache), f.cache);
 }
 
 int64_t split_kv_work_items(const SplitKVInput& in) {
@@ -64,8 +65,9 @@ int64_t split_kv_work_items(const SplitKVInput& in) {
 SplitKVDecision decide_num_splits(const SplitKVInput& in) {
   SplitKVDecision d;
   const LaunchFacts facts = split_kv_facts(in);
-  const int head_dim = kernel_head_dim(facts.head_size, facts.cache);
-  const TileConfig tile = tile_config(split_rule_tile(facts), head_dim, facts.cache);
+  const int head_dim = kernel_head_dim(facts.head_size, facts.cache);  // (the split launch's: mma_sync)
+  const TileId unsplit = split_rule_tile(facts);
+  const TileConfig tile = tile_config(unsplit, tile_head_dim(unsplit, facts.head_size, facts.cache), facts.cache);
   // KV tiles of the split launch (the mma_sync kernel's, whatever the unsplit tile).
   const int split_tile_keys = tile_config(TileId::prefill, head_dim, facts.cache).keys;
   d.work_items = split_kv_work_items(in);

@@ -90,7 +90,7 @@ constexpr int head_size_multiple(CacheKind c) { return c == CacheKind::b16 ? 8 :
 // padding columns, the output stores the real ones only, and the softmax scale is the real
 // size's (docs/architecture.md section 9). Head sizes are multiples of 8 (16-byte rows of a
 // 16-bit cache); an fp8 cache needs multiples of 16 (its rows are copied in 16-byte chunks).
-// Every generation asks this: the hopper kernel serves a size only where its dim is this one.
+// The hopper tiles pad further where an mma_sync dim lies between theirs (tile_head_dim, below).
 // Planned launches (planned = true) take the next of kPlannedHeadDims.
 constexpr int kernel_head_dim(int head_size, CacheKind cache, bool planned = false) {
   if (head_size <= 0 || head_size % head_size_multiple(cache) != 0) return 0;
@@ -259,6 +259,27 @@ constexpr bool tile_instantiated(TileId id, int head_dim, CacheKind cache) {
       }
   }
   return false;
+}
+
+// The hopper kernels' head dims (hopper_hd*.cu; tile_instantiated says which tiles each has).
+inline constexpr int kHopperHeadDims[] = {64, 128, 192, 256};
+constexpr bool is_hopper_tile(TileId id) {
+  return id == TileId::hopper || id == TileId::hopper_short || id == TileId::hopper_wide;
+}
+
+// The compiled head dim tile `id` runs a runtime head size on (0: none). The mma_sync tiles and
+// planned launches: kernel_head_dim. The hopper tiles: the smallest hopper dim at least as
+// large, zero-padded the same way, also where an mma_sync dim lies between (72 .. 96 run on
+// hopper 128, not on mma_sync 80 / 96: the hopper kernel padded to 128 outruns the mma_sync
+// prefill tile there; DECISIONS.md: Head sizes: hopper tiles pad to their next dim). So one
+// launch's head dim is its tile's: a decode-shaped launch of head size 96 runs the decode tile
+// at 96, a prefill-shaped one the hopper kernel at 128.
+constexpr int tile_head_dim(TileId id, int head_size, CacheKind cache, bool planned = false) {
+  const int d = kernel_head_dim(head_size, cache, planned);
+  if (d == 0 || planned || !is_hopper_tile(id)) return d;
+  for (int h : kHopperHeadDims)
+    if (h >= head_size && cache_head_dim(h, cache)) return h;
+  return 0;
 }
 
 // Shared memory per CTA of an mma_sync tile (VarlenTraits::kSmemBytes asserts it is its own):

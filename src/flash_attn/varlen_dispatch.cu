@@ -27,7 +27,7 @@ namespace {
 constexpr const char* kWhere = "flash_attn varlen attention";
 constexpr int kMaxSplits = 256;
 
-// The plan's head dim (kernel_head_dim: the runtime head size rounded up) -> its instantiation.
+// The plan's head dim (tile_head_dim: the runtime head size rounded up to its tile's dim) -> its instantiation.
 template <class Elem, CacheKind kCache>
 void launch_head_dim(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   static_assert(kCache != CacheKind::nvfp4, "nvfp4 caches are read by the planned launches only");
