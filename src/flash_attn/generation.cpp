@@ -56,13 +56,13 @@ std::vector<std::string> hopper_rules(const AttentionConfig& cfg, bool built) {
   if (!cfg.device.cpu && cfg.device.cc() != kHopperCC)
     why.push_back("needs sm90 (wgmma and TMA are Hopper instructions; the device is " +
                   cfg.device.describe() + ")");
-  const int dim = tile_head_dim(TileId::hopper, cfg.head_size, fa_cache_kind(cfg.cache_dtype));
-  if (!tile_instantiated(TileId::hopper, dim, CacheKind::b16))
+  const CacheKind kind = fa_cache_kind(cfg.cache_dtype);
+  if (!tile_instantiated(TileId::hopper, tile_head_dim(TileId::hopper, cfg.head_size, kind), CacheKind::b16)) {
+    const int dim = kernel_head_dim(cfg.head_size, kind);
     why.push_back("has kernels for head dims 64 / 128 / 192 / 256, serving head sizes up to 256 on the next of "
                   "them (head size " + std::to_string(cfg.head_size) +
-                  (kernel_head_dim(cfg.head_size, fa_cache_kind(cfg.cache_dtype)) > 0
-                       ? " runs on dim " + std::to_string(kernel_head_dim(cfg.head_size, fa_cache_kind(cfg.cache_dtype))) + ")"
-                       : " has no kernel dim)"));
+                  (dim > 0 ? " runs on dim " + std::to_string(dim) + ")" : " has no kernel dim)"));
+  }
   if (!built) why.push_back("its kernels are not built (this library has no sm_90a code)");
   return why;
 }

@@ -66,8 +66,7 @@ SplitKVDecision decide_num_splits(const SplitKVInput& in) {
   SplitKVDecision d;
   const LaunchFacts facts = split_kv_facts(in);
   const int head_dim = kernel_head_dim(facts.head_size, facts.cache);  // (the split launch's: mma_sync)
-  const TileId unsplit = split_rule_tile(facts);
-  const TileConfig tile = tile_config(unsplit, tile_head_dim(unsplit, facts.head_size, facts.cache), facts.cache);
+  const TileConfig tile = split_kv_tile(in);
   // KV tiles of the split launch (the mma_sync kernel's, whatever the unsplit tile).
   const int split_tile_keys = tile_config(TileId::prefill, head_dim, facts.cache).keys;
   d.work_items = split_kv_work_items(in);

@@ -277,8 +277,8 @@ constexpr bool is_hopper_tile(TileId id) {
 constexpr int tile_head_dim(TileId id, int head_size, CacheKind cache, bool planned = false) {
   const int d = kernel_head_dim(head_size, cache, planned);
   if (d == 0 || planned || !is_hopper_tile(id)) return d;
-  for (int h : kHopperHeadDims)
-    if (h >= head_size && cache_head_dim(h, cache)) return h;
+  for (int h : kHopperHeadDims)  // (whole 64-dim groups: every cache kind a hopper tile reads)
+    if (h >= head_size) return h;
   return 0;
 }
 
