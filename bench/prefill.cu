@@ -14,7 +14,9 @@
 // turns with the bf16 cache, with the fp8 cache on the mma_sync kernel and with the same cache
 // read as e5m2.
 // Section prefill-split: short chunked prefills over long contexts (head size 128, 32/8 heads),
-// where the split rule may split, timed at forced split counts next to the rule's.
+// where the split rule may split, timed at forced split counts next to the rule's, each on the
+// launch rule's kernel in turns with the mma_sync one (eager calls: the hopper split launch's
+// combine kernel included).
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -292,17 +294,28 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
       const int rule = builder_num_splits(c.reqs, c.q_len, c.kv_len, kHeads, kSplitKv, DType::bf16,
                                           cuda::current_device_props().sm_count, kSplitHd);
       const double flops = 4.0 * c.reqs * c.q_len * (c.kv_len - c.q_len / 2.0) * kSplitHd * kHeads;
+      // Each count on the launch rule's kernel (hopper on sm90) and on the mma_sync one, in turns.
       for (int splits : {1, 2, 4, 8, 16}) {
         args.num_splits = splits;
         cuda::DeviceBuffer workspace = split_workspace(
             flash_attn::varlen_workspace_bytes(int64_t{c.reqs} * c.q_len, kHeads, kSplitHd, splits), stream);
         args.workspace = workspace.get();
         args.workspace_bytes = workspace.bytes();
-        const double ms = time_ms([&] { flash_attn::run_varlen_attention(args); }, stream, 3, 9);
+        flash_attn::VarlenArgs mma = args;
+        mma.generation = flash_attn::Generation::mma_sync;
+        const std::vector<double> t = eager_in_turns(
+            {[&](int) { flash_attn::run_varlen_attention(args); }, [&](int) { flash_attn::run_varlen_attention(mma); }}, 3,
+            stream);
         ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
-        rec.add({"prefill-split", key + " splits " + std::to_string(splits), "attnkit", "TFLOP/s", flops / ms / 1e9, ms,
-                 std::string(splits == rule ? "the split rule's count" : "forced") + " (rule: " + std::to_string(rule) +
-                     ")"});
+        const auto plan = flash_attn::choose_launch(flash_attn::varlen_launch_facts(args));
+        const std::string count =
+            std::string(splits == rule ? "the split rule's count" : "forced") + " (rule: " + std::to_string(rule) + ")";
+        char ratio[64];
+        std::snprintf(ratio, sizeof ratio, "; in turns: mma_sync / this %.3fx", t[1] / t[0]);
+        rec.add({"prefill-split", key + " splits " + std::to_string(splits), "attnkit", "TFLOP/s", flops / t[0] / 1e9,
+                 t[0], count + ", " + std::string(flash_attn::generation_name(plan.generation)) + " " + plan.config.name + ratio});
+        rec.add({"prefill-split", key + " splits " + std::to_string(splits) + " mma_sync", "attnkit", "TFLOP/s",
+                 flops / t[1] / 1e9, t[1], count + ", the mma_sync kernel (VarlenArgs::generation)"});
       }
     } catch (const std::exception& e) {
       rec.fail("prefill-split", key, e.what());

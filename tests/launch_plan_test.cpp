@@ -169,7 +169,12 @@ TEST(ChooseLaunch, Table) {
       {"hd 64, three warpgroups and 2 Q buffers forced: two Q buffers, persistent", h200(2, 8192, 8192, 64),
        [&] { LaunchTuning t = two_q; t.consumer_groups = 3; return t; }(), TileId::hopper_short, 132, true, false, false},
       {"hd 128, three warpgroups forced: two", h200(2, 8192, 8192), three_groups, TileId::hopper, -1, true, false, false},
-      {"split prefill: mma_sync", h200(1, 512, 8192, 128, false, 4, 2), {}, TileId::prefill, -1, true, true, false},
+      {"split prefill: hopper, 16 x 8 x 2 items: persistent, two Q buffers", h200(1, 512, 8192, 128, false, 4, 2), {},
+       TileId::hopper_short, 132, true, false, false},
+      {"split hd 64 prefill 4 x 4k: the split rule's 128-row items, not three warpgroups",
+       non_causal(h200(4, 4096, 4096, 64, false, 4, 2)), {}, TileId::hopper_short, 132, true, false, false},
+      {"split hd 64 prefill, three warpgroups forced", non_causal(h200(4, 4096, 4096, 64, false, 4, 2)), three_groups,
+       TileId::hopper_wide, 132, true, false, false},
       {"fp8 prefill 4 x 4k: persistent, two Q buffers", h200(4, 4096, 4096, 128, true), {}, TileId::hopper_short, 132,
        true, false, false},
       {"fp8 hd 64 prefill 32 x 512: two Q buffers", h200(32, 512, 512, 64, true), {}, TileId::hopper_short, 132, true,
@@ -221,7 +226,6 @@ TEST(ChooseLaunch, HopperKvFill) {
   LaunchFacts planned = h200(4, 4096, 4096);
   planned.planned_items = 128;
   planned.plan_tile_q = 128;
-  planned.planned_unsplit = true;
   const Case cases[] = {
       {"the rule at hd 128 (two-segment rows): cp.async", h200(4, 4096, 4096), false, false, TileId::hopper_short,
        KvFill::cp_async},
@@ -296,7 +300,8 @@ TEST(TileSet, EveryHeadSizeRunsOnTheNextCompiledDim) {
   EXPECT_EQ(choose_launch(h200(4, 2048, 2048, 112)).generation, Generation::hopper);
   EXPECT_EQ(choose_launch(h200(4, 2048, 2048, 40)).generation, Generation::hopper);
   // 72 .. 96: the hopper kernel at 128 for prefill-shaped launches, the decode tile at its
-  // mma_sync dim for decode-shaped ones (tile_head_dim); a split launch (mma_sync) at that dim too.
+  // mma_sync dim for decode-shaped ones (tile_head_dim); a split prefill-shaped launch on the
+  // hopper kernel at 128 too, the mma_sync prefill tile at its dim where mma_sync is preferred.
   for (int hs : {72, 80, 88, 96}) {
     const std::string ctx = "head size " + std::to_string(hs);
     const int mma_dim = hs <= 80 ? 80 : 96;
@@ -307,6 +312,9 @@ TEST(TileSet, EveryHeadSizeRunsOnTheNextCompiledDim) {
     EXPECT_EQ(choose_launch(h200(64, 1, 4096, hs)).head_dim, mma_dim) << ctx;
     LaunchFacts split = h200(4, 2048, 2048, hs);
     split.num_splits = 2;
+    EXPECT_EQ(choose_launch(split).generation, Generation::hopper) << ctx;
+    EXPECT_EQ(choose_launch(split).head_dim, 128) << ctx;
+    split.preferred = Generation::mma_sync;
     EXPECT_EQ(choose_launch(split).tile, TileId::prefill) << ctx;
     EXPECT_EQ(choose_launch(split).head_dim, mma_dim) << ctx;
     EXPECT_EQ(tile_head_dim(TileId::hopper, hs, CacheKind::fp8), hs % 16 == 0 ? 128 : 0) << ctx;
@@ -357,11 +365,10 @@ TEST(ChooseLaunch, PlannedPartsTakeTheirTiles) {
   prefill.planned_items = 40;
   prefill.plan_tile_q = 16;
   EXPECT_EQ(choose_launch(prefill).config.rows, kDecodeTileRows) << choose_launch(prefill).reason;
+  // A plan of the hopper tile's rows (split or not, graph-safe or not: the epilogue writes the
+  // partial rows of split tiles) runs the hopper kernel over the plan's items, one CTA per item;
+  // other tiles, per-request ALiBi or unequal K / V strides stay on mma_sync.
   prefill.plan_tile_q = 128;
-  EXPECT_EQ(choose_launch(prefill).tile, TileId::prefill) << "(a split or graph-safe plan: partial rows)";
-  // An unsplit plan of the hopper tile's rows runs the hopper kernel over the plan's items, one
-  // CTA per item; other tiles, per-request ALiBi or unequal K / V strides stay on mma_sync.
-  prefill.planned_unsplit = true;
   const LaunchPlan h = choose_launch(prefill);
   EXPECT_EQ(h.tile, TileId::hopper) << h.reason;
   EXPECT_EQ(h.generation, Generation::hopper);
@@ -472,24 +479,29 @@ TEST(ChooseLaunch, SplitRuleCountsTheGridsWork) {
     }
     EXPECT_LE(d.work_items, plan.grid_ctas) << ctx;
     EXPECT_EQ(base.rows, plan.config.rows) << ctx;
-    // A split launch runs the mma_sync kernel, in a tile of the same rows.
+    // A split launch runs the generation of the unsplit one, in a tile of the same rows and keys
+    // (the rule's trim counts its KV tiles).
     f.num_splits = d.num_splits;
     const LaunchPlan split = choose_launch(f);
-    if (d.num_splits > 1) EXPECT_EQ(split.generation, Generation::mma_sync) << ctx;
+    EXPECT_EQ(split.generation, plan.generation) << ctx;
     EXPECT_EQ(split.config.rows, plan.config.rows) << ctx;
+    EXPECT_EQ(split.config.keys, base.keys) << ctx;
+    if (d.num_splits > 1 && plan.generation == Generation::hopper)
+      EXPECT_LE(d.work_items * d.num_splits, d.cta_slots) << ctx << " (hopper splits fill at most one wave)";
   }
 }
 
-// Batches the hopper kernel serves unsplit split only into more than kHopperCtaWork splits
-// (chunked prefills of bench section prefill-split; 32 / 8 heads, head size 128, 132 SMs).
-TEST(ChooseLaunch, HopperServedBatchesSplitOnlyWhereTheSplitsOutrunIt) {
+// Batches the hopper kernel serves split into hopper CTAs by the one-wave rule, over 128-key
+// tiles (chunked prefills of bench section prefill-split; 32 / 8 heads, head size 128, 132 SMs).
+TEST(ChooseLaunch, HopperServedBatchesSplitIntoOneWaveOfHopperCtas) {
   struct Case {
     int reqs, q, kv, splits;
     const char* why;
   };
-  for (const Case& c : {Case{1, 128, 8192, 1, "W = 32: 4 splits would not beat hopper"},
-                        Case{4, 32, 4096, 1, "W = 32"}, Case{1, 512, 16384, 1, "W = 128: past half a wave"},
-                        Case{1, 16, 16384, 16, "W = 8: 16 splits"}, Case{2, 16, 8192, 8, "W = 16: 8 splits"}}) {
+  for (const Case& c : {Case{1, 128, 8192, 4, "W = 32: floor(132 / 32)"}, Case{4, 32, 4096, 4, "W = 32"},
+                        Case{1, 512, 16384, 1, "W = 128: past half a wave"},
+                        Case{1, 16, 16384, 16, "W = 8: 16 splits"}, Case{2, 16, 8192, 8, "W = 16: 8 splits"},
+                        Case{1, 128, 1536, 3, "W = 32, 1536 keys: splits of >= 512 keys"}}) {
     test::Batch b;
     for (int r = 0; r < c.reqs; ++r) b.add(c.q, c.kv);
     SplitKVInput in;
@@ -504,8 +516,9 @@ TEST(ChooseLaunch, HopperServedBatchesSplitOnlyWhereTheSplitsOutrunIt) {
     const SplitKVDecision d = decide_num_splits(in);
     EXPECT_EQ(d.num_splits, c.splits) << c.why << ": " << d.reason;
     EXPECT_EQ(split_kv_tile(in).generation, Generation::hopper) << c.why;
-    in.hopper_kernels = false;  // the mma_sync prefill tile (2 CTAs per SM) splits these
-    EXPECT_GT(decide_num_splits(in).num_splits, c.splits == 1 && c.q != 512 ? 1 : 0) << c.why << " (mma_sync)";
+    LaunchFacts f = split_kv_facts(in);
+    f.num_splits = d.num_splits;
+    EXPECT_EQ(choose_launch(f).generation, Generation::hopper) << c.why << ": split launches stay on wgmma";
   }
 }
 

@@ -2,8 +2,9 @@
 // configured by HopperTraits, instantiated in hopper_hd*.cu. Same work items, masks and
 // online softmax as the mma_sync kernel (varlen_kernel.cuh); what differs is the GEMMs (each
 // warpgroup issues wgmma.mma_async on 64 rows x a tile of keys with Q / K / V read from swizzled
-// shared memory by descriptor) and the epilogue (without split partials there is nothing to
-// merge across warps: rows leave through the item's Q buffer once its last S is done).
+// shared memory by descriptor) and the epilogue (no parts to merge across warps: each warp holds
+// whole rows; they leave through the item's Q buffer once its last S is done, or as a split's
+// partials, merged by the item's last split in the kernel: hopper_q_buffer.cuh).
 //
 // Warp-specialised: a producer warpgroup copies Q (cp.async; fp8 caches: then rounds it to e4m3
 // in its buffer) and the K/V tiles through the page map (TMA boxes or cp.async; fp8 V codes
@@ -39,6 +40,7 @@
 #include "cuda/paged_kv_tile.h"
 #include "cuda/pdl.h"
 #include "cuda/pipeline_sm90.h"
+#include "cuda/split_kv_combine.h"
 #include "cuda/sync_sm90.h"
 #include "cuda/tile_copy_layout.h"
 #include "cuda/wgmma_sm90.h"
@@ -354,8 +356,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       wgmma_hold(pa);
       v_pipe.release(prev_at);
     }
-    if (warp_row0 < w.rows)
+    // (a split item's fields are read from its copy in shared memory: kept in registers through
+    // the loop, they made ptxas 13.0 spill the consumers)
+    const WorkItem& item = s_item[q_at.stage];
+    const bool split = Sched::kPlanned ? item.num_chunks > 1 : p.num_splits > 1;  // (SplitPartials::split)
+    if (warp_row0 >= w.rows) {
+    } else if (split) {
+      detail::split_epilogue<Tr>(p, item, o, softmax, unit, fault, warp_row0, lane);
+    } else {
       detail::staged_epilogue<Tr>(p, w, o, softmax, unit, fault, warp_row0, lane, s_q(q_at.stage));
+    }
     q_pipe.release(q_at);  // the item's output rows have left its Q buffer
     q_at.advance();
   }
@@ -391,8 +401,6 @@ void with_fill(const VarlenKernelParams& p, const LaunchPlan& plan, const char* 
 template <class Elem, int kHeadDim, CacheKind kCache>
 void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   const char* where = "flash_attn varlen attention (hopper)";
-  ATTNKIT_REQUIRE(p.num_splits == 1, where, "num_splits", p.num_splits,
-                  "must be 1 (split launches run the mma_sync kernels)");
   auto with_tile = [&]<TileId kTile>() {
     using Tr = HopperTraits<Elem, kHeadDim, kTile, kCache>;
     auto launch = [&]<class Fill>() {
@@ -402,6 +410,7 @@ void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStre
       ATTNKIT_REQUIRE(plan.grid_ctas <= 0x7fffffff, where, "work items", plan.grid_ctas, "must be < 2^31");
       const PersistentScheduler<Tr::kBlockM, Tr::kBlockN> items{cuda::FastDivmod(static_cast<int>(grid.x)),
                                                                 cuda::FastDivmod(static_cast<int>(grid.y)),
+                                                                cuda::FastDivmod(p.num_splits),
                                                                 static_cast<int>(plan.grid_ctas)};
       auto kernel = hopper_varlen_kernel<Tr, Fill, PersistentScheduler<Tr::kBlockM, Tr::kBlockN>>;
       ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
@@ -410,17 +419,37 @@ void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStre
     };
     with_fill<Tr>(p, plan, where, launch);
   };
-  if constexpr (tile_instantiated(TileId::hopper_short, kHeadDim, kCache)) {
-    if (plan.tile == TileId::hopper_short) return with_tile.template operator()<TileId::hopper_short>();
+  auto with_plan_tile = [&] {
+    if constexpr (tile_instantiated(TileId::hopper_short, kHeadDim, kCache)) {
+      if (plan.tile == TileId::hopper_short) return with_tile.template operator()<TileId::hopper_short>();
+    }
+    if constexpr (tile_instantiated(TileId::hopper_wide, kHeadDim, kCache)) {
+      if (plan.tile == TileId::hopper_wide) return with_tile.template operator()<TileId::hopper_wide>();
+    }
+    if (plan.tile == TileId::hopper) with_tile.template operator()<TileId::hopper>();
+    else fail(where, "tile", plan.config.name, "is not a hopper tile");
+  };
+  with_plan_tile();
+  // A split launch wrote every row's partials (the split epilogue): the split combine merges
+  // them into the output and LSE, the sink in, after the kernel (its rows past the batch's last
+  // token, cu_seqlens_q[num_reqs], are batch padding without partials).
+  if (p.num_splits > 1) {
+    cuda::CombineTarget target;
+    target.out = p.out;
+    target.out_dtype = std::is_same_v<Elem, __half> ? DType::f16 : DType::bf16;
+    target.out_stride_token = p.out_stride_token;
+    target.out_stride_head = p.out_stride_head;
+    target.lse = p.lse;
+    target.lse_stride_head = p.lse_stride_head;
+    target.lse_stride_token = p.lse_stride_token;
+    target.sinks = p.sinks;
+    target.sinks_stride = p.sinks_stride;
+    target.valid_tokens = p.cu_seqlens_q + p.num_reqs;
+    cuda::launch_split_kv_combine(p.partials, target, stream);
   }
-  if constexpr (tile_instantiated(TileId::hopper_wide, kHeadDim, kCache)) {
-    if (plan.tile == TileId::hopper_wide) return with_tile.template operator()<TileId::hopper_wide>();
-  }
-  if (plan.tile == TileId::hopper) with_tile.template operator()<TileId::hopper>();
-  else fail(where, "tile", plan.config.name, "is not a hopper tile");
 }
 
-// A planned launch (FlashInfer-style prefill part, unsplit plan) on the hopper tile: one CTA per
+// A planned launch (FlashInfer-style prefill part) on the hopper tile: one CTA per
 // planned item slot (grid_items, the plan's capacity: slots past the plan's count exit) and KV
 // head, the page table as the page map (the fill as with_fill says).
 template <class Elem, int kHeadDim, CacheKind kCache>

@@ -1,9 +1,11 @@
 // The hopper kernel's Q buffer, in and out (hopper_kernel.cuh): the producer's copy of an
 // item's Q rows into it (and with fp8 caches their e4m3 codes, in place), and the consumers'
-// epilogue, whose output rows leave through it once the item's last S is done.
+// epilogues: an unsplit item's output rows leave through the Q buffer once its last S is done,
+// a split item's rows as fp32 partials.
 #pragma once
 #include <cuda_fp8.h>
 
+#include <cfloat>
 #include <type_traits>
 
 #include "attnkit/detail/merge_rule.h"
@@ -25,15 +27,19 @@ namespace detail {
 
 // The epilogue's per-row work: the factor of each of this thread's two rows (g, g + 8 of its
 // warp's 16: normalisation, sink weight, V's dequant scale) and their LSE, written by one thread
-// per row.
-// An item the metadata guards refused (fault) gets NaN factors: NaN rows whatever O holds.
+// per row: to the output's LSE, or for a split item (split) to its partial LSE, with no sink
+// (the merge folds it in once).
+// An item the metadata guards refused (fault) gets NaN factors: NaN rows whatever O holds; its
+// partial LSE claims the largest finite value, so that the merge gives it all the weight and its
+// NaN reaches the output (as the mma_sync epilogue's).
 template <class Tr>
 __device__ __forceinline__ void finish_rows(const VarlenKernelParams& p, const WorkItem& w,
-                                            const cuda::RowSoftmax& softmax, float unit, bool fault, int warp_row0,
-                                            int lane, float (&f)[2]) {
+                                            const cuda::RowSoftmax& softmax, float unit, bool fault, bool split,
+                                            int warp_row0, int lane, float (&f)[2]) {
   float max_log2[2], sum[2];
   softmax.finish(unit, max_log2, sum);
   const float v_scale = cache_scale<Tr>(p.v_scale, p.v_scale_stride, w.kv_head);  // (fp8 caches; else 1)
+  const bool sink = !split && p.sinks != nullptr;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int m = warp_row0 + (lane >> 2) + 8 * r;
@@ -41,14 +47,15 @@ __device__ __forceinline__ void finish_rows(const VarlenKernelParams& p, const W
     float wt[1];
     float lse = cuda::combine_row_parts<1>(mx, sm, wt);
     float sink_weight = 1.f;
-    const bool lse_row = m < w.rows && (lane & 3) == 0 && p.lse != nullptr;
-    if (p.sinks != nullptr || lse_row) {
+    const bool lse_row = m < w.rows && (lane & 3) == 0 && (split || p.lse != nullptr);
+    if (sink || lse_row) {
       const PackedRow row = packed_row(p, w, w.m0 + m);
-      if (p.sinks != nullptr) {  // a part with LSE = sink logit and no value
+      if (sink) {  // a part with LSE = sink logit and no value
         float w_sink;
         lse = merge_weights(lse, p.sinks[row.head * p.sinks_stride], &sink_weight, &w_sink);
       }
-      if (lse_row) p.lse[row.head * p.lse_stride_head + row.token * p.lse_stride_token] = lse;
+      if (lse_row && split) *SplitPartials::lse(p, w, m, row.token, row.head) = fault ? FLT_MAX : lse;
+      else if (lse_row) p.lse[row.head * p.lse_stride_head + row.token * p.lse_stride_token] = lse;
     }
     f[r] = fault ? __int_as_float(0x7fffffff) : wt[0] * sink_weight * v_scale;
   }
@@ -67,7 +74,7 @@ __device__ __forceinline__ void staged_epilogue(const VarlenKernelParams& p, con
   using T = typename Tr::Elem;
   using L = cuda::Swizzle128Tile<Tr::kBlockM>;
   float f[2];
-  finish_rows<Tr>(p, w, softmax, unit, fault, warp_row0, lane, f);
+  finish_rows<Tr>(p, w, softmax, unit, fault, /*split=*/false, warp_row0, lane, f);
   long long row_addr = 0;  // (0: a padding row)
   if (warp_row0 + (lane & 15) < w.rows) {
     const PackedRow row = packed_row(p, w, w.m0 + warp_row0 + (lane & 15));
@@ -95,6 +102,32 @@ __device__ __forceinline__ void staged_epilogue(const VarlenKernelParams& p, con
     T* const dst = reinterpret_cast<T*>(__shfl_sync(0xffffffffu, row_addr, m));
     if (dst == nullptr || c * 8 >= p.head_size) continue;
     cuda::st_global_v4(dst + c * 8, cuda::ld_shared_v4(s_q_buf + L::offset(warp_row0 + m, c)));
+  }
+}
+
+// A split item's epilogue (SplitPartials::split: a launch of num_splits > 1, or a planned item
+// of a tile the plan splits into chunks): the warp's rows leave as fp32 partials (normalised
+// within the split, V's dequant scale in, no sink: the merge folds it in), float2 stores straight
+// from the accumulators (a quad's four lanes write 8 adjacent columns). A merge kernel folds the
+// splits after the launch (launch_hopper: the split combine; a planned launch: the plan merge):
+// merged here, by the last split to finish as the mma_sync epilogue does, ptxas 13.0 spilled the
+// consumers (hd128 bf16, 100-260 bytes).
+template <class Tr>
+__device__ __forceinline__ void split_epilogue(const VarlenKernelParams& p, const WorkItem& w,
+                                               const cuda::FragC (&o)[Tr::kOFrags], const cuda::RowSoftmax& softmax,
+                                               float unit, bool fault, int warp_row0, int lane) {
+  float f[2];
+  finish_rows<Tr>(p, w, softmax, unit, fault, /*split=*/true, warp_row0, lane, f);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int m = warp_row0 + (lane >> 2) + 8 * r;
+    if (m >= w.rows) continue;
+    const PackedRow row = packed_row(p, w, w.m0 + m);
+    float* const dst = SplitPartials::o(p, w, m, row.token, row.head) + 2 * (lane & 3);
+#pragma unroll
+    for (int dn = 0; dn < Tr::kOFrags; ++dn)
+      if (dn * 8 < p.head_size)
+        *reinterpret_cast<float2*>(dst + dn * 8) = make_float2(o[dn].c[2 * r] * f[r], o[dn].c[2 * r + 1] * f[r]);
   }
 }
 

@@ -79,23 +79,21 @@ TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) 
   why = std::to_string(rows) + " packed rows: prefill tile";
   if (rows <= kDecodeTileRows) why += " (no decode tile above head dim " + std::to_string(kMaxDecodeTileDim) + ")";
   const bool hopper_serves = f.preferred == Generation::hopper && f.hopper_kernels &&
-                             tile_instantiated(TileId::hopper, hopper_hd, f.cache) && f.num_splits == 1 && f.same_kv_strides &&
+                             tile_instantiated(TileId::hopper, hopper_hd, f.cache) && f.same_kv_strides &&
                              !f.alibi_per_request;
   if (f.planned_items > 0) {
     // A planned prefill part: the hopper kernel walking the plan's items (PlanWalk) where it
-    // serves the launch, the plan is unsplit (its epilogue writes the output, no partial rows)
-    // and the plan's tile is the hopper tile's rows; else the mma_sync prefill tile, whose
-    // epilogue also writes the plan's partials.
+    // serves the launch and the plan's tile is the hopper tile's rows; else the mma_sync prefill
+    // tile. Either epilogue writes the plan's partial rows for the items of split tiles.
     const int hopper_rows = tile_config(TileId::hopper, hopper_hd, f.cache).rows;
-    if (hopper_serves && f.planned_unsplit && f.plan_tile_q == hopper_rows) {
-      why += " of the hopper generation over the plan's items (unsplit, tile_q " + std::to_string(hopper_rows) + ")";
+    if (hopper_serves && f.plan_tile_q == hopper_rows) {
+      why += " of the hopper generation over the plan's items (tile_q " + std::to_string(hopper_rows) + ")";
       return TileId::hopper;
     }
     why += " of the mma_sync generation (planned prefill: ";
-    why += !hopper_serves                 ? "the hopper kernel does not serve it)"
-           : !f.planned_unsplit           ? "a split or graph-safe plan writes partial rows)"
-                                          : "the plan's tile_q " + std::to_string(f.plan_tile_q) + " is not the hopper tile's " +
-                                                std::to_string(hopper_rows) + ")";
+    why += !hopper_serves ? "the hopper kernel does not serve it)"
+                          : "the plan's tile_q " + std::to_string(f.plan_tile_q) + " is not the hopper tile's " +
+                                std::to_string(hopper_rows) + ")";
     return TileId::prefill;
   }
   if (hopper_serves) {
@@ -108,7 +106,6 @@ TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) 
     else if (!tile_instantiated(TileId::hopper, hopper_hd, f.cache))
       why += " (mma_sync: the hopper kernel serves 16-bit and fp8 caches at head dims 64 / 128 / 192 / 256, head sizes up "
              "to 256; head size " + std::to_string(f.head_size) + " runs on dim " + std::to_string(hd) + ")";
-    else if (f.num_splits > 1) why += " (mma_sync: split launches merge in the mma_sync epilogue)";
     else if (f.alibi_per_request) why += " (mma_sync: the hopper kernel reads per-head ALiBi slopes only)";
     else why += " (mma_sync: the hopper producer needs equal K and V strides)";
   }
@@ -217,22 +214,23 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
     // CTA launch balanced 192-row ones better than the persistent walk (4k x 4: +11%); at <= 2k
     // keys it measured 3-13% slower, or equal (DECISIONS.md: Hopper: three consumer warpgroups at
     // head dim 64). The grid: requests x the longest query's items (the host knows no other
-    // lengths); the split rule counts the 128-row items (a split launch runs the mma_sync tile).
+    // lengths). The split rule counts the 128-row items, so a split launch keeps them (its
+    // splits fill at most one wave of them: the grid's excess is empty items).
     const bool wide_tile = tile_instantiated(TileId::hopper_wide, plan.head_dim, f.cache);
-    const bool wide = wide_tile && t.q_buffers != 2 &&
+    const bool wide = wide_tile && t.q_buffers != 2 && (f.num_splits == 1 || t.consumer_groups == 3) &&
                       (t.consumer_groups > 0 ? t.consumer_groups == 3
                                              : (!f.causal || f.max_seq_len > kWideCausalMinKeys) &&
                                                    4 * plan.grid_ctas > 5 * sms);
     // Short items: one CTA per SM walks them (persistent); long ones, and causal ones on the
     // 192-row tile, one CTA per item, which the hardware hands to SMs as they free up (the
     // walk's static shares of unequal items leave its slowest CTA behind). An item's work is its
-    // keys x head dim; the walk wins up to 4096 x 128 where the tile has a second Q buffer (the
+    // keys (a split's share of them) x head dim; the walk wins up to 4096 x 128 where the tile has a second Q buffer (the
     // next item's Q loads while the current one finishes), up to half that with one (head dim
     // 256, the 192-row tile).
     // (a second Q buffer exists where a K/V ring of two stages still fits next to it: tile_set.h)
     const bool short_tile = tile_instantiated(TileId::hopper_short, plan.head_dim, f.cache);
     const int64_t max_work = !wide && short_tile ? kPersistentMaxWork : kPersistentMaxWork / 2;
-    const bool short_keys = int64_t{f.max_seq_len} * plan.head_dim <= max_work;
+    const bool short_keys = ceil_div(int64_t{f.max_seq_len}, int64_t{f.num_splits}) * plan.head_dim <= max_work;
     const bool persistent = t.max_ctas > 0 || (short_keys && !(wide && f.causal));
     const int64_t max_ctas = t.max_ctas > 0 ? t.max_ctas : sms;
     const bool two_q = !wide && short_tile && (t.q_buffers > 0 ? t.q_buffers == 2 : persistent && plan.grid_ctas > max_ctas);

@@ -50,9 +50,6 @@ struct LaunchFacts {
   // work items per KV head; its head dims are kPlannedHeadDims, its splits the plan's chunks.
   int64_t planned_items = 0;
   int plan_tile_q = 0;  // planned: the plan's query tile (an item's packed rows at most)
-  // planned: no item writes partial rows (an unsplit plan, not launched graph-safe: a captured
-  // launch must serve later plans that split)
-  bool planned_unsplit = false;
 };
 
 struct LaunchPlan {

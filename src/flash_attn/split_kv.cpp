@@ -65,10 +65,7 @@ int64_t split_kv_work_items(const SplitKVInput& in) {
 SplitKVDecision decide_num_splits(const SplitKVInput& in) {
   SplitKVDecision d;
   const LaunchFacts facts = split_kv_facts(in);
-  const int head_dim = kernel_head_dim(facts.head_size, facts.cache);  // (the split launch's: mma_sync)
-  const TileConfig tile = split_kv_tile(in);
-  // KV tiles of the split launch (the mma_sync kernel's, whatever the unsplit tile).
-  const int split_tile_keys = tile_config(TileId::prefill, head_dim, facts.cache).keys;
+  const TileConfig tile = split_kv_tile(in);  // (a split launch runs the same tile: its KV tiles too)
   d.work_items = split_kv_work_items(in);
   d.cta_slots = static_cast<int64_t>(in.num_sms) * tile.ctas_per_sm;
   if (d.work_items == 0) {
@@ -76,7 +73,8 @@ SplitKVDecision decide_num_splits(const SplitKVInput& in) {
     return d;
   }
   if (tile.o_slices > 1) {
-    d.reason = "head dim " + std::to_string(head_dim) + ": output-column slices, which do not split";
+    d.reason = "head dim " + std::to_string(kernel_head_dim(facts.head_size, facts.cache)) +
+               ": output-column slices, which do not split";
     return d;
   }
   const int32_t max_kv = facts.max_seq_len;  // longest KV among requests that have queries
@@ -114,20 +112,12 @@ SplitKVDecision decide_num_splits(const SplitKVInput& in) {
     return d;
   }
   // Drop splits that do not shorten the longest split (in KV tiles).
-  const int64_t tiles = ceil_div(max_kv, split_tile_keys);
+  const int64_t tiles = ceil_div(max_kv, tile.keys);
   while (s > 1 && ceil_div(tiles, s - 1) == ceil_div(tiles, s)) --s;
-  if (tile.generation == Generation::hopper && s <= kHopperCtaWork) {
-    // A split launch leaves the hopper kernel for the mma_sync one, whose CTAs do about a
-    // quarter of a hopper CTA's work on an SM: it must run more than 4x the CTAs to gain.
-    d.reason = std::to_string(d.work_items) + " work items for " + std::to_string(d.cta_slots) + " CTA slots: " +
-               std::to_string(s) + " mma_sync splits would not beat the unsplit hopper kernel (needs > " +
-               std::to_string(kHopperCtaWork) + ")";
-    return d;
-  }
   d.num_splits = static_cast<int>(s);
   d.reason = std::to_string(d.work_items) + " work items for " + std::to_string(d.cta_slots) +
              " CTA slots: " + std::to_string(s) + " splits of <= " +
-             std::to_string(ceil_div(tiles, s) * split_tile_keys) + " KV tokens (" + tile.name + " tile)";
+             std::to_string(ceil_div(tiles, s) * tile.keys) + " KV tokens (" + tile.name + " tile)";
   return d;
 }
 

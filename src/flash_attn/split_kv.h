@@ -11,16 +11,14 @@
 //   CTA slots   S = num_sms * the tile's CTAs per SM
 //   s = min(floor(S / W), kMaxUsefulSplits, max_splits, floor(max_seq_len / kMinKVPerSplit))
 //   (floor: the W * s CTAs fill at most one wave of slots, never start a partial second one)
-//   then s drops to the smallest count giving the same longest split (in KV tiles of the split
-//   launch), since more splits that do not shorten the longest one only add merge work;
+//   then s drops to the smallest count giving the same longest split (in the tile's KV tiles),
+//   since more splits that do not shorten the longest one only add merge work;
 //   s <= 1 -> 1.
 //   Past half a wave (2W > S), a batch of decode tiles of at most two waves (W <= 2S) still
 //   splits when the waves would run mostly empty: s in 2..min(kMaxWaveSplits, max_splits,
 //   max_seq_len / kMinKVPerWaveSplit) with the best fill W*s / (ceil(W*s / S) * S), the smallest
 //   on ties, if that fill beats one split's by kMinWaveFillGain.
-// Split launches run the mma_sync kernel (the hopper kernel's epilogue writes no partials): a
-// batch the hopper kernel would serve counts the hopper tile's slots (one CTA per SM), and splits
-// only into more than kHopperCtaWork splits (fewer mma_sync CTAs do not do the hopper CTAs' work).
+// A split launch runs the tile of the unsplit one (the hopper kernel's too: one CTA per SM).
 // The measured evidence for each constant: src/flash_attn/DECISIONS.md ("Split count: ...").
 // Borrowed from FlashAttention's num_splits_heuristic: the wave-fill view of the split count and
 // the skip of split counts with the same per-split work (FA2's "ineligible" splits).
@@ -42,9 +40,6 @@ inline constexpr int kMaxUsefulSplits = 32;    // the rule never picks more (mea
 inline constexpr int kMaxWaveSplits = 4;       // the wave-fill clause's largest count
 inline constexpr double kMinWaveFillGain = 0.15;  // ... the fill it must add
 inline constexpr int kMinKVPerWaveSplit = 2048;   // ... and the KV each split keeps
-// A batch the hopper kernel serves unsplit splits only into more than this many splits: one
-// hopper CTA does the work of about this many mma_sync prefill CTAs on an SM (measured).
-inline constexpr int kHopperCtaWork = 4;
 
 struct SplitKVInput {
   std::span<const int32_t> query_start_loc;  // num_reqs + 1

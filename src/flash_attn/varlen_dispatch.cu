@@ -397,7 +397,6 @@ void run_planned_attention(const VarlenArgs& args, const PlannedLaunch& planned,
   LaunchFacts facts = varlen_launch_facts(args, p);
   facts.planned_items = planned.planned_items;
   facts.plan_tile_q = planned.tile_q;
-  facts.planned_unsplit = planned.unsplit;
   const LaunchPlan plan = plan_with_maps(p, facts, tuning);
   const cudaStream_t stream = cuda::as_stream(args.stream);
   for_elem<true>(args.q.dtype, facts.cache, [&]<class Elem, CacheKind kCache>() {

@@ -87,16 +87,15 @@ struct PlannedLaunch {
   int64_t grid_items = 0;     // CTAs per KV head: the plan's item capacity (any plan of it fits)
   int64_t planned_items = 0;  // the current plan's count (the launch decision reads it)
   int tile_q = 0;             // the plan's query tile (16 / 64 / 128 packed rows; the decode tile up to 16)
-  bool unsplit = false;       // no item writes partial rows (and not graph-safe): the hopper tile may serve
   const int32_t* page_indptr = nullptr;
   float* part_o = nullptr;
   float* part_lse = nullptr;
 };
 
 // Launches the planned part on args.stream (args.num_splits must be 1, no split workspace): the
-// tile choose_launch picks (LaunchFacts::planned_items, plan_tile_q, planned_unsplit: the decode
-// tile, the mma_sync prefill tile or, for unsplit prefill plans, the hopper kernel), head dims
-// kPlannedHeadDims.
+// tile choose_launch picks (LaunchFacts::planned_items, plan_tile_q: the decode tile, the
+// hopper kernel for 128-row prefill plans where it serves, else the mma_sync prefill tile), head
+// dims kPlannedHeadDims.
 // Throws Error; a build without CUDA throws.
 void run_planned_attention(const VarlenArgs& args, const PlannedLaunch& planned, const LaunchTuning& tuning = {});
 

@@ -128,12 +128,14 @@ __device__ __forceinline__ void guard_lengths(const VarlenKernelParams& p, WorkI
 // The work item at grid coordinates (x, y, z); false when x is past the request's row tiles.
 // kOSliceCols > 0: the tile's items have output-column slices of that width, the slice outermost
 // in y (y = (slice x kv heads + kv_head) x splits + split: a cluster of one item's splits stays
-// contiguous in y). kUnsplit: a launch of one split (the hopper walk's), y = kv_head, no division
-// by the split count.
-template <int kBlockM, int kBlockN, bool kL2Only = false, int kOSliceCols = 0, bool kUnsplit = false>
+// contiguous in y). split_div: p.num_splits as a precomputed divisor (the persistent walk's, which
+// divides per item), or nullptr (divisions by p.num_splits).
+template <int kBlockM, int kBlockN, bool kL2Only = false, int kOSliceCols = 0>
 __device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, int x, int y, int z, int grid_row_tiles,
-                                              WorkItem& w, bool record = true) {
-  const int splits = kUnsplit ? 1 : p.num_splits;
+                                              WorkItem& w, bool record = true,
+                                              const cuda::FastDivmod* split_div = nullptr) {
+  const int splits = p.num_splits;
+  auto by_splits = [&](int n) { return split_div != nullptr ? split_div->div(n) : n / splits; };
   w.o_col0 = 0;
   if constexpr (kOSliceCols > 0) {
     const int per_slice = p.num_kv_heads * splits;
@@ -142,8 +144,8 @@ __device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, int x
     w.o_col0 = slice * kOSliceCols;
   }
   w.req = z;
-  w.kv_head = y / splits;
-  w.split = y % splits;
+  w.kv_head = by_splits(y);
+  w.split = y - w.kv_head * splits;
   w.q_start = load_meta<kL2Only>(p.cu_seqlens_q + w.req);
   w.q_len = load_meta<kL2Only>(p.cu_seqlens_q + w.req + 1) - w.q_start;
   // (the guards: not before the PDL wait, when the lengths may be stale; not without guards)
@@ -168,7 +170,7 @@ __device__ __forceinline__ bool schedule_work(const VarlenKernelParams& p, int x
     t_lo = key_lo / kBlockN;
     t_hi = (key_hi + kBlockN - 1) / kBlockN;
   }
-  const int per_split = (t_hi - t_lo + splits - 1) / splits;
+  const int per_split = by_splits(t_hi - t_lo + splits - 1);
   w.tile_begin = min(t_hi, t_lo + w.split * per_split);
   w.tile_end = min(t_hi, w.tile_begin + per_split);
   w.first_key = w.tile_begin * kBlockN;
@@ -243,12 +245,13 @@ struct GridScheduler {
   }
 };
 
-// The plan's items as the hopper kernel's roles walk them (next(p, r, w), as PersistentScheduler):
-// one item per CTA, PlanScheduler's, as a list of one. (Unsplit plans only: the hopper epilogue
-// writes the output, no partial rows: launch_plan.cpp.) A kernel of its own: with both walks in
-// one kernel the consumers' loop spilled (ptxas 13.0, hd128, 80 spill instructions).
+// The plan's items as the hopper kernel's producer walks them (next(p, r, w), as
+// PersistentScheduler): one item per CTA, PlanScheduler's, as a list of one. A kernel of its
+// own: with both walks in one kernel the consumers' loop spilled (ptxas 13.0, hd128, 80 spill
+// instructions).
 template <int kBlockM, int kBlockN>
 struct PlanWalk {
+  static constexpr bool kPlanned = true;  // (its items' splits are the plan's chunks)
   __device__ __forceinline__ bool next(const VarlenKernelParams& p, int64_t r, WorkItem& w) const {
     return r == 0 && PlanScheduler<kBlockM, kBlockN>::take(p, w);
   }
@@ -263,11 +266,12 @@ struct PlanWalk {
 // causal work then piles up on a quarter of the CTAs, e.g. 4 row tiles, 132 SMs). Row tiles
 // are taken in reverse, so under a causal mask each (request, head) starts with its longest
 // items. Every role of a CTA that walks the list counts the same rounds. Item indices are 32-bit
-// (total < 2^31: the launcher checks), split by precomputed divisors; launches of one split only
-// (the hopper kernel's), so y is the KV head.
+// (total < 2^31: the launcher checks), split by precomputed divisors (y: KV head x splits +
+// split, as the grid's).
 template <int kBlockM, int kBlockN>
 struct PersistentScheduler {
-  cuda::FastDivmod nx, ny;
+  static constexpr bool kPlanned = false;
+  cuda::FastDivmod nx, ny, splits;  // (grid x, grid y, p.num_splits)
   int total;
   // The next item with rows from round r on (r advances past it); false when none is left.
   __device__ __forceinline__ bool next(const VarlenKernelParams& p, int64_t& r, WorkItem& w) const {
@@ -277,7 +281,7 @@ struct PersistentScheduler {
       if (i >= total) continue;
       int x, y;
       const int z = ny.divmod(nx.divmod(static_cast<int>(i), x), y);
-      if (schedule_work<kBlockM, kBlockN, false, 0, /*kUnsplit=*/true>(p, x, y, z, nx.divisor, w)) return true;
+      if (schedule_work<kBlockM, kBlockN>(p, x, y, z, nx.divisor, w, true, &splits)) return true;
     }
     return false;
   }

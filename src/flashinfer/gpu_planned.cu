@@ -149,7 +149,7 @@ void run_planned_part(const DevicePlan& dev, const PlanBuffers& plan, const Page
   v.num_heads = cfg.num_kv_heads * cfg.group_size;
   v.params = a.params;
   v.stream = a.stream;
-  v.generation = flash_attn::Generation::hopper;  // (where the launch decision finds it serves: unsplit prefill parts)
+  v.generation = flash_attn::Generation::hopper;  // (where the launch decision finds it serves: 128-row prefill plans)
   // Partial rows: o [rows][kv heads][head_size] then lse [rows][kv heads] (PlanBuffers::workspace_bytes).
   const int64_t part_rows = plan.capacity.max_partial_rows * cfg.num_kv_heads;
   flash_attn::PlannedLaunch pl;
@@ -158,7 +158,6 @@ void run_planned_part(const DevicePlan& dev, const PlanBuffers& plan, const Page
   pl.grid_items = dev.max_items();
   pl.planned_items = plan.num_items;
   pl.tile_q = plan.tile_q;
-  pl.unsplit = !plan.split_kv && !a.graph_safe;
   pl.page_indptr = dev.page_indptr();
   if (partials) {
     pl.part_o = static_cast<float*>(a.workspace);

@@ -61,9 +61,10 @@ struct PlannedRun {
 
 // Plans, uploads and runs the case's batch; slots: CTA slots per KV head (0: the H200's rule);
 // tile_q: the plan's fixed tile (0: as the builder plans, 16 rows for an NVFP4 cache, else the
-// batch's own).
+// batch's own); graph_safe: the launches of a CUDA-graph capture (PlannedPartArgs::graph_safe:
+// grids of the plan's capacity, the merge always runs), here without a capture.
 PlannedRun run_planned(const Problem& p, PlanKernel kernel, int slots, const flash_attn::LaunchTuning& tuning = {},
-                       int tile_q = 0) {
+                       int tile_q = 0, bool graph_safe = false) {
   const Case& c = p.spec();
   const int64_t T = c.num_tokens();
   const int H = c.num_heads(), D = c.head_size;
@@ -110,6 +111,7 @@ PlannedRun run_planned(const Problem& p, PlanKernel kernel, int slots, const fla
     a.workspace = ws.get();
     a.workspace_bytes = ws.bytes();
     a.stream = stream;
+    a.graph_safe = graph_safe;
     flashinfer::run_planned_part(dev, plan, pages, batch, a, tuning);
     ATTNKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
   } catch (...) {
@@ -163,15 +165,16 @@ Case random_planned_decode_case(uint64_t seed, bool nvfp4 = false) {
   return c;
 }
 
-void check_planned(const Case& c, int slots, const flash_attn::LaunchTuning& tuning = {}) {
-  SCOPED_TRACE(c.describe() + ", slots " + std::to_string(slots) + (tuning.hopper_tma_fill ? ", hopper TMA K/V" : ""));
+void check_planned(const Case& c, int slots, const flash_attn::LaunchTuning& tuning = {}, bool graph_safe = false) {
+  SCOPED_TRACE(c.describe() + ", slots " + std::to_string(slots) + (tuning.hopper_tma_fill ? ", hopper TMA K/V" : "") +
+               (graph_safe ? ", graph-safe launches" : ""));
   Problem p(c);
   const Result ref = p.run_cpu_reference();
   const int64_t T = c.num_tokens();
   const int H = c.num_heads();
   for (PlanKernel k : {PlanKernel::TensorCore, PlanKernel::CudaCoreDecode}) {
     if (k == PlanKernel::CudaCoreDecode && c.max_query_len() > 1) continue;
-    const PlannedRun run = run_planned(p, k, slots, tuning);
+    const PlannedRun run = run_planned(p, k, slots, tuning, 0, graph_safe);
     SCOPED_TRACE(std::string(k == PlanKernel::TensorCore ? "tensor-core plan" : "cuda-core plan") + ", tile_q " +
                  std::to_string(run.tile_q) + (run.split ? ", split" : ", unsplit"));
     // (an fp8 cache's prefill rows may run on the hopper kernel: fp8 S)
@@ -231,13 +234,14 @@ TEST_P(PlannedPrefillGrid, MatchesCpuReference) {
 }
 INSTANTIATE_TEST_SUITE_P(Seeds, PlannedPrefillGrid, ::testing::Range(0, 84));
 
-// Unsplit prefill plans of 128-row tiles on the hopper kernel (PlanWalk over the plan's items,
-// the page table or ragged K/V's contiguous view): head sizes 64 / 128 / 256 (and 112, padded),
-// bf16 / f16, NHD / HND, pages 16 / 128, causal and not, window, softcap, sinks, 16-bit and (three
-// cases) fp8 caches; few CTA slots so
-// the plan does not split; K/V by cp.async and (LaunchTuning::hopper_tma_fill) by TMA. The launch
-// decision is asked too: these parts take the hopper kernel.
-TEST(PlannedPrefillHopper, UnsplitPlansMatchTheReference) {
+// Prefill plans of 128-row tiles on the hopper kernel (PlanWalk over the plan's items, the page
+// table or ragged K/V's contiguous view): head sizes 64 / 128 / 256 (and 112, padded), bf16 /
+// f16, NHD / HND, pages 16 / 128, causal and not, window, softcap, sinks, 16-bit and (three
+// cases) fp8 caches; few CTA slots (the plan does not split) with K/V by cp.async and
+// (LaunchTuning::hopper_tma_fill) by TMA, many (every tile split into chunks: partial rows and
+// the plan's merge), and the graph-safe launches. The launch decision is asked too: these parts
+// take the hopper kernel.
+TEST(PlannedPrefillHopper, PlansMatchTheReference) {
   flash_attn::LaunchTuning tma;
   tma.hopper_tma_fill = true;
   for (int i = 0; i < 20; ++i) {
@@ -259,6 +263,8 @@ TEST(PlannedPrefillHopper, UnsplitPlansMatchTheReference) {
     c.seq_lens = {300, 1200, 900, 33};
     check_planned(c, 2);
     check_planned(c, 2, tma);
+    check_planned(c, 64, i % 2 ? tma : flash_attn::LaunchTuning{});
+    check_planned(c, i % 2 ? 2 : 64, {}, /*graph_safe=*/true);
     if (!flash_attn::hopper_kernels_available() || c.contiguous_kv) continue;
     Problem p(c);
     // (the facts read no buffer contents: a placeholder output of the right alignment serves)
@@ -267,7 +273,6 @@ TEST(PlannedPrefillHopper, UnsplitPlansMatchTheReference) {
     flash_attn::LaunchFacts f = flash_attn::varlen_launch_facts(a);
     f.planned_items = 40;
     f.plan_tile_q = 128;
-    f.planned_unsplit = true;
     const flash_attn::LaunchPlan lp = flash_attn::choose_launch(f);
     EXPECT_EQ(lp.generation, flash_attn::Generation::hopper) << c.describe() << ": " << lp.reason;
   }

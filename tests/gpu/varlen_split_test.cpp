@@ -1,5 +1,6 @@
-// GPU tests of split-KV launches of the varlen kernel, whose last split CTA per work item
-// merges the partials (no combine launch): split counts 2..16 over decode and prefill rows
+// GPU tests of split-KV launches of the varlen kernels (the mma_sync kernel's last split CTA per
+// work item merges the partials; the hopper kernel's split combine runs after it): split counts
+// 2..16 over decode and prefill rows
 // with sinks, LSE and padding rows against the CPU reference; repeated launches on one
 // workspace (its counters go back to 0, results stay bit-identical); launches of different
 // shapes sharing one workspace; CUDA-graph capture and replay; programmatic dependent launch
@@ -35,7 +36,9 @@ namespace attnkit::test {
 namespace {
 
 // A case of random_small_case's features with decode rows (one token, or up to 16 packed rows)
-// or prefill rows, `splits` splits.
+// or prefill rows, `splits` splits. Prefill rows run the hopper kernel on sm90 (its split
+// epilogue and the split combine after it) in half the cases, the mma_sync kernel (the in-kernel
+// merge) in the other half.
 Case split_case(int i, bool decode, int splits) {
   Case c = random_small_case(7000 + i);
   std::mt19937_64 rng(i * 31 + 7);
@@ -49,6 +52,7 @@ Case split_case(int i, bool decode, int splits) {
     c.seq_lens.push_back(q + static_cast<int>(rng() % (decode ? 1500 : 700)));
   }
   c.num_splits = splits;
+  if (i % 4 == 3) c.generation = flash_attn::Generation::mma_sync;
   c.sinks = i % 3 == 0;
   c.want_lse = i % 4 != 1;
   c.pad_tokens = i % 5 == 2 ? 3 : 0;
