@@ -109,7 +109,7 @@ GenerationChoice choose_generation(const AttentionConfig& cfg, bool hopper_kerne
   const int dim = kernel_head_dim(cfg.head_size, kind);
   if (*choice.chosen == Generation::hopper) {
     const int hopper_dim = tile_head_dim(TileId::hopper, cfg.head_size, kind);
-    choice.why = "sm90 hot shape: wgmma kernels for prefill-shaped launches (decode-shaped and split "
+    choice.why = "sm90 hot shape: wgmma kernels for prefill-shaped launches, split ones too (decode-shaped "
                  "launches run the mma_sync kernels), " + kernels(hopper_dim);
     if (hopper_dim != dim) choice.why += "; the mma_sync launches on " + kernels(dim);
     return choice;
