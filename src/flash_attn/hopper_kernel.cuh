@@ -3,8 +3,9 @@
 // online softmax as the mma_sync kernel (varlen_kernel.cuh); what differs is the GEMMs (each
 // warpgroup issues wgmma.mma_async on 64 rows x a tile of keys with Q / K / V read from swizzled
 // shared memory by descriptor) and the epilogue (no parts to merge across warps: each warp holds
-// whole rows; they leave through the item's Q buffer once its last S is done, or as a split's
-// partials, merged by the item's last split in the kernel: hopper_q_buffer.cuh).
+// whole rows; they leave through the item's Q buffer once its last S is done, or as a split
+// item's fp32 partials, which the split combine kernel merges after the launch:
+// hopper_q_buffer.cuh).
 //
 // Warp-specialised: a producer warpgroup copies Q (cp.async; fp8 caches: then rounds it to e4m3
 // in its buffer) and the K/V tiles through the page map (TMA boxes or cp.async; fp8 V codes
