@@ -239,7 +239,8 @@ TEST(ChooseLaunch, HopperKvFill) {
        KvFill::tma},
       {"TMA asked, cp.async forced", h200(4, 4096, 4096), true, true, TileId::hopper_short, KvFill::cp_async},
       {"TMA asked, no map", no_map, true, false, TileId::hopper_short, KvFill::cp_async},
-      {"planned part, TMA asked", planned, true, false, TileId::hopper, KvFill::tma},
+      {"planned part (persistent walk, two Q buffers), TMA asked", planned, true, false, TileId::hopper_short,
+       KvFill::tma},
       {"hd 120 padded to 128: no whole-row boxes", h200(4, 4096, 4096, 120), true, false, TileId::hopper_short,
        KvFill::cp_async},
       {"fp8 hd 128 (one-segment rows of codes): converted", h200(4, 4096, 4096, 128, true), false, false,
@@ -247,7 +248,7 @@ TEST(ChooseLaunch, HopperKvFill) {
       {"fp8 hd 64, TMA asked: converted", h200(32, 512, 512, 64, true), true, false, TileId::hopper_short,
        KvFill::convert},
       {"fp8 planned part: converted", [&] { LaunchFacts f = planned; f.cache = CacheKind::fp8; return f; }(), true, false,
-       TileId::hopper, KvFill::convert},
+       TileId::hopper_short, KvFill::convert},
   };
   for (const Case& c : cases) {
     LaunchTuning t;
@@ -330,8 +331,8 @@ TEST(TileSet, EveryHeadSizeRunsOnTheNextCompiledDim) {
 }
 
 // Planned launches (FlashInfer-style parts): a decode part on the decode tiles, a prefill part on
-// the mma_sync prefill tile even where the hopper kernel would serve the varlen launch (its
-// persistent schedule is not the plan's), one CTA per planned item and KV head. The item's rows
+// the hopper kernel for plans of its 128-row tiles (PlanWalk), else the mma_sync prefill tile,
+// one CTA per planned item and KV head. The item's rows
 // decide (the plan's tile_q caps them): a prefill part planned with 16-row tiles takes the decode
 // tile, which is how NVFP4 prefills run; an NVFP4 part with larger items is an error.
 TEST(ChooseLaunch, PlannedPartsTakeTheirTiles) {
@@ -366,14 +367,28 @@ TEST(ChooseLaunch, PlannedPartsTakeTheirTiles) {
   prefill.plan_tile_q = 16;
   EXPECT_EQ(choose_launch(prefill).config.rows, kDecodeTileRows) << choose_launch(prefill).reason;
   // A plan of the hopper tile's rows (split or not, graph-safe or not: the epilogue writes the
-  // partial rows of split tiles) runs the hopper kernel over the plan's items, one CTA per item;
+  // partial rows of split tiles) runs the hopper kernel over the plan's items, by the varlen
+  // launch's persistence rule: 40 items x 8 heads of <= 4096 keys at head dim 128 walked by one CTA
+  // per SM with two Q buffers, 10 x 8 with one (a CTA count that does not depend on the items
+  // planned now: a captured launch replays with other plans), never the 192-row tile;
   // other tiles, per-request ALiBi or unequal K / V strides stay on mma_sync.
   prefill.plan_tile_q = 128;
   const LaunchPlan h = choose_launch(prefill);
-  EXPECT_EQ(h.tile, TileId::hopper) << h.reason;
+  EXPECT_EQ(h.tile, TileId::hopper_short) << h.reason;
   EXPECT_EQ(h.generation, Generation::hopper);
-  EXPECT_EQ(h.ctas, 40 * 8);
+  EXPECT_TRUE(h.persistent) << h.reason;
+  EXPECT_EQ(h.ctas, 132);
+  EXPECT_EQ(h.grid_ctas, 40 * 8);
   EXPECT_NE(h.reason.find("over the plan's items"), std::string::npos) << h.reason;
+  prefill.planned_items = 10;
+  EXPECT_EQ(choose_launch(prefill).tile, TileId::hopper) << choose_launch(prefill).reason;
+  EXPECT_EQ(choose_launch(prefill).ctas, 132) << "(the launcher caps them at the plan's capacity x KV heads)";
+  LaunchFacts hd64 = prefill;
+  hd64.head_size = 64;
+  hd64.causal = false;
+  hd64.planned_items = 400;
+  EXPECT_EQ(choose_launch(hd64).config.rows, 128) << choose_launch(hd64).reason << " (the plan's tile rows)";
+  prefill.planned_items = 40;
   prefill.plan_tile_q = 64;
   EXPECT_EQ(choose_launch(prefill).tile, TileId::prefill) << choose_launch(prefill).reason;
   EXPECT_NE(choose_launch(prefill).reason.find("tile_q 64"), std::string::npos) << choose_launch(prefill).reason;
@@ -382,9 +397,9 @@ TEST(ChooseLaunch, PlannedPartsTakeTheirTiles) {
   EXPECT_EQ(choose_launch(prefill).tile, TileId::prefill);
   prefill.alibi_per_request = false;
   prefill.head_size = 256;
-  EXPECT_EQ(choose_launch(prefill).tile, TileId::hopper) << choose_launch(prefill).reason;
+  EXPECT_EQ(choose_launch(prefill).generation, Generation::hopper) << choose_launch(prefill).reason;
   prefill.cache = CacheKind::fp8;
-  EXPECT_EQ(choose_launch(prefill).tile, TileId::hopper) << choose_launch(prefill).reason;
+  EXPECT_EQ(choose_launch(prefill).generation, Generation::hopper) << choose_launch(prefill).reason;
 }
 
 TEST(ChooseLaunch, HeadDim512RunsOutputSlicesOfThePrefillTile) {

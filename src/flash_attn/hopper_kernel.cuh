@@ -450,26 +450,35 @@ void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStre
   }
 }
 
-// A planned launch (FlashInfer-style prefill part) on the hopper tile: one CTA per
-// planned item slot (grid_items, the plan's capacity: slots past the plan's count exit) and KV
-// head, the page table as the page map (the fill as with_fill says).
+// A planned launch (FlashInfer-style prefill part) on the plan's hopper tile (hopper, or
+// hopper_short with two Q buffers): the walk over the plan's item slots (grid_items, the plan's
+// capacity: slots past the plan's count end the walk) x KV heads, by at most plan.ctas CTAs where
+// the plan is persistent, else one CTA per slot; the page table as the page map (the fill as
+// with_fill says).
 template <class Elem, int kHeadDim, CacheKind kCache>
 void launch_hopper_planned(const VarlenKernelParams& p, const LaunchPlan& plan, int64_t grid_items,
                            cudaStream_t stream) {
   const char* where = "flashinfer planned launch (hopper)";
-  using Tr = HopperTraits<Elem, kHeadDim, TileId::hopper, kCache>;
-  ATTNKIT_REQUIRE(plan.tile == TileId::hopper, where, "tile", plan.config.name, "must be the hopper tile");
-  ATTNKIT_REQUIRE(p.plan_tile_q >= 1 && p.plan_tile_q <= Tr::kBlockM, where, "plan tile_q", p.plan_tile_q,
-                  "must be in [1, " + std::to_string(Tr::kBlockM) + "]");
-  const int64_t ctas = grid_items * p.num_kv_heads;  // (PlanScheduler: item-major, KV heads inner)
-  ATTNKIT_REQUIRE(grid_items > 0 && ctas <= 0x7fffffff, where, "plan item capacity x num_kv_heads", ctas,
+  const int64_t entries = grid_items * p.num_kv_heads;  // (PlanScheduler: item-major, KV heads inner)
+  ATTNKIT_REQUIRE(grid_items > 0 && entries <= 0x7fffffff, where, "plan item capacity x num_kv_heads", entries,
                   "must be in [1, 2^31) (one grid dimension)");
-  with_fill<Tr>(p, plan, where, [&]<class Fill>() {
-    auto kernel = hopper_varlen_kernel<Tr, Fill, PlanWalk<Tr::kBlockM, Tr::kBlockN>>;
-    ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
-    cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(ctas)), dim3(Tr::kThreads), Tr::kSmemBytes, stream, plan.pdl,
-                        dim3(1, 1, 1), p, PlanWalk<Tr::kBlockM, Tr::kBlockN>{});
-  });
+  const int64_t ctas = plan.persistent ? std::min(entries, plan.ctas) : entries;
+  auto with_tile = [&]<TileId kTile>() {
+    using Tr = HopperTraits<Elem, kHeadDim, kTile, kCache>;
+    ATTNKIT_REQUIRE(p.plan_tile_q >= 1 && p.plan_tile_q <= Tr::kBlockM, where, "plan tile_q", p.plan_tile_q,
+                    "must be in [1, " + std::to_string(Tr::kBlockM) + "]");
+    with_fill<Tr>(p, plan, where, [&]<class Fill>() {
+      auto kernel = hopper_varlen_kernel<Tr, Fill, PlanWalk<Tr::kBlockM, Tr::kBlockN>>;
+      ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+      cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(ctas)), dim3(Tr::kThreads), Tr::kSmemBytes, stream,
+                          plan.pdl, dim3(1, 1, 1), p, PlanWalk<Tr::kBlockM, Tr::kBlockN>{static_cast<int>(entries)});
+    });
+  };
+  if constexpr (tile_instantiated(TileId::hopper_short, kHeadDim, kCache)) {
+    if (plan.tile == TileId::hopper_short) return with_tile.template operator()<TileId::hopper_short>();
+  }
+  if (plan.tile == TileId::hopper) with_tile.template operator()<TileId::hopper>();
+  else fail(where, "tile", plan.config.name, "must be the hopper tile or hopper_short");
 }
 
 }  // namespace attnkit::flash_attn

@@ -200,10 +200,7 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
     plan.reason += "; " + std::to_string(plan.config.o_slices) + " CTAs per work item, one per slice of output columns";
   plan.ctas = plan.grid_ctas;
 
-  if (plan.generation == Generation::hopper && f.planned_items > 0) {
-    plan.reason += "; one CTA per planned item";  // (the plan balanced them; PlanWalk)
-    plan.pdl = t.pdl;
-  } else if (plan.generation == Generation::hopper) {
+  if (plan.generation == Generation::hopper) {
     // The tile first, from the 128-row grid; then the CTA count of its own grid.
     // Three consumer warpgroups (hopper_wide, 192 rows) at head dim 64, where one warpgroup's
     // softmax of a 128-key tile outlasts the other's GEMMs (two leave the tensor cores idle), on
@@ -215,8 +212,9 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
     // keys it measured 3-13% slower, or equal (DECISIONS.md: Hopper: three consumer warpgroups at
     // head dim 64). The grid: requests x the longest query's items (the host knows no other
     // lengths). The split rule counts the 128-row items, so a split launch keeps them (its
-    // splits fill at most one wave of them: the grid's excess is empty items).
-    const bool wide_tile = tile_instantiated(TileId::hopper_wide, plan.head_dim, f.cache);
+    // splits fill at most one wave of them: the grid's excess is empty items). A planned launch
+    // (the plan's items, PlanWalk) keeps its plan's 128-row tiles too.
+    const bool wide_tile = tile_instantiated(TileId::hopper_wide, plan.head_dim, f.cache) && f.planned_items == 0;
     const bool wide = wide_tile && t.q_buffers != 2 && (f.num_splits == 1 || t.consumer_groups == 3) &&
                       (t.consumer_groups > 0 ? t.consumer_groups == 3
                                              : (!f.causal || f.max_seq_len > kWideCausalMinKeys) &&
@@ -238,7 +236,10 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
       plan.tile = wide ? TileId::hopper_wide : TileId::hopper_short;
       grid_of(plan.tile);
     }
-    plan.ctas = persistent ? std::min<int64_t>(plan.grid_ctas, max_ctas) : plan.grid_ctas;
+    plan.persistent = persistent;
+    // (a persistent planned launch: max_ctas, which its launcher caps at the plan's capacity x
+    // KV heads; the grid may replay with more items than planned_items now: CUDA graphs)
+    plan.ctas = !persistent ? plan.grid_ctas : f.planned_items > 0 ? max_ctas : std::min<int64_t>(plan.grid_ctas, max_ctas);
     if (t.max_ctas > 0) {
       plan.reason += "; " + std::to_string(plan.ctas) + " persistent CTAs (tuning)";
     } else if (persistent) {

@@ -60,6 +60,9 @@ struct LaunchPlan {
   int64_t row_tiles = 0;       // grid x: tiles of config.rows packed rows of the longest query
   int64_t grid_ctas = 0;       // one CTA per work item and output slice: row_tiles x kv heads x splits x requests x o_slices
   int64_t ctas = 0;            // CTAs launched (a persistent hopper launch: fewer than grid_ctas)
+  // hopper: the CTAs walk the items (at most `ctas` of them; a planned launch's grid is its plan's
+  // capacity, which may exceed grid_ctas), else one CTA per item
+  bool persistent = false;
   int64_t cta_slots = 0;       // config.ctas_per_sm x SMs
   bool pdl = false;
   bool l2_prefetch = false;    // (CTAs of the first wave only: l2_prefetch_ctas = cta_slots)

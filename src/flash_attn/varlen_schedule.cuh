@@ -203,6 +203,11 @@ struct PlanScheduler {
   __device__ __forceinline__ static bool take(const VarlenKernelParams& p, WorkItem& w) {
     const int item = static_cast<int>(blockIdx.x / p.num_kv_heads);
     if (item >= __ldg(p.plan_num_items)) return false;
+    take(p, item, static_cast<int>(blockIdx.x - static_cast<unsigned>(item) * p.num_kv_heads), w);
+    return true;
+  }
+  // Item `item` (below the plan's count) for KV head kv_head.
+  __device__ __forceinline__ static void take(const VarlenKernelParams& p, int item, int kv_head, WorkItem& w) {
     const int32_t* it = p.plan_items + static_cast<int64_t>(item) * kItemInts;
     w.o_col0 = 0;
     w.req = __ldg(it + 0);
@@ -210,7 +215,7 @@ struct PlanScheduler {
     w.split = __ldg(it + 4);
     w.num_chunks = __ldg(it + 5);
     w.partial_base = __ldg(it + 6);
-    w.kv_head = static_cast<int>(blockIdx.x - static_cast<unsigned>(item) * p.num_kv_heads);
+    w.kv_head = kv_head;
     w.q_start = __ldg(p.cu_seqlens_q + w.req);
     w.q_len = __ldg(p.cu_seqlens_q + w.req + 1) - w.q_start;
     w.m0 = q_tile * p.plan_tile_q;
@@ -226,7 +231,6 @@ struct PlanScheduler {
     w.fault = false;  // (its lengths and offsets are the host plan's, checked there; block ids: the scan)
     w.tile_begin = 0;
     w.tile_end = w.key_hi > w.key_lo ? (w.key_hi - w.first_key + kBlockN - 1) / kBlockN : 0;
-    return true;
   }
 };
 
@@ -246,14 +250,26 @@ struct GridScheduler {
 };
 
 // The plan's items as the hopper kernel's producer walks them (next(p, r, w), as
-// PersistentScheduler): one item per CTA, PlanScheduler's, as a list of one. A kernel of its
-// own: with both walks in one kernel the consumers' loop spilled (ptxas 13.0, hd128, 80 spill
+// PersistentScheduler): gridDim.x CTAs walk the item-major, KV-heads-inner list of `total`
+// (the plan's capacity x KV heads) in rounds, CTA b taking index r * G + b, counted from the
+// other end in odd rounds; one CTA per entry where the grid has them all. The index grows with
+// the round, so the first entry past the plan's device-side count ends the walk. Index i runs
+// the plan's items from the last: the plan lists a request's row tiles first to last, so each
+// request's causal tiles come longest first (as the persistent grid walk's reversed row tiles). A kernel of
+// its own: with both walks in one kernel the consumers' loop spilled (ptxas 13.0, hd128, 80 spill
 // instructions).
 template <int kBlockM, int kBlockN>
 struct PlanWalk {
   static constexpr bool kPlanned = true;  // (its items' splits are the plan's chunks)
-  __device__ __forceinline__ bool next(const VarlenKernelParams& p, int64_t r, WorkItem& w) const {
-    return r == 0 && PlanScheduler<kBlockM, kBlockN>::take(p, w);
+  int total;
+  __device__ __forceinline__ bool next(const VarlenKernelParams& p, int64_t& r, WorkItem& w) const {
+    const int64_t G = gridDim.x, b = blockIdx.x;
+    const int64_t i = r * G + ((r & 1) ? G - 1 - b : b);
+    if (i >= total) return false;
+    const int n = __ldg(p.plan_num_items), item = static_cast<int>(i / p.num_kv_heads);
+    if (item >= n) return false;
+    PlanScheduler<kBlockM, kBlockN>::take(p, n - 1 - item, static_cast<int>(i - int64_t{item} * p.num_kv_heads), w);
+    return true;
   }
 };
 

@@ -167,6 +167,8 @@ Case random_planned_decode_case(uint64_t seed, bool nvfp4 = false) {
 
 void check_planned(const Case& c, int slots, const flash_attn::LaunchTuning& tuning = {}, bool graph_safe = false) {
   SCOPED_TRACE(c.describe() + ", slots " + std::to_string(slots) + (tuning.hopper_tma_fill ? ", hopper TMA K/V" : "") +
+               (tuning.max_ctas > 0 ? ", " + std::to_string(tuning.max_ctas) + " persistent CTAs" : "") +
+               (tuning.q_buffers > 0 ? ", " + std::to_string(tuning.q_buffers) + " Q buffers" : "") +
                (graph_safe ? ", graph-safe launches" : ""));
   Problem p(c);
   const Result ref = p.run_cpu_reference();
@@ -239,7 +241,7 @@ INSTANTIATE_TEST_SUITE_P(Seeds, PlannedPrefillGrid, ::testing::Range(0, 84));
 // f16, NHD / HND, pages 16 / 128, causal and not, window, softcap, sinks, 16-bit and (three
 // cases) fp8 caches; few CTA slots (the plan does not split) with K/V by cp.async and
 // (LaunchTuning::hopper_tma_fill) by TMA, many (every tile split into chunks: partial rows and
-// the plan's merge), and the graph-safe launches. The launch decision is asked too: these parts
+// the plan's merge), the graph-safe launches, and the persistent walk on 1-3 CTAs. The launch decision is asked too: these parts
 // take the hopper kernel.
 TEST(PlannedPrefillHopper, PlansMatchTheReference) {
   flash_attn::LaunchTuning tma;
@@ -265,6 +267,11 @@ TEST(PlannedPrefillHopper, PlansMatchTheReference) {
     check_planned(c, 2, tma);
     check_planned(c, 64, i % 2 ? tma : flash_attn::LaunchTuning{});
     check_planned(c, i % 2 ? 2 : 64, {}, /*graph_safe=*/true);
+    // the persistent walk forced onto 1-3 CTAs (several rounds, both directions), one and two Q buffers
+    flash_attn::LaunchTuning walk = i % 2 ? tma : flash_attn::LaunchTuning{};
+    walk.max_ctas = 1 + i % 3;
+    walk.q_buffers = 1 + (i / 3) % 2;
+    check_planned(c, i % 3 == 0 ? 2 : 64, walk);
     if (!flash_attn::hopper_kernels_available() || c.contiguous_kv) continue;
     Problem p(c);
     // (the facts read no buffer contents: a placeholder output of the right alignment serves)
