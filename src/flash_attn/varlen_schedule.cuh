@@ -250,12 +250,16 @@ struct GridScheduler {
 };
 
 // The plan's items as the hopper kernel's producer walks them (next(p, r, w), as
-// PersistentScheduler): gridDim.x CTAs walk the item-major, KV-heads-inner list of `total`
-// (the plan's capacity x KV heads) in rounds, CTA b taking index r * G + b, counted from the
-// other end in odd rounds; one CTA per entry where the grid has them all. The index grows with
-// the round, so the first entry past the plan's device-side count ends the walk. Index i runs
-// the plan's items from the last: the plan lists a request's row tiles first to last, so each
-// request's causal tiles come longest first (as the persistent grid walk's reversed row tiles). A kernel of
+// PersistentScheduler): gridDim.x CTAs walk the list of n items x KV heads (n: the plan's
+// device-side count; `total`: its capacity x KV heads) in rounds, CTA b taking index
+// i = r * G + b, counted from the other end in odd rounds; one CTA per entry where the grid has
+// them all. Index i is KV head i / n and the plan's item n - 1 - i % n: KV heads outermost, the
+// items from the last (the plan lists a request's row tiles first to last, so each request's
+// causal tiles come longest first), the order of the persistent grid walk (row tiles fastest,
+// reversed): neighbouring CTAs share a request's K/V and each round mixes long and short
+// tiles (item-major with KV heads inner gave a CTA the same row tile round after round where a
+// request's entries spanned two rounds: 0.77x the grid walk at causal 1k x 16). The index grows
+// with the round, so the first one past n x KV heads ends the walk. A kernel of
 // its own: with both walks in one kernel the consumers' loop spilled (ptxas 13.0, hd128, 80 spill
 // instructions).
 template <int kBlockM, int kBlockN>
@@ -265,10 +269,10 @@ struct PlanWalk {
   __device__ __forceinline__ bool next(const VarlenKernelParams& p, int64_t& r, WorkItem& w) const {
     const int64_t G = gridDim.x, b = blockIdx.x;
     const int64_t i = r * G + ((r & 1) ? G - 1 - b : b);
-    if (i >= total) return false;
-    const int n = __ldg(p.plan_num_items), item = static_cast<int>(i / p.num_kv_heads);
-    if (item >= n) return false;
-    PlanScheduler<kBlockM, kBlockN>::take(p, n - 1 - item, static_cast<int>(i - int64_t{item} * p.num_kv_heads), w);
+    const int n = __ldg(p.plan_num_items);
+    if (i >= total || i >= int64_t{n} * p.num_kv_heads) return false;
+    const int head = static_cast<int>(i / n);
+    PlanScheduler<kBlockM, kBlockN>::take(p, n - 1 - static_cast<int>(i - int64_t{head} * n), head, w);
     return true;
   }
 };
