@@ -131,8 +131,9 @@ struct HopperTraits {
 // only picks it on an sm90 device of a build with sm_90a code.
 template <class Elem, int kHeadDim, CacheKind kCache>
 void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStream_t stream);
-// The same kernel over a planned part (FlashInfer-style): one CTA per item slot of the
-// plan's capacity (grid_items) and KV head, the page table as the page map.
+// The same kernel over a planned part (FlashInfer-style): the plan's items (capacity
+// grid_items) x KV heads walked by plan.ctas CTAs where the plan is persistent, else one CTA
+// per entry (PlanWalk); the page table as the page map.
 template <class Elem, int kHeadDim, CacheKind kCache>
 void launch_hopper_planned(const VarlenKernelParams& p, const LaunchPlan& plan, int64_t grid_items,
                            cudaStream_t stream);
