@@ -399,6 +399,20 @@ void with_fill(const VarlenKernelParams& p, const LaunchPlan& plan, const char* 
   }
 }
 
+// Calls f.template operator()<kTile>() for the plan's hopper tile (hopper_wide only where
+// kWide: planned launches never take it, and their kernels are not instantiated for it).
+template <int kHeadDim, CacheKind kCache, bool kWide, class F>
+void with_hopper_tile(const LaunchPlan& plan, const char* where, F&& f) {
+  if constexpr (tile_instantiated(TileId::hopper_short, kHeadDim, kCache)) {
+    if (plan.tile == TileId::hopper_short) return f.template operator()<TileId::hopper_short>();
+  }
+  if constexpr (kWide && tile_instantiated(TileId::hopper_wide, kHeadDim, kCache)) {
+    if (plan.tile == TileId::hopper_wide) return f.template operator()<TileId::hopper_wide>();
+  }
+  if (plan.tile == TileId::hopper) f.template operator()<TileId::hopper>();
+  else fail(where, "tile", plan.config.name, "is not a hopper tile of this launch");
+}
+
 template <class Elem, int kHeadDim, CacheKind kCache>
 void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   const char* where = "flash_attn varlen attention (hopper)";
@@ -420,17 +434,7 @@ void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStre
     };
     with_fill<Tr>(p, plan, where, launch);
   };
-  auto with_plan_tile = [&] {
-    if constexpr (tile_instantiated(TileId::hopper_short, kHeadDim, kCache)) {
-      if (plan.tile == TileId::hopper_short) return with_tile.template operator()<TileId::hopper_short>();
-    }
-    if constexpr (tile_instantiated(TileId::hopper_wide, kHeadDim, kCache)) {
-      if (plan.tile == TileId::hopper_wide) return with_tile.template operator()<TileId::hopper_wide>();
-    }
-    if (plan.tile == TileId::hopper) with_tile.template operator()<TileId::hopper>();
-    else fail(where, "tile", plan.config.name, "is not a hopper tile");
-  };
-  with_plan_tile();
+  with_hopper_tile<kHeadDim, kCache, /*kWide=*/true>(plan, where, with_tile);
   // A split launch wrote every row's partials (the split epilogue): the split combine merges
   // them into the output and LSE, the sink in, after the kernel (its rows past the batch's last
   // token, cu_seqlens_q[num_reqs], are batch padding without partials).
@@ -459,7 +463,7 @@ template <class Elem, int kHeadDim, CacheKind kCache>
 void launch_hopper_planned(const VarlenKernelParams& p, const LaunchPlan& plan, int64_t grid_items,
                            cudaStream_t stream) {
   const char* where = "flashinfer planned launch (hopper)";
-  const int64_t entries = grid_items * p.num_kv_heads;  // (PlanScheduler: item-major, KV heads inner)
+  const int64_t entries = grid_items * p.num_kv_heads;
   ATTNKIT_REQUIRE(grid_items > 0 && entries <= 0x7fffffff, where, "plan item capacity x num_kv_heads", entries,
                   "must be in [1, 2^31) (one grid dimension)");
   const int64_t ctas = plan.persistent ? std::min(entries, plan.ctas) : entries;
@@ -471,14 +475,10 @@ void launch_hopper_planned(const VarlenKernelParams& p, const LaunchPlan& plan, 
       auto kernel = hopper_varlen_kernel<Tr, Fill, PlanWalk<Tr::kBlockM, Tr::kBlockN>>;
       ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
       cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(ctas)), dim3(Tr::kThreads), Tr::kSmemBytes, stream,
-                          plan.pdl, dim3(1, 1, 1), p, PlanWalk<Tr::kBlockM, Tr::kBlockN>{static_cast<int>(entries)});
+                          plan.pdl, dim3(1, 1, 1), p, PlanWalk<Tr::kBlockM, Tr::kBlockN>{static_cast<int>(grid_items)});
     });
   };
-  if constexpr (tile_instantiated(TileId::hopper_short, kHeadDim, kCache)) {
-    if (plan.tile == TileId::hopper_short) return with_tile.template operator()<TileId::hopper_short>();
-  }
-  if (plan.tile == TileId::hopper) with_tile.template operator()<TileId::hopper>();
-  else fail(where, "tile", plan.config.name, "must be the hopper tile or hopper_short");
+  with_hopper_tile<kHeadDim, kCache, /*kWide=*/false>(plan, where, with_tile);
 }
 
 }  // namespace attnkit::flash_attn

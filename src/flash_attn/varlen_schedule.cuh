@@ -251,7 +251,7 @@ struct GridScheduler {
 
 // The plan's items as the hopper kernel's producer walks them (next(p, r, w), as
 // PersistentScheduler): gridDim.x CTAs walk the list of n items x KV heads (n: the plan's
-// device-side count; `total`: its capacity x KV heads) in rounds, CTA b taking index
+// device-side count, at most its `capacity` of item slots) in rounds, CTA b taking index
 // i = r * G + b, counted from the other end in odd rounds; one CTA per entry where the grid has
 // them all. Index i is KV head i / n and the plan's item n - 1 - i % n: KV heads outermost, the
 // items from the last (the plan lists a request's row tiles first to last, so each request's
@@ -265,12 +265,12 @@ struct GridScheduler {
 template <int kBlockM, int kBlockN>
 struct PlanWalk {
   static constexpr bool kPlanned = true;  // (its items' splits are the plan's chunks)
-  int total;
+  int capacity;
   __device__ __forceinline__ bool next(const VarlenKernelParams& p, int64_t& r, WorkItem& w) const {
     const int64_t G = gridDim.x, b = blockIdx.x;
     const int64_t i = r * G + ((r & 1) ? G - 1 - b : b);
-    const int n = __ldg(p.plan_num_items);
-    if (i >= total || i >= int64_t{n} * p.num_kv_heads) return false;
+    const int n = min(__ldg(p.plan_num_items), capacity);
+    if (i >= int64_t{n} * p.num_kv_heads) return false;
     const int head = static_cast<int>(i / n);
     PlanScheduler<kBlockM, kBlockN>::take(p, n - 1 - static_cast<int>(i - int64_t{head} * n), head, w);
     return true;
