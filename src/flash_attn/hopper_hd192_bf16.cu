@@ -2,5 +2,5 @@
 #include "flash_attn/hopper_kernel.cuh"
 
 namespace attnkit::flash_attn {
-ATTNKIT_HOPPER_INSTANTIATE(__nv_bfloat16, 192, CacheKind::b16)
+ATTNKIT_HOPPER_INSTANTIATE_VARLEN(__nv_bfloat16, 192, CacheKind::b16)
 }  // namespace attnkit::flash_attn

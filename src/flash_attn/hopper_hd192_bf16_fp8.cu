@@ -3,5 +3,5 @@
 #include "flash_attn/hopper_kernel.cuh"
 
 namespace attnkit::flash_attn {
-ATTNKIT_HOPPER_INSTANTIATE(__nv_bfloat16, 192, CacheKind::fp8)
+ATTNKIT_HOPPER_INSTANTIATE_VARLEN(__nv_bfloat16, 192, CacheKind::fp8)
 }  // namespace attnkit::flash_attn

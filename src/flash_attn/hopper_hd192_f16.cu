@@ -2,5 +2,5 @@
 #include "flash_attn/hopper_kernel.cuh"
 
 namespace attnkit::flash_attn {
-ATTNKIT_HOPPER_INSTANTIATE(__half, 192, CacheKind::b16)
+ATTNKIT_HOPPER_INSTANTIATE_VARLEN(__half, 192, CacheKind::b16)
 }  // namespace attnkit::flash_attn

@@ -483,7 +483,10 @@ void launch_hopper_planned(const VarlenKernelParams& p, const LaunchPlan& plan, 
 
 }  // namespace attnkit::flash_attn
 
-#define ATTNKIT_HOPPER_INSTANTIATE(ELEM, HEAD_DIM, CACHE)                                                         \
-  template void launch_hopper<ELEM, HEAD_DIM, CACHE>(const VarlenKernelParams&, const LaunchPlan&, cudaStream_t); \
-  template void launch_hopper_planned<ELEM, HEAD_DIM, CACHE>(const VarlenKernelParams&, const LaunchPlan&, int64_t,   \
+// The varlen launcher only (head dims without planned launches: kPlannedHeadDims), or both.
+#define ATTNKIT_HOPPER_INSTANTIATE_VARLEN(ELEM, HEAD_DIM, CACHE) \
+  template void launch_hopper<ELEM, HEAD_DIM, CACHE>(const VarlenKernelParams&, const LaunchPlan&, cudaStream_t);
+#define ATTNKIT_HOPPER_INSTANTIATE(ELEM, HEAD_DIM, CACHE)                                                       \
+  ATTNKIT_HOPPER_INSTANTIATE_VARLEN(ELEM, HEAD_DIM, CACHE)                                                      \
+  template void launch_hopper_planned<ELEM, HEAD_DIM, CACHE>(const VarlenKernelParams&, const LaunchPlan&, int64_t, \
                                                              cudaStream_t);
