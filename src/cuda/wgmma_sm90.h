@@ -78,8 +78,9 @@ __device__ __forceinline__ void wgmma_hold(FragA (&a)[N]) {
 }
 
 // D (m64 x kN, fp32) += A (m64 x k16, registers) * B (k16 x kN, descriptor); kTransB = 1
-// for an MN-major B. Defined for T = __nv_bfloat16 / __half and kN = 64 / 128 (wider outputs
-// are several of these on column ranges of one accumulator: hopper_kernel.cuh).
+// for an MN-major B. Defined for T = __nv_bfloat16 / __half and kN = 32 / 64 / 128 (wider
+// outputs are several of these on column ranges of one accumulator: hopper_kernel.cuh; 32: the
+// lower half of a 128-byte-swizzled region, head dim 96's last columns).
 template <class T, int kN>
 struct WgmmaRS;
 // D (m64 x kN, fp32) += A (m64 x k16) * B (k16 x kN), both K-major by descriptor (kN = 64 / 128).
@@ -103,12 +104,13 @@ struct WgmmaRSFp8;
 #if ATTNKIT_HAS_WGMMA
 // The accumulator operands of m64n64 / m64n128 (FragC d[8] / d[16]) and their register lists.
 #define ATTNKIT_WGMMA_F4(i) "+f"(d[i].c[0]), "+f"(d[i].c[1]), "+f"(d[i].c[2]), "+f"(d[i].c[3])
+#define ATTNKIT_WGMMA_D32 ATTNKIT_WGMMA_F4(0), ATTNKIT_WGMMA_F4(1), ATTNKIT_WGMMA_F4(2), ATTNKIT_WGMMA_F4(3)
 #define ATTNKIT_WGMMA_D64                                                                          \
-  ATTNKIT_WGMMA_F4(0), ATTNKIT_WGMMA_F4(1), ATTNKIT_WGMMA_F4(2), ATTNKIT_WGMMA_F4(3), ATTNKIT_WGMMA_F4(4), \
-      ATTNKIT_WGMMA_F4(5), ATTNKIT_WGMMA_F4(6), ATTNKIT_WGMMA_F4(7)
+  ATTNKIT_WGMMA_D32, ATTNKIT_WGMMA_F4(4), ATTNKIT_WGMMA_F4(5), ATTNKIT_WGMMA_F4(6), ATTNKIT_WGMMA_F4(7)
 #define ATTNKIT_WGMMA_D128                                                                          \
   ATTNKIT_WGMMA_D64, ATTNKIT_WGMMA_F4(8), ATTNKIT_WGMMA_F4(9), ATTNKIT_WGMMA_F4(10), ATTNKIT_WGMMA_F4(11), \
       ATTNKIT_WGMMA_F4(12), ATTNKIT_WGMMA_F4(13), ATTNKIT_WGMMA_F4(14), ATTNKIT_WGMMA_F4(15)
+#define ATTNKIT_WGMMA_R32 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
 #define ATTNKIT_WGMMA_R64 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
 #define ATTNKIT_WGMMA_R128 ATTNKIT_WGMMA_R64 ",%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
 
@@ -144,6 +146,8 @@ struct WgmmaRSFp8;
     }                                                                                           \
   };
 
+ATTNKIT_WGMMA_RS(32, __nv_bfloat16, "bf16", "21", "{%16,%17,%18,%19}, %20, p, 1, 1, %22")
+ATTNKIT_WGMMA_RS(32, __half, "f16", "21", "{%16,%17,%18,%19}, %20, p, 1, 1, %22")
 ATTNKIT_WGMMA_RS(64, __nv_bfloat16, "bf16", "37", "{%32,%33,%34,%35}, %36, p, 1, 1, %38")
 ATTNKIT_WGMMA_RS(64, __half, "f16", "37", "{%32,%33,%34,%35}, %36, p, 1, 1, %38")
 ATTNKIT_WGMMA_RS(128, __nv_bfloat16, "bf16", "69", "{%64,%65,%66,%67}, %68, p, 1, 1, %70")
@@ -196,8 +200,10 @@ ATTNKIT_WGMMA_RS_FP8(128, true, "e5m2", "69", "{%64,%65,%66,%67}, %68, p, 1, 1")
 #undef ATTNKIT_WGMMA_ASM
 #undef ATTNKIT_WGMMA_R128
 #undef ATTNKIT_WGMMA_R64
+#undef ATTNKIT_WGMMA_R32
 #undef ATTNKIT_WGMMA_D128
 #undef ATTNKIT_WGMMA_D64
+#undef ATTNKIT_WGMMA_D32
 #undef ATTNKIT_WGMMA_F4
 #endif  // ATTNKIT_HAS_WGMMA
 

@@ -59,8 +59,8 @@ std::vector<std::string> hopper_rules(const AttentionConfig& cfg, bool built) {
   const CacheKind kind = fa_cache_kind(cfg.cache_dtype);
   if (!tile_instantiated(TileId::hopper, tile_head_dim(TileId::hopper, cfg.head_size, kind), CacheKind::b16)) {
     const int dim = kernel_head_dim(cfg.head_size, kind);
-    why.push_back("has kernels for head dims 64 / 128 / 192 / 256, serving head sizes up to 256 on the next of "
-                  "them (head size " + std::to_string(cfg.head_size) +
+    why.push_back("has kernels for head dims 64 / 96 / 128 / 192 / 256 (96: 16-bit caches), serving head sizes up "
+                  "to 256 on the next of them (head size " + std::to_string(cfg.head_size) +
                   (dim > 0 ? " runs on dim " + std::to_string(dim) + ")" : " has no kernel dim)"));
   }
   if (!built) why.push_back("its kernels are not built (this library has no sm_90a code)");

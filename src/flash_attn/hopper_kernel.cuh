@@ -231,27 +231,30 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   };
 
   // O += P V in column ranges of kPvCols (128, the widest wgmma wrapper: two swizzle regions of V;
-  // 64 where 128 does not divide the head dim), each over the tile's k16 steps of keys; with fp8
-  // caches over its k32 steps, Vt's lines (head dims) of kBlockN codes K-major (32 bytes a step).
-  auto issue_pv = [&](const VPos& v_at) {
-    constexpr int kCols = Tr::kPvCols;
+  // 64 where 128 does not divide the head dim; head dim 96: then one of 32, the lower half of
+  // V's second region), each over the tile's k16 steps of keys; with fp8 caches over its k32
+  // steps, Vt's lines (head dims) of kBlockN codes K-major (32 bytes a step).
+  auto pv_cols = [&]<int kCols>(const VPos& v_at, int col0) {
+    auto& o_cols = *reinterpret_cast<FragC(*)[kCols / 8]>(&o[col0 / 8]);
+    if constexpr (Tr::kFp8Cache) {
+      const uint32_t vt = v_stage(v_at) + col0 * Tr::kBlockN;
+      const uint64_t v_desc = Tr::kBlockN == 128 ? smem_desc_sw128(vt, 16, 1024) : smem_desc_sw64(vt, 512);
 #pragma unroll
-    for (int c = 0; c < Tr::kHeadDim / kCols; ++c) {
-      auto& o_cols = *reinterpret_cast<FragC(*)[kCols / 8]>(&o[c * (kCols / 8)]);
-      if constexpr (Tr::kFp8Cache) {
-        const uint32_t vt = v_stage(v_at) + c * kCols * Tr::kBlockN;
-        const uint64_t v_desc = Tr::kBlockN == 128 ? smem_desc_sw128(vt, 16, 1024) : smem_desc_sw64(vt, 512);
+      for (int ks = 0; ks < kPFrags; ++ks)
+        WgmmaRSFp8<Fill::kE5m2, kCols>::run(o_cols, pa[ks], smem_desc_advance(v_desc, ks * 32), true);
+    } else {
+      const uint64_t v_desc = smem_desc_sw128(v_stage(v_at), Tr::kBlockN * 128, 1024);
 #pragma unroll
-        for (int ks = 0; ks < kPFrags; ++ks)
-          WgmmaRSFp8<Fill::kE5m2, kCols>::run(o_cols, pa[ks], smem_desc_advance(v_desc, ks * 32), true);
-      } else {
-        const uint64_t v_desc = smem_desc_sw128(v_stage(v_at), Tr::kBlockN * 128, 1024);
-#pragma unroll
-        for (int kk = 0; kk < kPFrags; ++kk)
-          WgmmaRS<M, kCols>::template run<1>(
-              o_cols, pa[kk], smem_desc_advance(v_desc, c * (kCols / 64) * (Tr::kBlockN * 128) + kk * 16 * 128), true);
-      }
+      for (int kk = 0; kk < kPFrags; ++kk)
+        WgmmaRS<M, kCols>::template run<1>(
+            o_cols, pa[kk], smem_desc_advance(v_desc, (col0 / 64) * (Tr::kBlockN * 128) + kk * 16 * 128), true);
     }
+  };
+  auto issue_pv = [&](const VPos& v_at) {
+    constexpr int kCols = Tr::kPvCols, kFull = Tr::kHeadDim / kCols;
+#pragma unroll
+    for (int c = 0; c < kFull; ++c) pv_cols.template operator()<kCols>(v_at, c * kCols);
+    if constexpr (Tr::kPvTail > 0) pv_cols.template operator()<Tr::kPvTail>(v_at, kFull * kCols);
     wgmma_commit();
   };
   // S = Q K^T: one wgmma of N = kBlockN per k16 step of 16-bit Q and K (128-byte-swizzled
@@ -393,7 +396,8 @@ void with_fill(const VarlenKernelParams& p, const LaunchPlan& plan, const char* 
       f.template operator()<HopperConvertFill<Tr, cuda::Fp8Format::e4m3>>();
   } else if (tma) {
     ATTNKIT_REQUIRE(p.cu_seqlens_k == nullptr, where, "fill", "tma", "reads a block table, not contiguous K/V");
-    f.template operator()<HopperTmaFill<Tr>>();
+    if constexpr (Tr::kHeadDim % 64 == 0) f.template operator()<HopperTmaFill<Tr>>();
+    else fail(where, "fill", "tma", "copies rows of whole 128-byte segments (head dim " + std::to_string(Tr::kHeadDim) + ")");
   } else {
     f.template operator()<HopperCpAsyncFill<Tr>>();
   }
@@ -455,8 +459,8 @@ void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStre
 }
 
 // A planned launch (FlashInfer-style prefill part) on the plan's hopper tile (hopper, or
-// hopper_short with two Q buffers): the walk over the plan's item slots (grid_items, the plan's
-// capacity: slots past the plan's count end the walk) x KV heads, by at most plan.ctas CTAs where
+// hopper_short with two Q buffers): the walk over the plan's item slots (grid_items: the plan's
+// count, or its capacity for graph-safe launches: slots past the count end the walk) x KV heads, by at most plan.ctas CTAs where
 // the plan is persistent, else one CTA per slot; the page table as the page map (the fill as
 // with_fill says).
 template <class Elem, int kHeadDim, CacheKind kCache>

@@ -86,13 +86,18 @@ struct HopperTraits {
   static constexpr int kOFrags = kHeadDim / 8;
   static constexpr int kKSteps = kHeadDim / 16;
   // S = Q K^T is one wgmma of N = kBlockN per k16 step; O += P V runs in column ranges of kPvCols
-  // (wgmma wrappers exist for N = 64 and 128: wgmma_sm90.h).
+  // and a last one of kPvTail (head dim 96: 64 + 32; wgmma wrappers exist for N = 32, 64 and
+  // 128: wgmma_sm90.h).
   static constexpr int kPvCols = kHeadDim % 128 == 0 ? 128 : 64;
-  static_assert((kBlockN == 64 || kBlockN == 128) && (kPvCols == 64 || kPvCols == 128) && kHeadDim % kPvCols == 0,
-                "wgmma wrappers exist for N = 64 and 128");
+  static constexpr int kPvTail = kHeadDim % kPvCols;
+  static_assert((kBlockN == 64 || kBlockN == 128) && (kPvTail == 0 || (kPvTail == 32 && !kFp8Cache)),
+                "wgmma wrappers exist for N = 64 and 128 (16-bit P V also 32)");
+  // Shared-memory tiles are whole regions of 64 columns (tile_set.h hopper_region_dims): at head
+  // dim 96 the second region's columns 96-127 are neither copied nor read.
+  static constexpr int kRegionDims = hopper_region_dims(kHeadDim);
 
   // Shared memory (from a 1024-byte aligned base): a ring of kKStages K tiles, a ring of
-  // kVStages V tiles, each 16-bit tile kHeadDim / 64 regions of kBlockN 128-byte lines, then the
+  // kVStages V tiles, each 16-bit tile kRegionDims / 64 regions of kBlockN 128-byte lines, then the
   // Q buffers in the same swizzled layout (kBlockM lines per region; warpgroup g reads lines
   // 64g .. 64g+63). fp8 caches: a K tile is kHeadDim / 64 regions of kBlockN 64-byte lines
   // (cuda::Swizzle64Tile), Q's e4m3 copy lives in its own Q buffer (q8_offset); a V stage is the Vt tile
@@ -105,7 +110,7 @@ struct HopperTraits {
   static constexpr int kVTileBytes = hopper_v_stage_bytes(kHeadDim, kBlockN);
   static constexpr int kKStages = kConfig.k_stages, kVStages = kConfig.stages;  // (tile_set.h)
   static constexpr int kQBuffers = kConfig.q_buffers;
-  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kQBytes = hopper_q_bytes(kHeadDim, kBlockM, 1);
   static constexpr int kVOffset = kKStages * kKTileBytes;
   static constexpr int kQOffset = kVOffset + kVStages * kVTileBytes;
   // fp8 caches: warpgroup g's e4m3 Q rows in its own lines of the Q buffer (64 lines from 64 g

@@ -104,8 +104,8 @@ TileId base_tile(const LaunchFacts& f, const LaunchTuning& t, std::string& why) 
   if (f.preferred == Generation::hopper) {
     if (!f.hopper_kernels) why += " (mma_sync: no sm_90a kernels for this device)";
     else if (!tile_instantiated(TileId::hopper, hopper_hd, f.cache))
-      why += " (mma_sync: the hopper kernel serves 16-bit and fp8 caches at head dims 64 / 128 / 192 / 256, head sizes up "
-             "to 256; head size " + std::to_string(f.head_size) + " runs on dim " + std::to_string(hd) + ")";
+      why += " (mma_sync: the hopper kernel serves 16-bit and fp8 caches at head dims 64 / 128 / 192 / 256, 16-bit ones "
+             "at 96 too, head sizes up to 256; head size " + std::to_string(f.head_size) + " runs on dim " + std::to_string(hd) + ")";
     else if (f.alibi_per_request) why += " (mma_sync: the hopper kernel reads per-head ALiBi slopes only)";
     else why += " (mma_sync: the hopper producer needs equal K and V strides)";
   }
@@ -280,7 +280,7 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
                      : t.cp_async_fill                ? "; K/V by cp.async (tuning)"
                      : plan.head_dim != f.head_size   ? "; K/V by cp.async (a padded head size has no whole-row boxes)"
                      : !f.tma_geometry                ? "; K/V by cp.async (no TMA map for these K/V)"
-                                                      : "; K/V by cp.async (rows of two or more 128-byte segments)";
+                                                      : "; K/V by cp.async (rows of more than one 128-byte segment)";
     }
   } else {
     plan.pdl = t.pdl && f.cc_major >= 9 && pdl_for_grid(plan.grid_ctas, plan.cta_slots, plan.config.transposed);

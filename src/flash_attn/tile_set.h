@@ -126,13 +126,18 @@ constexpr bool tma_rows(int head_dim, CacheKind cache) {
 // wgmma, which reads V K-major), the same bytes; a K stage holds 16-bit rows, or with an fp8
 // cache the raw codes, one byte each (S = Q K^T runs on the fp8 wgmma, Q quantised to e4m3 in
 // its own buffer: hopper_traits.h).
+// Tiles are laid out in whole regions of 64 columns (head dims): at head dim 96 the second
+// region's upper half is never written nor read (hopper_region_dims).
 constexpr int kHopperSmemBytes = 227 * 1024 - 1024;  // the sm90 opt-in, less 1 KB of alignment slack
+constexpr int hopper_region_dims(int head_dim) { return (head_dim + 63) / 64 * 64; }
 constexpr int hopper_k_stage_bytes(int head_dim, int keys, CacheKind cache) {
-  return keys * head_dim * (cache == CacheKind::fp8 ? 1 : 2);
+  return keys * hopper_region_dims(head_dim) * (cache == CacheKind::fp8 ? 1 : 2);
 }
-constexpr int hopper_v_stage_bytes(int head_dim, int keys) { return keys * head_dim * 2; }
+constexpr int hopper_v_stage_bytes(int head_dim, int keys) { return keys * hopper_region_dims(head_dim) * 2; }
 // The q_buffers 16-bit Q tiles of `rows` rows (with an fp8 cache each also holds its e4m3 copy).
-constexpr int hopper_q_bytes(int head_dim, int rows, int q_buffers) { return q_buffers * rows * head_dim * 2; }
+constexpr int hopper_q_bytes(int head_dim, int rows, int q_buffers) {
+  return q_buffers * rows * hopper_region_dims(head_dim) * 2;
+}
 // The rings' depths (hopper_rings): both take as many (K, V) stage pairs as the shared memory
 // holds next to the Q bytes, at most 4: 4 / 3 / 3 / 2 at head dims 64 / 128 / 192 / 256 with one
 // 16-bit Q buffer, 4 / 2 / 2 / 1 with two. One ring then takes what is left, up to 4: one stage
@@ -225,6 +230,17 @@ constexpr TileConfig tile_config(TileId id, int head_dim, CacheKind cache) {
   return t;
 }
 
+// The head dims of the hopper tiles: whole 128-byte segments of 16-bit values (wgmma's swizzled
+// regions of 64 columns) up to 256, fp8 caches too (their K codes in 64-byte-swizzled regions of
+// 64 columns, V's transposed); and with 16-bit caches 96, a region and a half: its GEMMs stop at
+// column 96 (S = Q K^T in six k16 steps, O += P V on columns 0-63 and 64-95), a quarter fewer
+// tensor-core cycles than the same rows padded to 128 (DECISIONS.md: Hopper: head dim 96 in a
+// region and a half).
+constexpr bool hopper_head_dim(int head_dim, CacheKind cache) {
+  if (cache == CacheKind::nvfp4 || head_dim < 64 || head_dim > 256) return false;
+  return head_dim % 64 == 0 || (head_dim == 96 && cache == CacheKind::b16);
+}
+
 // Whether the build instantiates tile `id` for (head_dim, cache kind): the launch decision only
 // picks instantiated tiles, and the instantiation files compile exactly these.
 // NVFP4 caches have the cp.async decode tile only (planned launches).
@@ -248,11 +264,9 @@ constexpr bool tile_instantiated(TileId id, int head_dim, CacheKind cache) {
       [[fallthrough]];
     case TileId::hopper:
     case TileId::hopper_short:
-      // Head dims of whole 128-byte segments of 16-bit values (wgmma's swizzled regions) up to
-      // 256, where both rings get two stages (not hopper_short at 256 with 16-bit caches: K
-      // would get one). fp8 caches too (their K codes in 64-byte-swizzled regions of 64 columns,
-      // V's transposed).
-      if (cache == CacheKind::nvfp4 || head_dim < 64 || head_dim % 64 != 0 || head_dim > 256) return false;
+      // The hopper head dims (hopper_head_dim) where both rings get two stages (not
+      // hopper_short at 256 with 16-bit caches: K would get one).
+      if (!hopper_head_dim(head_dim, cache)) return false;
       {
         const TileConfig t = tile_config(id, head_dim, cache);
         return t.k_stages >= 2 && t.stages >= 2;
@@ -262,23 +276,23 @@ constexpr bool tile_instantiated(TileId id, int head_dim, CacheKind cache) {
 }
 
 // The hopper kernels' head dims (hopper_hd*.cu; tile_instantiated says which tiles each has).
-inline constexpr int kHopperHeadDims[] = {64, 128, 192, 256};
+inline constexpr int kHopperHeadDims[] = {64, 96, 128, 192, 256};
 constexpr bool is_hopper_tile(TileId id) {
   return id == TileId::hopper || id == TileId::hopper_short || id == TileId::hopper_wide;
 }
 
 // The compiled head dim tile `id` runs a runtime head size on (0: none). The mma_sync tiles and
-// planned launches: kernel_head_dim. The hopper tiles: the smallest hopper dim at least as
-// large, zero-padded the same way, also where an mma_sync dim lies between (72 .. 96 run on
-// hopper 128, not on mma_sync 80 / 96: the hopper kernel padded to 128 outruns the mma_sync
-// prefill tile there; DECISIONS.md: Head sizes: hopper tiles pad to their next dim). So one
-// launch's head dim is its tile's: a decode-shaped launch of head size 96 runs the decode tile
-// at 96, a prefill-shaped one the hopper kernel at 128.
+// planned launches: kernel_head_dim. The hopper tiles: the smallest hopper dim of the cache kind
+// at least as large, zero-padded the same way, also where an mma_sync dim lies between (72 ..
+// 96 run on hopper 96, fp8 caches on hopper 128, not on mma_sync 80 / 96: the hopper kernel
+// padded outruns the mma_sync prefill tile there; DECISIONS.md: Head sizes: hopper tiles pad to
+// their next dim). So one launch's head dim is its tile's: a decode-shaped launch of head size
+// 80 runs the decode tile at 80, a prefill-shaped one the hopper kernel at 96.
 constexpr int tile_head_dim(TileId id, int head_size, CacheKind cache, bool planned = false) {
   const int d = kernel_head_dim(head_size, cache, planned);
   if (d == 0 || planned || !is_hopper_tile(id)) return d;
-  for (int h : kHopperHeadDims)  // (whole 64-dim groups: every cache kind a hopper tile reads)
-    if (h >= head_size) return h;
+  for (int h : kHopperHeadDims)
+    if (h >= head_size && hopper_head_dim(h, cache)) return h;
   return 0;
 }
 

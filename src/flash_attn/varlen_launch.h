@@ -84,7 +84,7 @@ void run_varlen_attention(const VarlenArgs& args, const LaunchTuning& tuning = {
 struct PlannedLaunch {
   const int32_t* items = nullptr;
   const int32_t* num_items = nullptr;
-  int64_t grid_items = 0;     // CTAs per KV head: the plan's item capacity (any plan of it fits)
+  int64_t grid_items = 0;     // item slots the grid covers per KV head: the plan's count, or its capacity (graph-safe: any plan of it fits)
   int64_t planned_items = 0;  // the current plan's count (the launch decision reads it)
   int tile_q = 0;             // the plan's query tile (16 / 64 / 128 packed rows; the decode tile up to 16)
   const int32_t* page_indptr = nullptr;

@@ -74,8 +74,8 @@ void launch_mma_sync(const VarlenKernelParams& p, const LaunchPlan& plan, cudaSt
 }
 
 // A planned launch (FlashInfer-style): the plan's tile (a decode tile, or the prefill tile for a
-// prefill part) over the page table, one CTA per planned item slot (grid_items, the plan's
-// capacity: slots past the plan's count exit) and KV head; split tiles write the plan's partial
+// prefill part) over the page table, one CTA per planned item slot (grid_items: the plan's
+// count, or its capacity for graph-safe launches: slots past the count exit) and KV head; split tiles write the plan's partial
 // rows (merged by the caller after the launch).
 template <class Elem, int kHeadDim, CacheKind kCache>
 void launch_planned(VarlenKernelParams p, const LaunchPlan& plan, int64_t grid_items, cudaStream_t stream) {

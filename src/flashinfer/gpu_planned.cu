@@ -155,7 +155,9 @@ void run_planned_part(const DevicePlan& dev, const PlanBuffers& plan, const Page
   flash_attn::PlannedLaunch pl;
   pl.items = dev.items();
   pl.num_items = dev.num_items();
-  pl.grid_items = dev.max_items();
+  // The grid covers the plan's items now, or, graph-safe, every plan a replay may bring (the
+  // capacity, often 10x the items: empty CTAs that only read the count cost each launch).
+  pl.grid_items = a.graph_safe ? dev.max_items() : plan.num_items;
   pl.planned_items = plan.num_items;
   pl.tile_q = plan.tile_q;
   pl.page_indptr = dev.page_indptr();

@@ -327,11 +327,11 @@ TEST_P(GpuReferenceGrid, MatchesCpuReference) {
 INSTANTIATE_TEST_SUITE_P(Seeds, GpuReferenceGrid, ::testing::Range(0, 24));
 
 // ---- the hopper kernel on plain shapes: 1..5 KV tiles of 128 keys (1..10 of 64 at head dims
-// 192 / 256), 1..3 row tiles; head sizes 160 and 200 run padded on dims 192 and 256 -------------
+// 192 / 256), 1..3 row tiles; head sizes 80, 160 and 200 run padded on dims 96, 192 and 256 ----
 
 TEST(VarlenHopper, TileCountsAndHeadSizes) {
   int i = 0;
-  for (int head_size : {64, 128, 160, 192, 200, 256})
+  for (int head_size : {64, 80, 96, 128, 160, 192, 200, 256})
     for (int kv : {64, 128, 200, 256, 384, 600})
       for (bool causal : {false, true}) {
         Case c = edge_base(2700 + i++);

@@ -51,6 +51,9 @@ __global__ void wgmma_gemm_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b
   __shared__ __align__(1024) unsigned char tile[kRegions * kRows * 128];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const uint32_t base = smem_addr(tile);
+  // NaN poison: bytes a GEMM must not read (a line's upper half at N = 32) stay NaN.
+  for (int i = tid; i < kRegions * kRows * 8; i += 128) reinterpret_cast<uint4*>(tile)[i] = make_uint4(~0u, ~0u, ~0u, ~0u);
+  __syncthreads();
   for (int i = tid; i < kRows * kRowElems / 8; i += 128) {
     const int row = i / (kRowElems / 8), chunk = i % (kRowElems / 8);
     const uint4 v = *reinterpret_cast<const uint4*>(b + row * kRowElems + chunk * 8);
@@ -201,6 +204,8 @@ class WgmmaSm90 : public ::testing::Test {
 
 TEST_F(WgmmaSm90, KMajorB) {
   check_gemm<64, 16, false>(1);
+  check_gemm<64, 96, false>(18);   // head dim 96: a region and a half (S = Q K^T at 96)
+  check_gemm<128, 96, false>(19);
   check_gemm<64, 64, false>(2);
   check_gemm<128, 64, false>(3);
   check_gemm<128, 128, false>(4);
@@ -213,6 +218,14 @@ TEST_F(WgmmaSm90, MnMajorB) {
   check_gemm<128, 16, true>(8);
   check_gemm<128, 64, true>(9);
   check_gemm<128, 128, true>(10);
+}
+
+// N = 32: the lower half of each 128-byte line of a swizzled region (O += P V on head dim 96's
+// columns 64-95); the upper half holds NaN and must not reach the result.
+TEST_F(WgmmaSm90, MnMajorBHalfLine) {
+  check_gemm<32, 16, true>(20);
+  check_gemm<32, 64, true>(21);
+  check_gemm<32, 128, true>(22);
 }
 
 // The head dims of the hopper tiles (K = 64 .. 256: one to four regions of whole 64-byte lines),
