@@ -172,12 +172,14 @@ TEST(FlashAttnBackend, CapabilitiesAndRules) {
     EXPECT_TRUE(fa.check(config(90, hs)).empty()) << hs << ": " << joined(fa.check(config(90, hs)));
   EXPECT_NE(fa.variant(config(90, 112)).find("head-dim-128 kernels (head size 112 zero-padded)"), std::string::npos)
       << fa.variant(config(90, 112));
-  // Head size 96: prefill-shaped launches on the hopper kernel at 128, decode-shaped ones on the
-  // mma_sync decode tile at 96 (tile_head_dim).
-  EXPECT_NE(fa.variant(config(90, 96)).find("head-dim-128 kernels (head size 96 zero-padded); the mma_sync launches on "
-                                            "the head-dim-96 kernels"),
+  // Head size 96: the hopper kernel has dim 96 (16-bit caches), so no padding is named; head
+  // size 80 runs padded on hopper 96 and on the mma_sync dim 80 (tile_head_dim).
+  EXPECT_NE(fa.variant(config(90, 96)).find("the head-dim-96 kernels"), std::string::npos) << fa.variant(config(90, 96));
+  EXPECT_EQ(fa.variant(config(90, 96)).find("zero-padded"), std::string::npos) << fa.variant(config(90, 96));
+  EXPECT_NE(fa.variant(config(90, 80)).find("head-dim-96 kernels (head size 80 zero-padded); the mma_sync launches on "
+                                            "the head-dim-80 kernels"),
             std::string::npos)
-      << fa.variant(config(90, 96));
+      << fa.variant(config(90, 80));
 }
 
 // ---- cascade -------------------------------------------------------------------------------

@@ -292,7 +292,7 @@ TEST(TileSet, EveryHeadSizeRunsOnTheNextCompiledDim) {
   EXPECT_EQ(kernel_head_dim(96, CacheKind::nvfp4, true), 0);
   EXPECT_EQ(kernel_head_dim(96, CacheKind::fp8, true), 128);
   // A padded size reads its rows by cp.async (a TMA box copies whole rows); hopper serves every
-  // size up to 256 on the next of its dims 64 / 128 / 192 / 256.
+  // size up to 256 on the next of its dims 64 / 96 / 128 / 192 / 256 (96: 16-bit caches).
   LaunchFacts dec = h200(64, 1, 4096, 112);
   EXPECT_EQ(choose_launch(dec).tile, TileId::decode) << choose_launch(dec).reason;
   EXPECT_NE(choose_launch(dec).reason.find("padded to 128"), std::string::npos) << choose_launch(dec).reason;
@@ -300,25 +300,28 @@ TEST(TileSet, EveryHeadSizeRunsOnTheNextCompiledDim) {
   EXPECT_EQ(choose_launch(dec).tile, TileId::decode_tma);
   EXPECT_EQ(choose_launch(h200(4, 2048, 2048, 112)).generation, Generation::hopper);
   EXPECT_EQ(choose_launch(h200(4, 2048, 2048, 40)).generation, Generation::hopper);
-  // 72 .. 96: the hopper kernel at 128 for prefill-shaped launches, the decode tile at its
-  // mma_sync dim for decode-shaped ones (tile_head_dim); a split prefill-shaped launch on the
-  // hopper kernel at 128 too, the mma_sync prefill tile at its dim where mma_sync is preferred.
+  // 72 .. 96: the hopper kernel at 96 for prefill-shaped launches (fp8 caches: at 128), the
+  // decode tile at its mma_sync dim for decode-shaped ones (tile_head_dim); a split
+  // prefill-shaped launch on the hopper kernel at 96 too, the mma_sync prefill tile at its dim
+  // where mma_sync is preferred.
   for (int hs : {72, 80, 88, 96}) {
     const std::string ctx = "head size " + std::to_string(hs);
     const int mma_dim = hs <= 80 ? 80 : 96;
     EXPECT_EQ(choose_launch(h200(4, 2048, 2048, hs)).generation, Generation::hopper) << ctx;
-    EXPECT_EQ(choose_launch(h200(4, 2048, 2048, hs)).head_dim, 128) << ctx;
-    EXPECT_NE(choose_launch(h200(4, 2048, 2048, hs)).reason.find("padded to 128"), std::string::npos) << ctx;
+    EXPECT_EQ(choose_launch(h200(4, 2048, 2048, hs)).head_dim, 96) << ctx;
+    EXPECT_EQ(choose_launch(h200(4, 2048, 2048, hs)).reason.find("padded to 96") != std::string::npos, hs != 96)
+        << ctx << ": " << choose_launch(h200(4, 2048, 2048, hs)).reason;
     EXPECT_EQ(choose_launch(h200(64, 1, 4096, hs)).tile, TileId::decode) << ctx;
     EXPECT_EQ(choose_launch(h200(64, 1, 4096, hs)).head_dim, mma_dim) << ctx;
     LaunchFacts split = h200(4, 2048, 2048, hs);
     split.num_splits = 2;
     EXPECT_EQ(choose_launch(split).generation, Generation::hopper) << ctx;
-    EXPECT_EQ(choose_launch(split).head_dim, 128) << ctx;
+    EXPECT_EQ(choose_launch(split).head_dim, 96) << ctx;
     split.preferred = Generation::mma_sync;
     EXPECT_EQ(choose_launch(split).tile, TileId::prefill) << ctx;
     EXPECT_EQ(choose_launch(split).head_dim, mma_dim) << ctx;
     EXPECT_EQ(tile_head_dim(TileId::hopper, hs, CacheKind::fp8), hs % 16 == 0 ? 128 : 0) << ctx;
+    EXPECT_EQ(tile_head_dim(TileId::hopper_short, hs, CacheKind::b16), 96) << ctx;
     EXPECT_EQ(tile_head_dim(TileId::prefill, hs, CacheKind::b16), mma_dim) << ctx;
   }
   EXPECT_EQ(tile_head_dim(TileId::hopper, 264, CacheKind::b16), 0);

@@ -81,7 +81,7 @@ std::vector<Row> table() {
       {"head size 520 on the CPU", kCpu, [](AttentionConfig& c) { c.head_size = 520; }, {}, "reference",
        {"CPU"}, {{"flash_attn", {gpu_only}}, {"flashinfer", {gpu_only, "head size 520"}}}, {}},
       {"head size 96: flash_attn only", kSm90, [](AttentionConfig& c) { c.head_size = 96; }, {}, "flash_attn",
-       {"hopper", "head-dim-128 kernels (head size 96 zero-padded)", "mma_sync launches on the head-dim-96 kernels"}, {{"flashinfer", {"head size 96"}}, {"reference", {oracle}}}, {}},
+       {"hopper", "the head-dim-96 kernels"}, {{"flashinfer", {"head size 96"}}, {"reference", {oracle}}}, {}},
       {"head size 512: mma_sync", kSm90, [](AttentionConfig& c) { c.head_size = 512; }, {}, "flash_attn",
        {"mma_sync", "head-dim-512 kernels"}, {{"flashinfer", {"head size 512"}}, {"reference", {oracle}}}, {}},
       {"head size 112: padded to 128", kSm90, [](AttentionConfig& c) { c.head_size = 112; }, {}, "flash_attn",

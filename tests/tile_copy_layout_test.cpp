@@ -74,7 +74,7 @@ void check_pattern(int expect_group_threads, int expect_phases) {
 }
 
 // The hopper tiles (flash_attn/tile_set.h), 16-bit and fp8 caches alike: 128 keys at head dims
-// 64 / 128, 64 keys at 192 / 256; 128 producer threads.
+// 64 / 128, 64 keys at 192 / 256, 128 at 96 (16-bit caches only); 128 producer threads.
 constexpr bool hopper_keys(int head_dim, int keys) {
   using attnkit::flash_attn::CacheKind;
   using attnkit::flash_attn::TileId;
@@ -83,10 +83,13 @@ constexpr bool hopper_keys(int head_dim, int keys) {
          tile_config(TileId::hopper, head_dim, CacheKind::fp8).keys == keys;
 }
 static_assert(hopper_keys(64, 128) && hopper_keys(128, 128) && hopper_keys(192, 64) && hopper_keys(256, 64));
+static_assert(attnkit::flash_attn::tile_config(attnkit::flash_attn::TileId::hopper, 96,
+                                               attnkit::flash_attn::CacheKind::b16).keys == 128);
 
 // 16-bit rows: head dim / 8 chunks.
 TEST(TileCopyLayout, GroupColumnsCoverEveryHopperTileOnce) {
   check_pattern<128, 8, 128>(16, 2);   // head dim 64
+  check_pattern<128, 12, 128>(12, 1);  // 96 (16-bit caches): 96 threads copy
   check_pattern<128, 16, 128>(16, 1);  // 128
   check_pattern<64, 24, 128>(24, 1);   // 192: 96 threads copy
   check_pattern<64, 32, 128>(32, 1);   // 256

@@ -84,7 +84,14 @@ TEST(TileSet, ConfigurationsAreConsistent) {
       EXPECT_LE(bytes + 1024, 227 * 1024) << t.name << " hd " << hd;
       EXPECT_GE(t.k_stages, t.stages) << t.name << " hd " << hd;
     }
-  EXPECT_FALSE(tile_instantiated(TileId::hopper, 96, CacheKind::b16));
+  // Head dim 96: 16-bit caches only (a region and a half; fp8 tiles are laid out per 64 columns).
+  EXPECT_TRUE(tile_instantiated(TileId::hopper, 96, CacheKind::b16));
+  EXPECT_TRUE(tile_instantiated(TileId::hopper_short, 96, CacheKind::b16));
+  EXPECT_FALSE(tile_instantiated(TileId::hopper, 96, CacheKind::fp8));
+  EXPECT_FALSE(tile_instantiated(TileId::hopper_wide, 96, CacheKind::b16));
+  EXPECT_FALSE(tile_instantiated(TileId::hopper, 80, CacheKind::b16));
+  EXPECT_EQ(hopper_region_dims(96), 128);
+  EXPECT_EQ(hopper_k_stage_bytes(96, 128, CacheKind::b16), hopper_k_stage_bytes(128, 128, CacheKind::b16));
   // Three consumer warpgroups of 64 rows at head dim 64 only, 16-bit and fp8 caches.
   EXPECT_EQ(tile_config(TileId::hopper_wide, 64, CacheKind::b16).rows, 192);
   EXPECT_EQ(tile_config(TileId::hopper_wide, 64, CacheKind::b16).warps_m, 3);
