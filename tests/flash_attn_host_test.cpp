@@ -59,7 +59,7 @@ TEST(Generation, ChoiceTable) {
       {"hd96 sm90", 90, 96, DType::bf16, false, false, H, M, {}, {}},
       {"hd192 sm90", 90, 192, DType::bf16, false, false, H, M, {}, {}},
       {"hd160 sm90", 90, 160, DType::bf16, false, false, H, M, {}, {}},
-      // Rounded head sizes: hopper serves every size up to 256, on the next of 64 / 128 / 192 / 256.
+      // Rounded head sizes: hopper serves every size up to 256, on the next of 64 / 96 / 128 / 192 / 256.
       {"hd8 sm90", 90, 8, DType::bf16, false, false, H, M, {}, {}},
       {"hd40 sm90", 90, 40, DType::bf16, false, false, H, M, {}, {}},
       {"hd112 sm90", 90, 112, DType::bf16, false, false, H, M, {}, {}},

@@ -139,7 +139,7 @@ constexpr int hopper_q_bytes(int head_dim, int rows, int q_buffers) {
   return q_buffers * rows * hopper_region_dims(head_dim) * 2;
 }
 // The rings' depths (hopper_rings): both take as many (K, V) stage pairs as the shared memory
-// holds next to the Q bytes, at most 4: 4 / 3 / 3 / 2 at head dims 64 / 128 / 192 / 256 with one
+// holds next to the Q bytes, at most 4: 4 / 3 / 3 / 2 at head dims 64 / 128 / 192 / 256 (96: as 128) with one
 // 16-bit Q buffer, 4 / 2 / 2 / 1 with two. One ring then takes what is left, up to 4: one stage
 // more at 192 / 256 with one Q buffer and at 128 / 192 with two. That is the V ring (a V stage is held one step longer than a K one, from its load to the
 // P V after the S that freed K; both are loaded together), but with fp8 caches the K ring, whose
