@@ -22,8 +22,12 @@
 #                      tree against a commit: the commit), each applied to a copy of the tree in
 #                      build-patch-N/ whose bench (sm_90a) runs in turns with the tree's, two
 #                      rounds, on BENCH_ARGS / BENCH_MATCH; $LOG/patches.md (tools/bench_ab.py)
-#   PROFILE_KERNEL     profile: kernel name regex (default hopper_varlen)
-#   PROFILE_LAUNCHES   profile: which launches of it to profile, counted from 0 (default '0 30':
+#   PROFILE_KERNEL     profile: kernel name regex (default hopper_varlen), matched against the
+#                      demangled name with its template arguments where PROFILE_DEMANGLED=1 (e.g.
+#                      'HopperTmaFill' for the launches of one K/V fill)
+#   PROFILE_MATCH      profile: the bench's --match while profiling (default BENCH_MATCH)
+#   PROFILE_LAUNCHES   profile: which launches of it to profile, counted from 0, each N or
+#                      REGEX@N (launch N of the kernels matching REGEX; distinct Ns) (default '0 30':
 #                      with BENCH_ARGS='--quick --only prefill', 512 x 32 and 1 x 16k); the
 #                      per-instruction stall table goes to $LOG/sass<N>.csv, read it with
 #                      `python3 tools/ncu_stalls.py $LOG/sass<N>.csv`
@@ -342,13 +346,17 @@ fi
 
 # ---- on request: Nsight Compute source-level profile of one kernel of the bench -------------------
 if [[ ",$STEPS," == *",profile,"* ]] && [ -x "$BUILD/bench/attnkit_bench" ] && command -v ncu >/dev/null; then
-  for n in ${PROFILE_LAUNCHES:-0 30}; do
+  PROFILE_MATCH=${PROFILE_MATCH:-${BENCH_MATCH:-}}
+  for entry in ${PROFILE_LAUNCHES:-0 30}; do
+    # (an entry REGEX@N: launch N of the kernels matching REGEX instead of PROFILE_KERNEL)
+    if [[ "$entry" == *@* ]]; then kre=${entry%@*}; n=${entry##*@}; else kre=${PROFILE_KERNEL:-hopper_varlen}; n=$entry; fi
     # shellcheck disable=SC2086
-    step "profile launch $n" "${T_PROFILE:-180}" "$LOG/profile$n.txt" ncu -k "regex:${PROFILE_KERNEL:-hopper_varlen}" \
+    step "profile launch $entry" "${T_PROFILE:-180}" "$LOG/profile$n.txt" ncu -k "regex:$kre" \
+      ${PROFILE_DEMANGLED:+--kernel-name-base demangled} \
       --launch-skip "$n" --launch-count 1 --section SourceCounters --section SpeedOfLight \
       --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
       --section LaunchStats --section Occupancy --import-source no --export "$LOG/p$n" \
-      "$BUILD/bench/attnkit_bench" ${BENCH_ARGS:-} ${BENCH_MATCH:+--match "$BENCH_MATCH"} || FAILED=1
+      "$BUILD/bench/attnkit_bench" ${BENCH_ARGS:-} ${PROFILE_MATCH:+--match "$PROFILE_MATCH"} || FAILED=1
     if [ -f "$LOG/p$n.ncu-rep" ]; then
       ncu -i "$LOG/p$n.ncu-rep" --page source --csv --print-source sass >"$LOG/sass$n.csv" 2>&1
       ncu -i "$LOG/p$n.ncu-rep" --page details >>"$LOG/profile$n.txt" 2>&1
