@@ -375,6 +375,9 @@ fi
     echo "shape | unit | attnkit | FLASH | cuDNN | ours/FLASH | ours/cuDNN | % read BW | x bf16"
     grep -E '^\| (ceiling|kv_write|merge) |^\| prefill \| prefill d128 h32/8 causal |^\| decode \| decode (bf16|fp8) b(1|16|256) kv(4096|32768) ' \
       "$LOG/table.md" | cut -d'|' -f3-11
+    # (issue 20's table: each shape group's geomean of ours / cuDNN)
+    sed -n '/^Prefill, ours/,/^Targets/p' "$LOG/table.md" | awk -F'|' '$2 ~ /^ d[0-9]/ {gsub(/^ +| +$/, "", $2);
+      gsub(/ /, "", $9); out = out (out ? "; " : "") $2 " " $9} END {if (out) print "prefill ours/cuDNN geomeans: " out}'
     sed -n '/^Targets/,$p' "$LOG/table.md"
   fi
   [ $FAILED = 0 ] && echo "RESULT: no failures in the steps run ($STEPS)" || echo "RESULT: FAILURES (see $LOG/tests.log, $LOG/build.log)"
