@@ -229,10 +229,11 @@ def build(recs):
     plan_us = val("decode-fi", "decode-fi host plan b256 kv4096", "attnkit")
     if plan_us:
         targets.append(f"flashinfer host plan, batch 256: {fmt(plan_us)} us (target < 20 us: {'met' if plan_us < 20 else 'MISSED'})")
-    targets += prefill_targets(order, val, by)
+    groups = prefill_ratios(order, val)
+    targets += prefill_targets(groups, order, by)
     if read_bw:
         targets.insert(0, f"read-only ceiling measured: {fmt(read_bw)} GB/s")
-    return lines, targets, prefill_table(order, val)
+    return lines, targets, prefill_table(groups)
 
 
 PREFILL_BATCHES = ["s512x32", "s1024x16", "s2048x8", "s4096x4", "s8192x2", "s16384x1"]
@@ -240,36 +241,34 @@ PREFILL_KEY = re.compile(r"prefill (d(\d+) h\d+/\d+ (causal|full)) (s(\d+)x\d+)$
 
 
 def prefill_ratios(order, val):
-    """{shape group ("d128 h32/8 causal"): {batch ("s4096x4"): (ours TFLOP/s, ours / cuDNN)}}, in
-    the run's order, from the prefill section's rows with a cuDNN number."""
+    """{shape group ("d128 h32/8 causal"): {batch ("s4096x4"): (ours TFLOP/s, ours / cuDNN, tokens
+    per request)}}, in the run's order, from the prefill section's rows with a cuDNN number."""
     groups = {}
     for (s, k) in order:
         m = PREFILL_KEY.match(k) if s == "prefill" else None
         a, cu = (val(s, k, "attnkit"), val(s, k, "torch-cuDNN")) if m else (None, None)
         if m and a and cu:
-            groups.setdefault(m.group(1), {})[m.group(4)] = (a, a / cu)
+            groups.setdefault(m.group(1), {})[m.group(4)] = (a, a / cu, int(m.group(5)))
     return groups
 
 
-def prefill_table(order, val):
-    """Issue 20's table: ours TFLOP/s (ours / cuDNN) per shape group and batch, and the geomean
-    of each group's ratios."""
-    groups = prefill_ratios(order, val)
+def prefill_table(groups):
+    """Issue 20's table (groups: prefill_ratios): ours TFLOP/s (ours / cuDNN) per shape group and
+    batch, and the geomean of each group's ratios."""
     if not groups:
         return []
     lines = ["| shape (paged block 16) | 512 x 32 | 1k x 16 | 2k x 8 | 4k x 4 | 8k x 2 | 16k x 1 | geomean |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for g, row in groups.items():
         cells = [f"{row[b][0]:.1f} ({row[b][1]:.2f})" if b in row else "" for b in PREFILL_BATCHES]
-        lines.append(f"| {g} | " + " | ".join(cells) + f" | {fmt(geomean([r for _, r in row.values()]), 2)} |")
+        lines.append(f"| {g} | " + " | ".join(cells) + f" | {fmt(geomean([r for _, r, _ in row.values()]), 2)} |")
     return lines
 
 
-def prefill_targets(order, val, by):
+def prefill_targets(groups, order, by):
     """Issue 20's targets against this run: ours / cuDNN at >= 4k tokens per request (head sizes
     64, 128, 256: >= 1.0x), head size 128 causal 512 x 32 and 1k x 16 (>= 1.15x), the fp8 cache
     against bf16 in the same turns (the prefill-fp8 notes' bf16 / fp8 time: >= 1.0x)."""
-    groups = prefill_ratios(order, val)
     out = []
 
     def check(what, rs, want):
@@ -280,7 +279,7 @@ def prefill_targets(order, val, by):
 
     for hd in (64, 128, 256):
         long_rows = [r for g, row in groups.items() if g.startswith(f"d{hd} ")
-                     for b, (_, r) in row.items() if int(PREFILL_KEY.match(f"prefill {g} {b}").group(5)) >= 4096]
+                     for _, r, tokens in row.values() if tokens >= 4096]
         check(f"prefill d{hd} >= 4k tokens / cuDNN", long_rows, 1.0)
     short = [row[b][1] for g, row in groups.items() if g.startswith("d128 ") and g.endswith(" causal")
              for b in ("s512x32", "s1024x16") if b in row]
