@@ -5,7 +5,9 @@ warps of the kernel stall: the stall reasons over all samples, the instructions 
 samples (with their top reasons and execution counts), the samples per execution count, which
 separates the code of warp roles that run different loops (e.g. producer vs consumers), and the
 regions of the code: runs of consecutive instructions with one execution count (a loop body, a
-per-item prologue or epilogue of one role), in address order, with their samples and reasons.
+per-item prologue or epilogue of one role), in address order, with their samples and reasons;
+a region with at least 2% of the samples also lists its opcodes by samples (e.g. how much of a
+softmax waits on MUFU.EX2 against its FMNMX tree).
 
 Usage: python3 tools/ncu_stalls.py sass30.csv [top_n]
 """
@@ -56,23 +58,39 @@ def main() -> int:
     for e, v in per_exec.most_common(8):
         print(f"  exec {e:>12}  {count[e]:5} instructions  {100 * v / total:5.1f}% of samples")
     print("regions (consecutive instructions of one execution count, >= 0.3% of samples):")
-    regions = []  # [first address, last address, exec, instructions, samples, Counter of reasons]
+    # [first address, last address, exec, instructions, samples, Counter of reasons,
+    #  Counter of samples per opcode, Counter of instructions per opcode]
+    regions = []
     for r in data:
         e = num(r, "Instructions Executed")
         if not regions or regions[-1][2] != e:
-            regions.append([r[ix["Address"]], r[ix["Address"]], e, 0, 0, Counter()])
+            regions.append([r[ix["Address"]], r[ix["Address"]], e, 0, 0, Counter(), Counter(), Counter()])
         g = regions[-1]
         g[1] = r[ix["Address"]]
         g[3] += 1
         g[4] += num(r, samples_col)
         for st in stalls:
             g[5][st] += num(r, st)
-    for first, last, e, n, v, why in regions:
+        op = opcode(r[ix["Source"]])
+        g[6][op] += num(r, samples_col)
+        g[7][op] += 1
+    for first, last, e, n, v, why, op_samples, op_count in regions:
         if e == 0 or v < 0.003 * total:
             continue
         reasons = ", ".join(f"{st[6:]} {100 * c / total:.1f}" for st, c in why.most_common(3) if c)
         print(f"  {first[-5:]}-{last[-5:]}  exec {e:>10}  {n:4} instructions  {100 * v / total:5.1f}%  ({reasons})")
+        if v >= 0.02 * total:
+            ops = ", ".join(f"{o} {100 * c / total:.1f} ({op_count[o]})" for o, c in op_samples.most_common(6) if c)
+            print(f"      opcodes, % of all samples (instructions): {ops}")
     return 0
+
+
+def opcode(source: str) -> str:
+    """The opcode family of one SASS line: 'MUFU' for '@!P2 MUFU.EX2 R4, R5'."""
+    words = source.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0] if words else "?"
 
 
 if __name__ == "__main__":
