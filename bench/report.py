@@ -41,6 +41,13 @@ def geomean(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
+def note_number(by, section, key, pattern):
+    """The number that `pattern`'s group 1 finds in our row's note (a ratio the bench measured in
+    turns, e.g. "... (FA-style launch): 1.02x"), or None."""
+    m = re.search(pattern, by.get((section, key), {}).get("attnkit", {}).get("note", ""))
+    return float(m.group(1)) if m else None
+
+
 def build(recs):
     by = {}  # (section, key) -> {impl: rec}
     order = []
@@ -184,9 +191,9 @@ def build(recs):
             targets.append(f"flashinfer decode skewed 1 x 32k + 63 x 1k: {fmt(fs)}% of read BW (target >= 85%: {'met' if fs >= 85 else 'MISSED'})")
         for (s, k) in order:
             if s == "decode-fi" and k.endswith(" eager"):
-                m = re.search(r"graph: ([0-9.]+)x$", by[(s, k)].get("attnkit", {}).get("note", ""))
-                if m:
-                    targets.append(f"flashinfer {k[len('decode-fi '):]}: eager / graph replay per call {m.group(1)}x")
+                r = note_number(by, s, k, r"graph: ([0-9.]+)x$")
+                if r:
+                    targets.append(f"flashinfer {k[len('decode-fi '):]}: eager / graph replay per call {fmt(r, 2)}x")
         pr = []
         for k, v, _ in fi("bf16", 128, lambda b, l: True):
             v16 = val("decode-fi", k.replace(" p128 ", " p16 "), "attnkit")
@@ -195,20 +202,14 @@ def build(recs):
         if pr:
             targets.append(f"flashinfer decode page 128 / page 16 (bf16): {fmt(min(pr), 3)}x..{fmt(max(pr), 3)}x "
                            f"(target within 3%: {'met' if min(pr) >= 0.97 else 'MISSED'})")
-        rf = []
-        for (s, k) in order:
-            if s == "decode-fi":
-                m = re.search(r"\): ([0-9.]+)x$", by[(s, k)].get("attnkit", {}).get("note", ""))
-                if m:
-                    rf.append(float(m.group(1)))
+        rf = [r for (s, k) in order if s == "decode-fi" and (r := note_number(by, s, k, r"\): ([0-9.]+)x$"))]
         if rf:
             targets.append(f"flashinfer decode / FlashAttention-style decode, same instances in turns: geomean "
                            f"{fmt(geomean(rf), 3)}x, range {fmt(min(rf), 2)}..{fmt(max(rf), 2)}x")
     # FlashInfer-style prefill (issue 21): the planned part against the FlashAttention-style
     # launch of the same batch in the same turns (the note's ratio).
     def fa_ratio(k):
-        m = re.search(r"\): ([0-9.]+)x$", by[("prefill-fi", k)].get("attnkit", {}).get("note", ""))
-        return float(m.group(1)) if m else None
+        return note_number(by, "prefill-fi", k, r"\): ([0-9.]+)x$")
 
     paged = [r for (s, k) in order if s == "prefill-fi" and k.startswith("prefill-fi paged") and (r := fa_ratio(k))]
     if paged:
@@ -216,16 +217,14 @@ def build(recs):
                        f"{fmt(min(paged), 2)}x..{fmt(max(paged), 2)}x (target >= 1.0x: "
                        f"{'met' if min(paged) >= 1.0 else 'MISSED'})")
     skew_k = "prefill-fi skewed p16 d128 h32/8 causal 1x16384+31x512"
-    if ("prefill-fi", skew_k) in by and (r := fa_ratio(skew_k)):
+    if r := fa_ratio(skew_k):
         targets.append(f"flashinfer skewed prefill 1 x 16k + 31 x 512 / FlashAttention-style: {fmt(r, 2)}x "
                        f"(target >= 1.2x: {'met' if r >= 1.2 else 'MISSED'})")
     step_k = "prefill-fi engine step 64x(1 over 4096) + 2x(2048 over 8192)"
-    if ("prefill-fi", step_k) in by:
-        m = re.search(r": ([0-9.]+)x$", by[("prefill-fi", step_k)].get("attnkit", {}).get("note", ""))
-        if m:
-            r = float(m.group(1))
-            targets.append(f"flashinfer engine step (64 decodes + 2 chunked prefills), flash_attn forward time / "
-                           f"flashinfer's: {fmt(r, 2)}x (target >= 0.95x: {'met' if r >= 0.95 else 'MISSED'})")
+    r = note_number(by, "prefill-fi", step_k, r": ([0-9.]+)x$")
+    if r:
+        targets.append(f"flashinfer engine step (64 decodes + 2 chunked prefills), flash_attn forward time / "
+                       f"flashinfer's: {fmt(r, 2)}x (target >= 0.95x: {'met' if r >= 0.95 else 'MISSED'})")
     plan_us = val("decode-fi", "decode-fi host plan b256 kv4096", "attnkit")
     if plan_us:
         targets.append(f"flashinfer host plan, batch 256: {fmt(plan_us)} us (target < 20 us: {'met' if plan_us < 20 else 'MISSED'})")
@@ -284,12 +283,8 @@ def prefill_targets(groups, order, by):
     short = [row[b][1] for g, row in groups.items() if g.startswith("d128 ") and g.endswith(" causal")
              for b in ("s512x32", "s1024x16") if b in row]
     check("prefill d128 causal 512 x 32 and 1k x 16 / cuDNN", short, 1.15)
-    fp8 = []
-    for (s, k) in order:
-        if s == "prefill-fp8" and k.endswith(" fp8"):
-            m = re.search(r"bf16 / fp8 time ([0-9.]+)x", by[(s, k)].get("attnkit", {}).get("note", ""))
-            if m:
-                fp8.append(float(m.group(1)))
+    fp8 = [r for (s, k) in order if s == "prefill-fp8" and k.endswith(" fp8")
+           and (r := note_number(by, s, k, r"bf16 / fp8 time ([0-9.]+)x"))]
     check("prefill fp8 cache / bf16 cache (time ratio, same turns)", fp8, 1.0)
     return out
 
