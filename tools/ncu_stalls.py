@@ -14,6 +14,20 @@ Usage: python3 tools/ncu_stalls.py sass30.csv [top_n]
 import csv
 import sys
 from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Region:
+    """Consecutive instructions with one execution count, from address `first` to `last`."""
+    first: str
+    exec: int
+    last: str = ""
+    instructions: int = 0
+    samples: int = 0
+    reasons: Counter = field(default_factory=Counter)
+    op_samples: Counter = field(default_factory=Counter)  # samples per opcode family
+    op_count: Counter = field(default_factory=Counter)  # instructions per opcode family
 
 
 def main() -> int:
@@ -58,29 +72,28 @@ def main() -> int:
     for e, v in per_exec.most_common(8):
         print(f"  exec {e:>12}  {count[e]:5} instructions  {100 * v / total:5.1f}% of samples")
     print("regions (consecutive instructions of one execution count, >= 0.3% of samples):")
-    # [first address, last address, exec, instructions, samples, Counter of reasons,
-    #  Counter of samples per opcode, Counter of instructions per opcode]
     regions = []
     for r in data:
         e = num(r, "Instructions Executed")
-        if not regions or regions[-1][2] != e:
-            regions.append([r[ix["Address"]], r[ix["Address"]], e, 0, 0, Counter(), Counter(), Counter()])
+        if not regions or regions[-1].exec != e:
+            regions.append(Region(r[ix["Address"]], e))
         g = regions[-1]
-        g[1] = r[ix["Address"]]
-        g[3] += 1
-        g[4] += num(r, samples_col)
+        g.last = r[ix["Address"]]
+        g.instructions += 1
+        g.samples += num(r, samples_col)
         for st in stalls:
-            g[5][st] += num(r, st)
+            g.reasons[st] += num(r, st)
         op = opcode(r[ix["Source"]])
-        g[6][op] += num(r, samples_col)
-        g[7][op] += 1
-    for first, last, e, n, v, why, op_samples, op_count in regions:
-        if e == 0 or v < 0.003 * total:
+        g.op_samples[op] += num(r, samples_col)
+        g.op_count[op] += 1
+    for g in regions:
+        if g.exec == 0 or g.samples < 0.003 * total:
             continue
-        reasons = ", ".join(f"{st[6:]} {100 * c / total:.1f}" for st, c in why.most_common(3) if c)
-        print(f"  {first[-5:]}-{last[-5:]}  exec {e:>10}  {n:4} instructions  {100 * v / total:5.1f}%  ({reasons})")
-        if v >= 0.02 * total:
-            ops = ", ".join(f"{o} {100 * c / total:.1f} ({op_count[o]})" for o, c in op_samples.most_common(6) if c)
+        reasons = ", ".join(f"{st[6:]} {100 * c / total:.1f}" for st, c in g.reasons.most_common(3) if c)
+        print(f"  {g.first[-5:]}-{g.last[-5:]}  exec {g.exec:>10}  {g.instructions:4} instructions  "
+              f"{100 * g.samples / total:5.1f}%  ({reasons})")
+        if g.samples >= 0.02 * total:
+            ops = ", ".join(f"{o} {100 * c / total:.1f} ({g.op_count[o]})" for o, c in g.op_samples.most_common(6) if c)
             print(f"      opcodes, % of all samples (instructions): {ops}")
     return 0
 
