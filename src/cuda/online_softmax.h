@@ -73,30 +73,85 @@ struct RowSoftmax {
 
   // Folds one tile of scores into the state: S becomes P = exp2((S - max) * unit) in place
   // (masked -inf scores give exactly 0) and `rescale` receives the factor by which the
-  // output accumulator of each row must be multiplied.
-  template <class Lay = RowsOnM, int N>
+  // output accumulator of each row must be multiplied. kMaxSlackLog2 > 0: the running
+  // maxima stay as they are while no score of the warp's rows exceeds its row's maximum by
+  // more than kMaxSlackLog2 (log2 units), so P reaches at most 2^kMaxSlackLog2 (16-bit P keeps its relative precision; the
+  // fp32 sums and output take it): each thread checks its own scores against the stored
+  // maxima and a vote of the warp decides, so the quad's lanes keep agreeing; the kept path
+  // has no shuffles across the quad and no rescale. Any later use of the maxima (finish, the
+  // split partials, the sinks) is exact with a stale maximum.
+  template <class Lay = RowsOnM, int kMaxSlackLog2 = 0, int N>
   __device__ __forceinline__ void step(FragC (&s)[N], float unit, float (&rescale)[2]) {
     float m[2];
     tile_row_max<Lay>(s, m);
     float base[2];
+    bool keep = false;
+    if constexpr (kMaxSlackLog2 > 0) {
+      // (a row that has seen nothing has max -inf: its difference is +inf or NaN, never kept;
+      // a thread whose scores are all masked has m = -inf: kept)
+      const bool fits = (m[0] - max[0]) * unit <= kMaxSlackLog2 && (m[1] - max[1]) * unit <= kMaxSlackLog2;
+      keep = __all_sync(0xffffffffu, fits);
+    }
+    if (keep) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        rescale[r] = 1.f;
+        base[r] = max[r] * unit - p_log2;
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        m[r] = Lay::reduce_max(fmaxf(m[r], max[r]));
+        // A row that has seen nothing keeps max = -inf; subtract 0 instead so no (-inf) - (-inf).
+        base[r] = (m[r] == -INFINITY) ? 0.f : m[r] * unit;
+        rescale[r] = fast_exp2(max[r] * unit - base[r]);  // old max -inf -> 0 (accumulators are 0 too)
+        max[r] = m[r];
+        sum[r] *= rescale[r];
+        base[r] -= p_log2;
+      }
+    }
+    exp_rows<Lay>(s, unit, base, sum);
+  }
+
+  // The speculative step's first half: P = exp2((S - max) * unit) in place at the stored maxima,
+  // before (and without) any maximum of the tile; `part` receives this thread's sums of it. True
+  // where the thread's rows may keep their maxima: both have one (not -inf) and each part is at
+  // most 2^kLimitLog2, so every P is (+inf and NaN fail). Then add_sums(part) completes the step
+  // (no rescale); else S must come again and take step() (varlen_tile_softmax.cuh).
+  template <class Lay = RowsOnM, int kLimitLog2 = 8, int N>
+  __device__ __forceinline__ bool exp_at_stored_max(FragC (&s)[N], float unit, float (&part)[2]) const {
+    float base[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      m[r] = Lay::reduce_max(fmaxf(m[r], max[r]));
-      // A row that has seen nothing keeps max = -inf; subtract 0 instead so no (-inf) - (-inf).
-      base[r] = (m[r] == -INFINITY) ? 0.f : m[r] * unit;
-      rescale[r] = fast_exp2(max[r] * unit - base[r]);  // old max -inf -> 0 (accumulators are 0 too)
-      max[r] = m[r];
-      sum[r] *= rescale[r];
-      base[r] -= p_log2;
+      base[r] = max[r] * unit - p_log2;
+      part[r] = 0.f;
     }
+    exp_rows<Lay>(s, unit, base, part);
+    constexpr float kLimit = static_cast<float>(1 << kLimitLog2);
+    return max[0] != -INFINITY && max[1] != -INFINITY && part[0] <= kLimit && part[1] <= kLimit;
+  }
+  __device__ __forceinline__ void add_sums(const float (&part)[2]) {
+    sum[0] += part[0];
+    sum[1] += part[1];
+  }
+
+ private:
+  // S = exp2(S * unit - base) in place, each row's values added to acc.
+  template <class Lay, int N>
+  __device__ __forceinline__ static void exp_rows(FragC (&s)[N], float unit, const float (&base)[2], float (&acc)[2]) {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[i].c[e] = fast_exp2(fmaf(s[i].c[e], unit, -base[Lay::slot(e)]));
+      for (int e = 0; e < 4; ++e) {
+        const float x = fmaf(s[i].c[e], unit, -base[Lay::slot(e)]);
+        s[i].c[e] = fast_exp2(x);
+      }
 #pragma unroll
-      for (int r = 0; r < 2; ++r) sum[r] += s[i].c[Lay::elem(r, 0)] + s[i].c[Lay::elem(r, 1)];
+      for (int r = 0; r < 2; ++r) acc[r] += s[i].c[Lay::elem(r, 0)] + s[i].c[Lay::elem(r, 1)];
     }
   }
+
+ public:
 
   // Completes the row sums across the row's lanes and returns the maxima in log2 units.
   template <class Lay = RowsOnM>

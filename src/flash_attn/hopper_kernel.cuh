@@ -302,13 +302,31 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       wgmma_wait<0>();
     }
     wgmma_hold(s);
-    k_pipe.release(at);
+    // K_j leaves its stage once S_j is final: at once, or after a speculative softmax, which may
+    // compute S_j again.
+    constexpr bool kSpeculate = Tr::kSpeculativeExp && kPV;
+    if constexpr (!kSpeculate) k_pipe.release(at);
 
     const int tile_key0 = tile_key(w, it);
     const bool whole_tile_visible = tile_key0 >= w.full_lo && tile_key0 + Tr::kBlockN <= w.full_hi;
     float rescale[2];
     // (per-head ALiBi slopes only: per-request ones run on the mma_sync kernels, launch_plan.cpp)
-    softmax_scores(s, softmax, mod, unit, whole_tile_visible, p, w, warp_row0, tile_key0, lane, rescale, false);
+    if constexpr (kSpeculate) {
+      softmax_scores_speculative<cuda::RowsOnM, Tr::kMaxSlackLog2>(
+          s, softmax, mod, unit, whole_tile_visible, p, w, warp_row0, tile_key0, lane, rescale,
+          [&](bool fits) { return !named_bar_or(Tr::group_bar(wg), 128, !fits); },
+          [&](FragC(&again)[Tr::kSFrags]) {  // (also waits for the P V in flight: a rare tile)
+            wgmma_fence();
+            issue_s(again, k_stage(at));
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_hold(again);
+          });
+      k_pipe.release(at);
+    } else {
+      softmax_scores<cuda::RowsOnM, Tr::kMaxSlackLog2>(
+          s, softmax, mod, unit, whole_tile_visible, p, w, warp_row0, tile_key0, lane, rescale, false);
+    }
     // O's rescale waits for the P V first, inside its branch: ptxas hoists a wait to the top of
     // its block, and there the softmax would no longer run under the P V.
     rescale_output(o, rescale, [&] {

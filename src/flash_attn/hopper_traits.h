@@ -90,6 +90,15 @@ struct HopperTraits {
   // 128: wgmma_sm90.h).
   static constexpr int kPvCols = kHeadDim % 128 == 0 ? 128 : 64;
   static constexpr int kPvTail = kHeadDim % kPvCols;
+  // The running row maxima stay while a tile's scores exceed them by at most 2^8 after exp2
+  // (RowSoftmax::step: the quad's shuffles and the rescale leave the softmax's path in most
+  // tiles). fp8 P is e4m3 times 2^8 already (448 at most): exact maxima there.
+  static constexpr int kMaxSlackLog2 = kFp8Cache ? 0 : 8;
+  // Every tile of an item after its first takes its exponentials at the stored maxima before
+  // any maximum of the tile (softmax_scores_speculative: no tree of maxima on the softmax's
+  // path); the rare tile whose P would exceed 2^kMaxSlackLog2 computes S again. fp8 P has no
+  // such headroom (e4m3 x 2^8).
+  static constexpr bool kSpeculativeExp = kMaxSlackLog2 > 0;
   static_assert((kBlockN == 64 || kBlockN == 128) && (kPvTail == 0 || (kPvTail == 32 && !kFp8Cache)),
                 "wgmma wrappers exist for N = 64 and 128 (16-bit P V also 32)");
   // Shared-memory tiles are whole regions of 64 columns (tile_set.h hopper_region_dims): at head

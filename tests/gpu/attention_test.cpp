@@ -329,28 +329,61 @@ INSTANTIATE_TEST_SUITE_P(Seeds, GpuReferenceGrid, ::testing::Range(0, 24));
 // ---- the hopper kernel on plain shapes: 1..5 KV tiles of 128 keys (1..10 of 64 at head dims
 // 192 / 256), 1..3 row tiles; head sizes 80, 160 and 200 run padded on dims 96, 192 and 256 ----
 
+// A plain hopper case: 16-bit NHD cache of block 16, no window, score mod, sinks or split.
+Case hopper_plain_case(uint64_t seed, DType dtype, int head_size, int kv_heads, int group, bool causal) {
+  Case c = edge_base(seed);
+  c.dtype = c.cache_dtype = dtype;
+  c.layout = KVLayout::NHD;
+  c.head_size = head_size;
+  c.num_kv_heads = kv_heads;
+  c.group = group;
+  c.block_size = 16;
+  c.causal = causal;
+  c.window_left = c.window_right = -1;
+  c.softcap = 0.f;
+  c.alibi = c.alibi_per_seq = c.sinks = c.per_head_kv_scale = false;
+  c.q_amp = 1.f;
+  c.num_splits = 1;
+  return c;
+}
+
 TEST(VarlenHopper, TileCountsAndHeadSizes) {
   int i = 0;
   for (int head_size : {64, 80, 96, 128, 160, 192, 200, 256})
     for (int kv : {64, 128, 200, 256, 384, 600})
       for (bool causal : {false, true}) {
-        Case c = edge_base(2700 + i++);
-        c.dtype = c.cache_dtype = DType::bf16;
-        c.layout = KVLayout::NHD;
-        c.head_size = head_size;
-        c.num_kv_heads = 1;
-        c.group = 1;
-        c.block_size = 16;
-        c.causal = causal;
-        c.window_left = c.window_right = -1;
-        c.softcap = 0.f;
-        c.alibi = c.sinks = c.per_head_kv_scale = false;
-        c.q_amp = 1.f;
-        c.num_splits = 1;
+        Case c = hopper_plain_case(2700 + i++, DType::bf16, head_size, 1, 1, causal);
         c.q_lens = {std::min(kv, 130)};
         c.seq_lens = {kv};
         check_against_cpu(c);
       }
+}
+
+// ---- the hopper softmax's running maxima with a slack (RowSoftmax::step, kMaxSlackLog2) and its
+// speculative exponentials at the stored maxima (softmax_scores_speculative): scores that rise
+// along the keys (ALiBi with small queries: each 128-key tile's maxima exceed the last's by
+// 0.9 .. 46 log2 units over the slopes, so warps take both paths and warpgroups compute S again),
+// scores set by the first tiles (large queries, no ALiBi: the maxima stay), both mixed (large
+// queries and ALiBi), and a sliding window (rows that see nothing in an item's first tile) ----
+
+TEST(VarlenHopper, RunningMaxSlack) {
+  int i = 0;
+  for (int head_size : {64, 128, 256})
+    for (float q_amp : {0.05f, 8.f})
+      for (bool alibi : {false, true})
+        for (bool causal : {false, true})
+          for (int window : {-1, 150}) {
+            Case c = hopper_plain_case(3100 + i, i % 2 ? DType::f16 : DType::bf16, head_size, 2, 4, causal);
+            ++i;
+            c.alibi = alibi;
+            c.window_left = window;  // (rows whose keys start tiles later: maxima still -inf there)
+            c.q_amp = q_amp;
+            c.q_lens = {130, 40};
+            c.seq_lens = {700, 400};
+            if (cuda::current_device_props().cc_major == 9 && flash_attn::hopper_generation_built())
+              EXPECT_TRUE(Problem(c).hopper_serves()) << c.describe();
+            check_against_cpu(c);
+          }
 }
 
 // ---- fp8 caches on the hopper kernel (S = Q K^T in fp8 on K's codes and Q quantised to e4m3 by
