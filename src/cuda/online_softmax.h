@@ -75,11 +75,11 @@ struct RowSoftmax {
   // (masked -inf scores give exactly 0) and `rescale` receives the factor by which the
   // output accumulator of each row must be multiplied. kMaxSlackLog2 > 0: the running
   // maxima stay as they are while no score of the warp's rows exceeds its row's maximum by
-  // more than kMaxSlackLog2 (log2 units), so P reaches at most 2^kMaxSlackLog2 (16-bit P keeps its relative precision; the
-  // fp32 sums and output take it): each thread checks its own scores against the stored
-  // maxima and a vote of the warp decides, so the quad's lanes keep agreeing; the kept path
-  // has no shuffles across the quad and no rescale. Any later use of the maxima (finish, the
-  // split partials, the sinks) is exact with a stale maximum.
+  // more than kMaxSlackLog2 (log2 units), so P reaches at most 2^kMaxSlackLog2 (16-bit P
+  // keeps its relative precision; the fp32 sums and output take it): each thread checks its
+  // own scores against the stored maxima and a vote of the warp decides, so the quad's lanes
+  // keep agreeing; the kept path has no shuffles across the quad and no rescale. Any later
+  // use of the maxima (finish, the split partials, the sinks) is exact with a stale maximum.
   template <class Lay = RowsOnM, int kMaxSlackLog2 = 0, int N>
   __device__ __forceinline__ void step(FragC (&s)[N], float unit, float (&rescale)[2]) {
     float m[2];
@@ -152,7 +152,6 @@ struct RowSoftmax {
   }
 
  public:
-
   // Completes the row sums across the row's lanes and returns the maxima in log2 units.
   template <class Lay = RowsOnM>
   __device__ __forceinline__ void finish(float unit, float (&max_log2)[2], float (&row_sum)[2]) const {

@@ -44,7 +44,8 @@ __device__ __forceinline__ void softmax_scores(cuda::FragC (&s)[kS], cuda::RowSo
 // all_fit(fits) says whether every thread that shares the tile's S can keep them (the hopper
 // kernel: the warpgroup, which issued one wgmma for it); if not, s_again(s) computes the scores
 // once more (S = Q K^T from the K tile still in its stage) and they take the exact step above.
-// kLimitLog2: the largest P kept, log2 (as kMaxSlackLog2).
+// kLimitLog2: the largest P kept, log2 (as kMaxSlackLog2). ALiBi slopes per head only (the
+// hopper kernel's).
 template <class Lay = cuda::RowsOnM, int kLimitLog2 = 8, int kS, class AllFit, class SAgain>
 __device__ __forceinline__ void softmax_scores_speculative(cuda::FragC (&s)[kS], cuda::RowSoftmax& softmax,
                                                            const cuda::ScoreMod& mod, float unit,
@@ -60,8 +61,8 @@ __device__ __forceinline__ void softmax_scores_speculative(cuda::FragC (&s)[kS],
     return;
   }
   s_again(s);
-  softmax_scores<Lay, kLimitLog2>(s, softmax, mod, unit, whole_tile_visible, p, w, row0, key0, lane,
-                                              rescale, false);
+  softmax_scores<Lay, kLimitLog2>(s, softmax, mod, unit, whole_tile_visible, p, w, row0, key0, lane, rescale,
+                                  false);
 }
 
 // Once the running maxima settle, most tiles change none of them: skip the multiply.
