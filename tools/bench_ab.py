@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """Same-run A/B of two attnkit_bench builds: bench_ab.py A1.jsonl,A2.jsonl B1.jsonl,B2.jsonl
 (the runs of each build, in turns). Prints each row's median time under A and B, B / A - 1 (the
-cost of what A lacks: tools/gpu-check.sh's `guards` step runs A without the device guards) and the
-geomean and the worst row."""
+cost of what A lacks: tools/gpu-check.sh's `guards` step runs A without the device guards), the
+geomean per group of rows (a row's key without its batch token, e.g. "prefill d128 h32/8
+causal": a change that helps one head dim and costs another shows there) and, last, the geomean
+and the worst row."""
 import json
 import math
+import re
 import statistics
 import sys
+
+BATCH = re.compile(r"^s\d+x\d+$")  # the batch token of a row's key (seq_len x requests)
 
 
 def load(paths):
@@ -20,6 +25,14 @@ def load(paths):
     return {k: statistics.median(v) for k, v in rows.items()}
 
 
+def group_of(key):
+    return " ".join(tok for tok in key.split() if not BATCH.match(tok))
+
+
+def geomean(costs):
+    return math.exp(sum(math.log1p(c) for c in costs) / len(costs)) - 1
+
+
 def main():
     a, b = load(sys.argv[1]), load(sys.argv[2])
     keys = [k for k in a if k in b]
@@ -31,7 +44,16 @@ def main():
         costs.append(c)
         print(f"| {k[0]} | {k[1]} | {a[k]:.4f} | {b[k]:.4f} | {100 * c:+.2f}% |")
     if costs:
-        g = math.exp(sum(math.log1p(c) for c in costs) / len(costs)) - 1
+        groups = {}
+        for k, c in zip(keys, costs):
+            groups.setdefault((k[0], group_of(k[1])), []).append(c)
+        print("\n| section | group | rows | geomean B / A - 1 | min | max |")
+        print("|---|---|---|---|---|---|")
+        for (section, group), cs in groups.items():
+            if len(cs) > 1:
+                print(f"| {section} | {group} | {len(cs)} | {100 * geomean(cs):+.2f}% | {100 * min(cs):+.2f}% | "
+                      f"{100 * max(cs):+.2f}% |")
+        g = geomean(costs)
         w = max(range(len(costs)), key=lambda i: costs[i])
         print(f"\n{len(costs)} rows: geomean {100 * g:+.2f}%, worst {100 * costs[w]:+.2f}% ({keys[w][1]})")
 
