@@ -18,7 +18,7 @@ TEST(CudaArchs, ParseAndRunOn) {
       {"90a", {90}, {80, 86, 89, 100, 120}},                       // sm_90a SASS + its PTX: sm90 only
       {"90a-real;90-virtual", {90, 100, 120}, {80, 89}},          // + compute_90 PTX for later GPUs
       {"80-real;86-real;89-real;90a-real;90-virtual", {80, 86, 87, 89, 90, 100}, {75}},
-      {"80-real;89-real;90a-real;90-virtual", {80, 86, 87, 89, 90, 100, 120}, {75}},  // the default
+      {"80;89-real;90a-real", {80, 86, 87, 89, 90, 100, 120}, {75}},  // the default: compute_80 PTX for later GPUs
       {"80-virtual", {80, 86, 89, 90, 100}, {75}},                 // PTX only: JIT on every later GPU
       {"80-real", {80, 86, 89}, {75, 90, 100}},                    // SASS runs within its major
       {"86,89", {86, 89, 100}, {80}},
@@ -37,9 +37,13 @@ TEST(CudaArchs, ParseAndRunOn) {
   EXPECT_EQ(cuda_code_cc(fat, 89), 89);
   EXPECT_EQ(cuda_code_cc(fat, 87), 86);
   EXPECT_EQ(cuda_code_cc(fat, 100), 90);
-  const BuiltCudaArchs by_default = parse_cuda_archs("80-real;89-real;90a-real;90-virtual");
+  const BuiltCudaArchs by_default = parse_cuda_archs("80;89-real;90a-real");
+  EXPECT_TRUE(by_default.sm90a);
+  EXPECT_EQ(describe_cuda_archs(by_default), "sm_80, sm_89, sm_90a, PTX compute_80");
   EXPECT_EQ(cuda_code_cc(by_default, 86), 80);  // (sm86 runs the sm_80 SASS)
   EXPECT_EQ(cuda_code_cc(by_default, 89), 89);
+  EXPECT_EQ(cuda_code_cc(by_default, 90), 90);
+  EXPECT_EQ(cuda_code_cc(by_default, 100), 80);  // (later GPUs JIT the compute_80 PTX: no TMA tiles)
   EXPECT_EQ(cuda_code_cc(parse_cuda_archs("80-virtual"), 90), 80);
   EXPECT_EQ(cuda_code_cc(parse_cuda_archs("90a"), 80), 0);
   EXPECT_EQ(describe_cuda_archs(BuiltCudaArchs{}), "no GPU code");

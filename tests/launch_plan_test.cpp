@@ -210,49 +210,47 @@ TEST(ChooseLaunch, Table) {
   }
 }
 
-// The hopper kernel's K/V fill: cp.async by the rule; TMA boxes when the tuning asks, where the
-// cache's sides encode as maps and the head size is its kernel's (cp.async otherwise, and when
-// cp_async_fill forces it).
+// The hopper kernel's K/V fill: TMA boxes where a K/V row is one 128-byte segment (16-bit head
+// size 64: the only hopper kernels with a TMA fill), the cache's sides encode as maps and the head
+// size is its kernel's; cp.async otherwise, and where cp_async_fill forces it; fp8 codes converted.
 TEST(ChooseLaunch, HopperKvFill) {
   struct Case {
     const char* why;
     LaunchFacts facts;
-    bool tma_asked, cp_async_forced;
+    bool cp_async_forced;
     TileId tile;
     KvFill fill;
   };
-  LaunchFacts no_map = h200(4, 4096, 4096);
+  LaunchFacts no_map = h200(4, 4096, 4096, 64);
   no_map.tma_geometry = false;  // (contiguous K/V rows, or strides a map cannot express)
-  LaunchFacts planned = h200(4, 4096, 4096);
+  LaunchFacts planned = h200(4, 4096, 4096, 64);
   planned.planned_items = 128;
   planned.plan_tile_q = 128;
+  LaunchFacts planned128 = planned;
+  planned128.head_size = 128;
   const Case cases[] = {
-      {"the rule at hd 128 (two-segment rows): cp.async", h200(4, 4096, 4096), false, false, TileId::hopper_short,
+      {"the rule at hd 128 (two-segment rows): cp.async", h200(4, 4096, 4096), false, TileId::hopper_short,
        KvFill::cp_async},
-      {"the rule at hd 64 (one-segment rows): TMA", h200(4, 4096, 4096, 64), false, false, TileId::hopper_wide,
+      {"hd 192 (three segments): cp.async", h200(4, 4096, 4096, 192), false, TileId::hopper, KvFill::cp_async},
+      {"hd 256 (four segments): cp.async", h200(4, 4096, 4096, 256), false, TileId::hopper, KvFill::cp_async},
+      {"the rule at hd 64 (one-segment rows): TMA", h200(4, 4096, 4096, 64), false, TileId::hopper_wide,
        KvFill::tma},
-      {"hd 64, cp.async forced", h200(4, 4096, 4096, 64), false, true, TileId::hopper_wide, KvFill::cp_async},
-      {"hd 64, no map", [] { LaunchFacts f = h200(4, 4096, 4096, 64); f.tma_geometry = false; return f; }(), false,
-       false, TileId::hopper_wide, KvFill::cp_async},
-      {"hd 128, 4 x 4k, TMA asked", h200(4, 4096, 4096), true, false, TileId::hopper_short, KvFill::tma},
-      {"hd 64, 32 x 512 (two Q buffers), TMA asked", h200(32, 512, 512, 64), true, false, TileId::hopper_short,
-       KvFill::tma},
-      {"TMA asked, cp.async forced", h200(4, 4096, 4096), true, true, TileId::hopper_short, KvFill::cp_async},
-      {"TMA asked, no map", no_map, true, false, TileId::hopper_short, KvFill::cp_async},
-      {"planned part (persistent walk, two Q buffers), TMA asked", planned, true, false, TileId::hopper_short,
-       KvFill::tma},
-      {"hd 120 padded to 128: no whole-row boxes", h200(4, 4096, 4096, 120), true, false, TileId::hopper_short,
+      {"hd 64, 32 x 512 (two Q buffers): TMA", h200(32, 512, 512, 64), false, TileId::hopper_short, KvFill::tma},
+      {"hd 64, cp.async forced", h200(4, 4096, 4096, 64), true, TileId::hopper_wide, KvFill::cp_async},
+      {"hd 64, no map", no_map, false, TileId::hopper_wide, KvFill::cp_async},
+      {"hd 56 padded to 64: no whole-row boxes", h200(32, 512, 512, 56), false, TileId::hopper_short,
        KvFill::cp_async},
-      {"fp8 hd 128 (one-segment rows of codes): converted", h200(4, 4096, 4096, 128, true), false, false,
+      {"planned part at hd 64 (persistent walk, two Q buffers): TMA", planned, false, TileId::hopper_short,
+       KvFill::tma},
+      {"planned part at hd 128: cp.async", planned128, false, TileId::hopper_short, KvFill::cp_async},
+      {"fp8 hd 128 (one-segment rows of codes): converted", h200(4, 4096, 4096, 128, true), false,
        TileId::hopper_short, KvFill::convert},
-      {"fp8 hd 64, TMA asked: converted", h200(32, 512, 512, 64, true), true, false, TileId::hopper_short,
-       KvFill::convert},
-      {"fp8 planned part: converted", [&] { LaunchFacts f = planned; f.cache = CacheKind::fp8; return f; }(), true, false,
+      {"fp8 hd 64: converted", h200(32, 512, 512, 64, true), false, TileId::hopper_short, KvFill::convert},
+      {"fp8 planned part: converted", [&] { LaunchFacts f = planned; f.cache = CacheKind::fp8; return f; }(), false,
        TileId::hopper_short, KvFill::convert},
   };
   for (const Case& c : cases) {
     LaunchTuning t;
-    t.hopper_tma_fill = c.tma_asked;
     t.cp_async_fill = c.cp_async_forced;
     const LaunchPlan plan = choose_launch(c.facts, t);
     EXPECT_EQ(plan.tile, c.tile) << c.why << ": " << plan.reason;

@@ -414,8 +414,8 @@ void with_fill(const VarlenKernelParams& p, const LaunchPlan& plan, const char* 
       f.template operator()<HopperConvertFill<Tr, cuda::Fp8Format::e4m3>>();
   } else if (tma) {
     ATTNKIT_REQUIRE(p.cu_seqlens_k == nullptr, where, "fill", "tma", "reads a block table, not contiguous K/V");
-    if constexpr (Tr::kHeadDim % 64 == 0) f.template operator()<HopperTmaFill<Tr>>();
-    else fail(where, "fill", "tma", "copies rows of whole 128-byte segments (head dim " + std::to_string(Tr::kHeadDim) + ")");
+    if constexpr (hopper_tma_fill_built(Tr::kHeadDim, CacheKind::b16)) f.template operator()<HopperTmaFill<Tr>>();
+    else fail(where, "fill", "tma", "is built for rows of one 128-byte segment only (head dim " + std::to_string(Tr::kHeadDim) + ")");
   } else {
     f.template operator()<HopperCpAsyncFill<Tr>>();
   }

@@ -265,16 +265,17 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
   if (plan.generation == Generation::hopper) {
     // K/V by TMA (one box per 16-key page group and 128-byte segment, issued by one producer
     // warp) where a K/V row is one segment (16-bit head size 64): there it beat cp.async at every
-    // length; at two segments per row (head size 128) cp.async was faster (DECISIONS.md: Hopper
+    // length; at two segments per row (head size 128) cp.async was faster, and the kernels with
+    // that fill are built for one-segment rows only (hopper_tma_fill_built; DECISIONS.md: Hopper
     // K/V by TMA at 128-byte rows). The cache's sides must encode as maps, and a head size
-    // padded to its kernel's has no whole-row boxes. The tuning may force either fill. fp8
-    // codes are converted on their way into the stages (the tile's convert fill, tile_set.h).
+    // padded to its kernel's has no whole-row boxes. The tuning may force cp.async. fp8 codes
+    // are converted on their way into the stages (the tile's convert fill, tile_set.h).
     const bool converts = plan.config.fill == KvFill::convert;
-    const bool tma_serves = !converts && f.tma_geometry && plan.head_dim == f.head_size && tma_rows(plan.head_dim, f.cache);
-    const bool one_segment = kv_row_bytes(plan.head_dim, f.cache) == 128;
-    if (tma_serves && !t.cp_async_fill && (t.hopper_tma_fill || one_segment)) {
+    const bool tma_serves = !converts && f.tma_geometry && plan.head_dim == f.head_size &&
+                            hopper_tma_fill_built(plan.head_dim, f.cache);
+    if (tma_serves && !t.cp_async_fill) {
       plan.config.fill = KvFill::tma;
-      plan.reason += t.hopper_tma_fill ? "; K/V by TMA (tuning)" : "; K/V by TMA (rows of one 128-byte segment)";
+      plan.reason += "; K/V by TMA (rows of one 128-byte segment)";
     } else {
       plan.reason += converts ? "; fp8 K/V copied into their stages by cp.async, converted to f16 there (TMA boxes only copy)"
                      : t.cp_async_fill                ? "; K/V by cp.async (tuning)"

@@ -22,9 +22,6 @@ struct LaunchTuning {
   bool kv_evict_first = true;   // split TMA launches read K/V with an L2 evict-first policy
   bool cluster_merge = true;    // 2-split decode launches on sm90 merge in a thread-block cluster
   bool cp_async_fill = false;   // decode and hopper tiles fill by cp.async even where TMA serves
-  // hopper: K/V by TMA wherever the maps serve (hopper_fill.cuh), not only where the rule takes
-  // it (rows of one 128-byte segment): the tests' and the bench's other fill.
-  bool hopper_tma_fill = false;
   int transposed_stages = 0;    // the transposed fp8 tile's stages: 0 = the rule's, 2 or 3
   int max_ctas = 0;             // hopper: at most this many persistent CTAs (0 = the rule's)
   int q_buffers = 0;            // hopper: Q buffers, 1 or 2 (0 = the rule's)

@@ -120,6 +120,13 @@ constexpr bool tma_rows(int head_dim, CacheKind cache) {
   return head_dim > 0 && cache != CacheKind::nvfp4 && kv_row_bytes(head_dim, cache) % 128 == 0 &&
          kv_row_bytes(head_dim, cache) <= 512;
 }
+// The hopper kernels with K/V by TMA (HopperTmaFill) exist for 16-bit rows of one 128-byte segment
+// (head dim 64) only: where rows have more segments cp.async was faster and the launch decision
+// never takes TMA, so those kernels are not compiled (src/flash_attn/DECISIONS.md: Hopper K/V by
+// TMA at 128-byte rows). fp8 caches convert their codes in the stage (KvFill::convert).
+constexpr bool hopper_tma_fill_built(int head_dim, CacheKind cache) {
+  return cache == CacheKind::b16 && kv_row_bytes(head_dim, cache) == 128;
+}
 
 // The hopper tiles' shared memory (hopper_traits.h lays it out). A V stage holds `keys` 16-bit
 // rows, or with an fp8 cache the codes staged and their transpose (O += P V runs on the fp8

@@ -44,7 +44,7 @@ std::string Case::describe() const {
      << (tuning.max_ctas ? ", " + std::to_string(tuning.max_ctas) + " persistent CTAs" : "")
      << (tuning.q_buffers ? ", " + std::to_string(tuning.q_buffers) + " Q buffers" : "")
      << (tuning.consumer_groups ? ", " + std::to_string(tuning.consumer_groups) + " consumer warpgroups" : "")
-     << (tuning.cp_async_fill ? ", cp.async K/V" : "") << (tuning.hopper_tma_fill ? ", hopper TMA K/V" : "")
+     << (tuning.cp_async_fill ? ", cp.async K/V" : "")
      << (tuning.transposed_stages == 0 ? "" : ", transposed tile with " + std::to_string(tuning.transposed_stages) + " stages")
      << (tuning.kv_evict_first ? "" : ", no L2 policy on K/V") << (tuning.cluster_merge ? "" : ", workspace merge")
      << (pad_tokens ? ", " + std::to_string(pad_tokens) + " padding tokens" : "")
@@ -328,12 +328,6 @@ std::vector<Problem::Variant> Problem::launch_variants(int num_splits) const {
   if (plan.config.fill == flash_attn::KvFill::tma) {
     v.push_back({"cp.async K/V instead of the " + std::string(plan.config.name) + " tile's TMA", c_.tuning});
     v.back().tuning.cp_async_fill = true;
-  }
-  if (plan.generation == flash_attn::Generation::hopper && !c_.tuning.hopper_tma_fill) {
-    flash_attn::LaunchTuning tma = c_.tuning;
-    tma.hopper_tma_fill = true;
-    if (launch_plan(num_splits, tma).config.fill == flash_attn::KvFill::tma)
-      v.push_back({"K/V by TMA on the hopper tile (LaunchTuning::hopper_tma_fill)", tma});
   }
   if (plan.kv_evict_first) {
     v.push_back({"K/V without the evict-first L2 policy", c_.tuning});
