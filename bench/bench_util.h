@@ -61,10 +61,10 @@ void run_kv_write(Recorder& rec, cudaStream_t stream);
 void run_merge(Recorder& rec, cudaStream_t stream);
 void run_prefill(Recorder& rec, cudaStream_t stream, bool quick);
 void run_decode(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick);
-// The FlashInfer-style planned decode on the decode shapes, pages 16 / 128 (decode_flashinfer.cu).
+// The FlashInfer-style planned decode on the decode shapes, pages 16 / 128 (decode_flashinfer.cpp).
 void run_decode_flashinfer(Recorder& rec, cudaStream_t stream, double read_gbps, bool quick);
 // The FlashInfer-style planned prefill (paged, ragged, skewed) and a mixed engine step through
-// both backends' forwards (prefill_flashinfer.cu).
+// both backends' forwards (prefill_flashinfer.cpp).
 void run_prefill_flashinfer(Recorder& rec, cudaStream_t stream, bool quick);
 // "prefill d128 h32/8 causal s512x32": the prefill rows' key (shared with bench/peers.py).
 std::string prefill_key(int head_size, int hq, int hkv, bool causal, int seqlen, int batch);

@@ -31,7 +31,7 @@ struct Timed {
 using Launch = std::function<void(const flash_attn::VarlenArgs&)>;
 
 // Median over `reps` batches of `iters` launches; launches rotate over the problems. (Tile
-// alternatives are compared by the benchmark's A/B rows: bench/decode.cu, LaunchTuning.)
+// alternatives are compared by the benchmark's A/B rows: bench/decode.cpp, LaunchTuning.)
 Timed time_launches(const std::vector<const Problem*>& problems, int splits, int iters, int reps,
                     const Launch& launch = [](const flash_attn::VarlenArgs& a) { flash_attn::run_varlen_attention(a); }) {
   const Case& c = problems[0]->spec();

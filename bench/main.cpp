@@ -1,7 +1,7 @@
 // attnkit_bench: ceilings, KV write, prefill and decode in one run (about two minutes on an
 // H200). Usage: attnkit_bench [--json results.jsonl] [--quick] [--only ceiling,kv_write,merge,prefill,decode,decode-fi,prefill-fi]
 // [--match SUBSTR] (prefill / decode shapes whose key contains SUBSTR, e.g. "fp8 b16 kv4096")
-// | --split-sweep (split_sweep.cu) | --decode-trace (decode_trace.cu): diagnostics, with the ceilings
+// | --split-sweep (split_sweep.cpp) | --decode-trace (decode_trace.cu): diagnostics, with the ceilings
 // Every number is the median of several event-timed samples after warm-up; decode is timed as
 // CUDA graphs of back-to-back calls over KV instances that together exceed the L2 8x.
 #include <cuda_runtime.h>
