@@ -97,8 +97,9 @@ struct HopperTraits {
   // Every tile of an item after its first takes its exponentials at the stored maxima before
   // any maximum of the tile (softmax_scores_speculative: no tree of maxima on the softmax's
   // path); the rare tile whose P would exceed 2^kMaxSlackLog2 computes S again. fp8 P has no
-  // such headroom (e4m3 x 2^8).
-  static constexpr bool kSpeculativeExp = kMaxSlackLog2 > 0;
+  // such headroom (e4m3 x 2^8); 64-key tiles lose more (the group's barrier, K held through the
+  // softmax) than their shorter tree costs (DECISIONS.md: Hopper: speculative exponentials).
+  static constexpr bool kSpeculativeExp = kMaxSlackLog2 > 0 && kBlockN == 128;
   static_assert((kBlockN == 64 || kBlockN == 128) && (kPvTail == 0 || (kPvTail == 32 && !kFp8Cache)),
                 "wgmma wrappers exist for N = 64 and 128 (16-bit P V also 32)");
   // Shared-memory tiles are whole regions of 64 columns (tile_set.h hopper_region_dims): at head
