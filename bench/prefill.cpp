@@ -6,7 +6,7 @@
 // convention, which bench/peers.py uses too). Keys match bench/peers.py's. Section
 // prefill-grid: head size 128 causal shapes again with the hopper launch forced persistent and
 // forced one CTA per item, and with one and two Q buffers; the hopper-served causal shapes at head
-// sizes 64..256 with K/V by TMA and by cp.async in turns, and at 192 / 256 the mma_sync tile in
+// size 64 with K/V by TMA and by cp.async in turns, and at 192 / 256 the mma_sync tile in
 // turns with the hopper kernel: the data behind the launcher's choices.
 // Section prefill-contig: the head size 128, 32/8 heads shapes with K/V as contiguous rows
 // [16k tokens, 8, 128] (cu_seqlens_k, no block table) next to the paged rows above.

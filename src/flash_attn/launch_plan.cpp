@@ -271,8 +271,8 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
     // padded to its kernel's has no whole-row boxes. The tuning may force cp.async. fp8 codes
     // are converted on their way into the stages (the tile's convert fill, tile_set.h).
     const bool converts = plan.config.fill == KvFill::convert;
-    const bool tma_serves = !converts && f.tma_geometry && plan.head_dim == f.head_size &&
-                            hopper_tma_fill_built(plan.head_dim, f.cache);
+    const bool tma_serves =  // (fp8 caches convert: hopper_tma_fill_built is false for them)
+        f.tma_geometry && plan.head_dim == f.head_size && hopper_tma_fill_built(plan.head_dim, f.cache);
     if (tma_serves && !t.cp_async_fill) {
       plan.config.fill = KvFill::tma;
       plan.reason += "; K/V by TMA (rows of one 128-byte segment)";
