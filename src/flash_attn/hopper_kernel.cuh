@@ -56,12 +56,12 @@
 namespace attnkit::flash_attn {
 
 // Fill: how the producer fills the K / V stages (hopper_fill.cuh: cp.async through any page map,
-// or TMA boxes through a block-table row). Sched: where the work items come from
-// (varlen_schedule.cuh: PersistentScheduler over the launch's grid, or PlanWalk over a
-// FlashInfer-style plan).
-template <class Tr, class Fill, class Sched>
+// or TMA boxes through a block-table row). items: where the work items come from
+// (varlen_schedule.cuh HopperWalk: the launch's grid, or a FlashInfer-style plan where
+// p.plan_items is set; one kernel serves both launches).
+template <class Tr, class Fill>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
-    hopper_varlen_kernel(const __grid_constant__ VarlenKernelParams p, const Sched items) {
+    hopper_varlen_kernel(const __grid_constant__ VarlenKernelParams p, const HopperWalk<Tr::kBlockM, Tr::kBlockN, Tr::kPlanned> items) {
 #if ATTNKIT_HAS_WGMMA
   using namespace attnkit::cuda;
   using M = typename Tr::MmaElem;  // the 16-bit GEMMs' inputs: the queries' type (16-bit caches)
@@ -381,7 +381,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // (a split item's fields are read from its copy in shared memory: kept in registers through
     // the loop, they made ptxas 13.0 spill the consumers)
     const WorkItem& item = s_item[q_at.stage];
-    const bool split = Sched::kPlanned ? item.num_chunks > 1 : p.num_splits > 1;  // (SplitPartials::split)
+    const bool split = item.num_chunks > 1;  // (SplitPartials::split: a grid item's chunks are p.num_splits)
     if (warp_row0 >= w.rows) {
     } else if (split) {
       detail::split_epilogue<Tr>(p, item, o, softmax, unit, fault, warp_row0, lane);
@@ -445,11 +445,10 @@ void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStre
       if (!varlen_grid(p, plan, Tr::kSmemBytes, where, grid)) return;
       // (the walk's item indices are 32-bit; the CTAs, at most the items, one grid dimension)
       ATTNKIT_REQUIRE(plan.grid_ctas <= 0x7fffffff, where, "work items", plan.grid_ctas, "must be < 2^31");
-      const PersistentScheduler<Tr::kBlockM, Tr::kBlockN> items{cuda::FastDivmod(static_cast<int>(grid.x)),
-                                                                cuda::FastDivmod(static_cast<int>(grid.y)),
-                                                                cuda::FastDivmod(p.num_splits),
-                                                                static_cast<int>(plan.grid_ctas)};
-      auto kernel = hopper_varlen_kernel<Tr, Fill, PersistentScheduler<Tr::kBlockM, Tr::kBlockN>>;
+      HopperWalk<Tr::kBlockM, Tr::kBlockN, Tr::kPlanned> items{};
+      items.grid = {cuda::FastDivmod(static_cast<int>(grid.x)), cuda::FastDivmod(static_cast<int>(grid.y)),
+                    cuda::FastDivmod(p.num_splits), static_cast<int>(plan.grid_ctas)};
+      auto kernel = hopper_varlen_kernel<Tr, Fill>;
       ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
       cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(plan.ctas)), dim3(Tr::kThreads), Tr::kSmemBytes, stream,
                           plan.pdl, dim3(1, 1, 1), p, items);
@@ -494,10 +493,13 @@ void launch_hopper_planned(const VarlenKernelParams& p, const LaunchPlan& plan, 
     ATTNKIT_REQUIRE(p.plan_tile_q >= 1 && p.plan_tile_q <= Tr::kBlockM, where, "plan tile_q", p.plan_tile_q,
                     "must be in [1, " + std::to_string(Tr::kBlockM) + "]");
     with_fill<Tr>(p, plan, where, [&]<class Fill>() {
-      auto kernel = hopper_varlen_kernel<Tr, Fill, PlanWalk<Tr::kBlockM, Tr::kBlockN>>;
+      HopperWalk<Tr::kBlockM, Tr::kBlockN, Tr::kPlanned> items{};
+      static_assert(Tr::kPlanned, "a tile of planned launches");
+      items.plan = {static_cast<int>(grid_items)};
+      auto kernel = hopper_varlen_kernel<Tr, Fill>;
       ATTNKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
       cuda::launch_kernel(kernel, dim3(static_cast<unsigned>(ctas)), dim3(Tr::kThreads), Tr::kSmemBytes, stream,
-                          plan.pdl, dim3(1, 1, 1), p, PlanWalk<Tr::kBlockM, Tr::kBlockN>{static_cast<int>(grid_items)});
+                          plan.pdl, dim3(1, 1, 1), p, items);
     });
   };
   with_hopper_tile<kHeadDim, kCache, /*kWide=*/false>(plan, where, with_tile);

@@ -82,6 +82,8 @@ struct HopperTraits {
   static constexpr int kBlockM = 64 * kWarpGroups;
   static_assert(kBlockM == kConfig.rows, "64 rows per consumer warpgroup");
   static constexpr int kBlockN = kConfig.keys;
+  // Whether planned launches run this tile (its kernel then walks a plan's items too: HopperWalk).
+  static constexpr bool kPlanned = planned_head_dim(kHeadDim) && kTile_ != TileId::hopper_wide;
   static constexpr int kSFrags = kBlockN / 8;
   static constexpr int kOFrags = kHeadDim / 8;
   static constexpr int kKSteps = kHeadDim / 16;
@@ -148,7 +150,7 @@ template <class Elem, int kHeadDim, CacheKind kCache>
 void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStream_t stream);
 // The same kernel over a planned part (FlashInfer-style): the plan's items (capacity
 // grid_items) x KV heads walked by plan.ctas CTAs where the plan is persistent, else one CTA
-// per entry (PlanWalk); the page table as the page map.
+// per entry (HopperWalk's PlanWalk); the page table as the page map.
 template <class Elem, int kHeadDim, CacheKind kCache>
 void launch_hopper_planned(const VarlenKernelParams& p, const LaunchPlan& plan, int64_t grid_items,
                            cudaStream_t stream);

@@ -79,6 +79,11 @@ constexpr bool cache_head_dim(int d, CacheKind c) {
 // The head dims of the planned (FlashInfer-style) launches (launch_planned, instantiated in
 // varlen_hd{64,128,256}_*.cu).
 inline constexpr int kPlannedHeadDims[] = {64, 128, 256};
+constexpr bool planned_head_dim(int d) {
+  for (int x : kPlannedHeadDims)
+    if (x == d) return true;
+  return false;
+}
 
 // The runtime head sizes a cache kind allows: 16-bit rows are copied in 16-byte chunks (multiples
 // of 8), fp8 rows too (multiples of 16); NVFP4 rows (head_size / 2 bytes) and their scale rows

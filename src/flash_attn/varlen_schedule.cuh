@@ -259,9 +259,8 @@ struct GridScheduler {
 // reversed): neighbouring CTAs share a request's K/V and each round mixes long and short
 // tiles (item-major with KV heads inner gave a CTA the same row tile round after round where a
 // request's entries spanned two rounds: 0.77x the grid walk at causal 1k x 16). The index grows
-// with the round, so the first one past n x KV heads ends the walk. A kernel of
-// its own: with both walks in one kernel the consumers' loop spilled (ptxas 13.0, hd128, 80 spill
-// instructions).
+// with the round, so the first one past n x KV heads ends the walk. The same
+// kernel walks either list (HopperWalk, below).
 template <int kBlockM, int kBlockN>
 struct PlanWalk {
   static constexpr bool kPlanned = true;  // (its items' splits are the plan's chunks)
@@ -304,6 +303,22 @@ struct PersistentScheduler {
       if (schedule_work<kBlockM, kBlockN>(p, x, y, z, nx.divisor, w, true, &splits)) return true;
     }
     return false;
+  }
+};
+
+// The hopper kernel's walk: the plan's items in a planned launch (p.plan_items set: PlanWalk),
+// else the launch grid's (PersistentScheduler). One kernel serves both launches; only the
+// producer walks (hopper_kernel.cuh), so the choice costs the consumers nothing. kPlans: the
+// tile has planned launches (HopperTraits::kPlanned; else the plan's walk is not compiled).
+template <int kBlockM, int kBlockN, bool kPlans>
+struct HopperWalk {
+  PersistentScheduler<kBlockM, kBlockN> grid;  // (unused in planned launches)
+  PlanWalk<kBlockM, kBlockN> plan;             // (unused in grid launches)
+  __device__ __forceinline__ bool next(const VarlenKernelParams& p, int64_t& r, WorkItem& w) const {
+    if constexpr (kPlans) {
+      if (p.plan_items != nullptr) return plan.next(p, r, w);
+    }
+    return grid.next(p, r, w);
   }
 };
 
