@@ -2,6 +2,7 @@
 // and the multi-stage ring that names which shared-memory stage a tile lives in.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 namespace attnkit::cuda {
 
@@ -11,6 +12,11 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst_smem, const void* src, 
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_smem), "l"(src),
                "r"(src_bytes));
+}
+
+// Copies 16 bytes where the copy is known to be valid (the caller's std::true_type).
+__device__ __forceinline__ void cp_async_16(uint32_t dst_smem, const void* src, std::true_type) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst_smem), "l"(src));
 }
 
 // The same for 4 or 8 bytes (.ca: the sizes .cg lacks; small rows such as NVFP4 block scales).

@@ -103,6 +103,30 @@ struct HopperGroupFill {
   }
   // Its rows of tile t left before seq_len (row i of its column is in when i * P < this).
   __device__ __forceinline__ int rows_left(int t) const { return rows_left0 - t * Tr::kBlockN; }
+  // copy(i, src, in) for each of its rows i of tile t: src the row's address from a side's head
+  // base, in whether the row is before seq_len. Where every row is in and the rows' addresses
+  // share their upper 32 bits (almost always: a page's rows lie within one block), `in` is
+  // std::true_type and each address is one 32-bit add, so the copies need no bounds compare and
+  // no 64-bit add (DECISIONS.md: Hopper: the cp.async fill copies by group columns).
+  template <class Copy>
+  __device__ __forceinline__ void each_row(const char* head_base, int t, Copy&& copy) const {
+    constexpr int kRows = Columns::kRowsPerThread;
+    const char* row = head_base + src;
+    const int left = rows_left(t);
+    const int32_t step = Columns::kPhases * stride_slot;
+    const uint64_t first = reinterpret_cast<uint64_t>(row);
+    const uint64_t last = first + static_cast<int64_t>(kRows - 1) * step;
+    if (left >= kRows * Columns::kPhases && step >= 0 && (first >> 32) == (last >> 32)) {
+      const uint64_t high = first & ~uint64_t{0xffffffffu};
+      const uint32_t low = static_cast<uint32_t>(first);
+#pragma unroll
+      for (int i = 0; i < kRows; ++i)
+        copy(i, reinterpret_cast<const char*>(high | (low + static_cast<uint32_t>(i * step))), std::true_type{});
+    } else {
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) copy(i, row + static_cast<int64_t>(i) * step, i * Columns::kPhases < left);
+    }
+  }
 
  private:
   // The first key of this thread's group in tile t, or key 0 (always backed by a block) past
@@ -148,13 +172,8 @@ struct HopperCpAsyncFill
       : Base(p, w, n_, ptid, c, c.column * 16), dst0(Columns::first(c)) {}
   // This thread's rows of tile t from a side's head base into stage dst (1024-byte aligned).
   __device__ __forceinline__ void copy(const char* head_base, int t, uint32_t dst) const {
-    const char* row = head_base + this->src;
-    const int rows_left = this->rows_left(t);
-#pragma unroll
-    for (int i = 0; i < Columns::kRowsPerThread; ++i) {
-      cuda::cp_async_16(Columns::at(dst + dst0, i), row, i * Columns::kPhases < rows_left);
-      row += Columns::kPhases * this->stride_slot;
-    }
+    const uint32_t at0 = dst + dst0;
+    this->each_row(head_base, t, [&](int i, const char* row, auto in) { cuda::cp_async_16(Columns::at(at0, i), row, in); });
   }
 };
 
@@ -243,29 +262,19 @@ struct HopperConvertFill
         hi_in((kPairs + c.column) * 16 < p.kv_row_bytes) {}
   // This thread's code chunks p and P + p of its rows of tile t -> the fp8 K stage dst.
   __device__ __forceinline__ void copy_k(int t, uint32_t dst) const {
-    const char* row = this->k_base + this->src;
-    const int rows_left = this->rows_left(t);
-#pragma unroll
-    for (int i = 0; i < Columns::kRowsPerThread; ++i) {
-      const bool row_in = i * Columns::kPhases < rows_left;
-      cuda::cp_async_16(L8::step(dst + k_lo0, i * Columns::kPhases), row, row_in);
-      cuda::cp_async_16(L8::step(dst + k_hi0, i * Columns::kPhases), row + Tr::kHeadDim / 2, row_in && hi_in);
-      row += Columns::kPhases * this->stride_slot;
-    }
+    this->each_row(this->k_base, t, [&](int i, const char* row, auto in) {
+      cuda::cp_async_16(L8::step(dst + k_lo0, i * Columns::kPhases), row, in);
+      cuda::cp_async_16(L8::step(dst + k_hi0, i * Columns::kPhases), row + Tr::kHeadDim / 2, in && hi_in);
+    });
   }
   // ... of V -> the staged rows of stage dst (row steps are even: stage_line's swap of a row
   // pair commutes with them).
   __device__ __forceinline__ void copy_v(int t, uint32_t dst) const {
-    const char* row = this->v_base + this->src;
-    const int rows_left = this->rows_left(t);
-#pragma unroll
-    for (int i = 0; i < Columns::kRowsPerThread; ++i) {
-      const bool row_in = i * Columns::kPhases < rows_left;
+    this->each_row(this->v_base, t, [&](int i, const char* row, auto in) {
       const uint32_t at = dst + stage0 + i * Columns::kPhases * Tr::kHeadDim;
-      cuda::cp_async_16(at, row, row_in);
-      cuda::cp_async_16(at + Tr::kHeadDim / 2, row + Tr::kHeadDim / 2, row_in && hi_in);
-      row += Columns::kPhases * this->stride_slot;
-    }
+      cuda::cp_async_16(at, row, in);
+      cuda::cp_async_16(at + Tr::kHeadDim / 2, row + Tr::kHeadDim / 2, in && hi_in);
+    });
   }
   // The pending V, once this thread's copies landed: transposed, arrived; none pending after.
   __device__ __forceinline__ void finish_now() {
