@@ -139,8 +139,9 @@ struct HopperGroupFill {
 };
 
 // CpAsyncFill (16-bit rows): group columns of 16-byte chunks (P = 2 row phases at head dim 64,
-// else 1; all 128 producer threads copy but at head dim 192: 96). Per 16-byte copy a pointer
-// add, a swizzle XOR with a constant and a bounds compare; a warp's copy instruction covers
+// else 1; all 128 producer threads copy but at head dim 192: 96). Per 16-byte copy a 32-bit
+// address add (each_row; else a 64-bit one and a bounds compare) and a swizzle XOR with a
+// constant; a warp's copy instruction covers
 // whole rows (16 threads a 256-byte row at head dim 128).
 template <class Tr>
 struct HopperCpAsyncFill
