@@ -121,7 +121,8 @@ struct HopperGroupFill {
       const uint32_t low = static_cast<uint32_t>(first);
 #pragma unroll
       for (int i = 0; i < kRows; ++i)
-        copy(i, reinterpret_cast<const char*>(high | (low + static_cast<uint32_t>(i * step))), std::true_type{});
+        copy(i, reinterpret_cast<const char*>(high | (low + static_cast<uint32_t>(i) * static_cast<uint32_t>(step))),
+             std::true_type{});
     } else {
 #pragma unroll
       for (int i = 0; i < kRows; ++i) copy(i, row + static_cast<int64_t>(i) * step, i * Columns::kPhases < left);
