@@ -263,7 +263,6 @@ struct GridScheduler {
 // kernel walks either list (HopperWalk, below).
 template <int kBlockM, int kBlockN>
 struct PlanWalk {
-  static constexpr bool kPlanned = true;  // (its items' splits are the plan's chunks)
   int capacity;
   __device__ __forceinline__ bool next(const VarlenKernelParams& p, int64_t& r, WorkItem& w) const {
     const int64_t G = gridDim.x, b = blockIdx.x;
@@ -289,7 +288,6 @@ struct PlanWalk {
 // split, as the grid's).
 template <int kBlockM, int kBlockN>
 struct PersistentScheduler {
-  static constexpr bool kPlanned = false;
   cuda::FastDivmod nx, ny, splits;  // (grid x, grid y, p.num_splits)
   int total;
   // The next item with rows from round r on (r advances past it); false when none is left.
