@@ -101,8 +101,7 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
             };
             // The hopper launcher's choices, each way in the same run: one CTA per SM looping
             // over the items vs one CTA per item, and (up to 4k keys, persistent) two vs one Q
-            // buffers in turns (64 .. 192); K/V by TMA vs by cp.async, timed in turns (64: the
-            // only head size with TMA-fill kernels); (the mma_sync generation in turns with it: below).
+            // buffers in turns (64 .. 192); (the mma_sync generation in turns with it: below).
             if (hd % 64 == 0 && hd <= 256 && causal && args.num_splits == 1 && flash_attn::hopper_kernels_available() &&
                 flash_attn::choose_launch(flash_attn::varlen_launch_facts(args)).generation ==
                     flash_attn::Generation::hopper) {
@@ -127,14 +126,6 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
                          "persistent, two Q buffers (LaunchTuning::q_buffers 2), in turns with one: one / two time ", "",
                          "one", [&] { flash_attn::run_varlen_attention(args, one_q); },
                          "persistent, one Q buffer (LaunchTuning::q_buffers 1)");
-              }
-              if (flash_attn::hopper_tma_fill_built(hd, flash_attn::CacheKind::b16)) {
-                flash_attn::LaunchTuning tma, cp_async;
-                cp_async.cp_async_fill = true;
-                in_turns("hopper fill", "tma", [&] { flash_attn::run_varlen_attention(args, tma); },
-                         "K/V by TMA (the rule's fill), in turns with cp.async: cp.async / TMA ", "",
-                         "cp.async", [&] { flash_attn::run_varlen_attention(args, cp_async); },
-                         "K/V by cp.async (LaunchTuning::cp_async_fill)");
               }
             }
             // The launches the hopper kernel took over from the mma_sync prefill tile (head dims

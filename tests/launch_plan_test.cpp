@@ -210,9 +210,8 @@ TEST(ChooseLaunch, Table) {
   }
 }
 
-// The hopper kernel's K/V fill: TMA boxes where a K/V row is one 128-byte segment (16-bit head
-// size 64: the only hopper kernels with a TMA fill), the cache's sides encode as maps and the head
-// size is its kernel's; cp.async otherwise, and where cp_async_fill forces it; fp8 codes converted.
+// The hopper kernel's K/V fill: cp.async for 16-bit caches at every head size, map or not, with
+// or without cp_async_fill (it has no TMA fill); fp8 codes converted.
 TEST(ChooseLaunch, HopperKvFill) {
   struct Case {
     const char* why;
@@ -233,15 +232,15 @@ TEST(ChooseLaunch, HopperKvFill) {
        KvFill::cp_async},
       {"hd 192 (three segments): cp.async", h200(4, 4096, 4096, 192), false, TileId::hopper, KvFill::cp_async},
       {"hd 256 (four segments): cp.async", h200(4, 4096, 4096, 256), false, TileId::hopper, KvFill::cp_async},
-      {"the rule at hd 64 (one-segment rows): TMA", h200(4, 4096, 4096, 64), false, TileId::hopper_wide,
-       KvFill::tma},
-      {"hd 64, 32 x 512 (two Q buffers): TMA", h200(32, 512, 512, 64), false, TileId::hopper_short, KvFill::tma},
+      {"hd 64 (one-segment rows): cp.async", h200(4, 4096, 4096, 64), false, TileId::hopper_wide,
+       KvFill::cp_async},
+      {"hd 64, 32 x 512 (two Q buffers): cp.async", h200(32, 512, 512, 64), false, TileId::hopper_short,
+       KvFill::cp_async},
       {"hd 64, cp.async forced", h200(4, 4096, 4096, 64), true, TileId::hopper_wide, KvFill::cp_async},
       {"hd 64, no map", no_map, false, TileId::hopper_wide, KvFill::cp_async},
-      {"hd 56 padded to 64: no whole-row boxes", h200(32, 512, 512, 56), false, TileId::hopper_short,
+      {"hd 56 padded to 64", h200(32, 512, 512, 56), false, TileId::hopper_short, KvFill::cp_async},
+      {"planned part at hd 64 (persistent walk, two Q buffers): cp.async", planned, false, TileId::hopper_short,
        KvFill::cp_async},
-      {"planned part at hd 64 (persistent walk, two Q buffers): TMA", planned, false, TileId::hopper_short,
-       KvFill::tma},
       {"planned part at hd 128: cp.async", planned128, false, TileId::hopper_short, KvFill::cp_async},
       {"fp8 hd 128 (one-segment rows of codes): converted", h200(4, 4096, 4096, 128, true), false,
        TileId::hopper_short, KvFill::convert},
@@ -255,9 +254,7 @@ TEST(ChooseLaunch, HopperKvFill) {
     const LaunchPlan plan = choose_launch(c.facts, t);
     EXPECT_EQ(plan.tile, c.tile) << c.why << ": " << plan.reason;
     EXPECT_EQ(plan.config.fill, c.fill) << c.why << ": " << plan.reason;
-    EXPECT_NE(plan.reason.find(c.fill == KvFill::tma       ? "K/V by TMA"
-                               : c.fill == KvFill::convert ? "converted to f16"
-                                                           : "K/V by cp.async"),
+    EXPECT_NE(plan.reason.find(c.fill == KvFill::convert ? "converted to f16" : "K/V by cp.async"),
               std::string::npos)
         << c.why << ": " << plan.reason;
   }

@@ -40,8 +40,6 @@ std::string paged_side_map_refusal(const PagedSideGeometry& g) {
   if (g.row_bytes <= 0 || g.row_bytes % 128 != 0 || g.row_bytes > 512)
     return "row bytes " + std::to_string(g.row_bytes) + " must be a multiple of 128 up to 512";
   if (g.block_size % 16 != 0) return "block size must be a multiple of 16";
-  if (g.box_segments != 0 && g.box_segments != 1)
-    return "box segments " + std::to_string(g.box_segments) + " must be 0 (the whole row) or 1";
   if (reinterpret_cast<uintptr_t>(g.base) % 16 != 0) return "cache base must be 16-byte aligned";
   for (int64_t s : {g.stride_block, g.stride_slot, g.stride_head})
     if (s <= 0 || s % 16 != 0 || s >= (int64_t{1} << 40))
@@ -63,7 +61,7 @@ bool encode_paged_side_map(const PagedSideGeometry& g, TmaDesc& out, std::string
                               static_cast<cuuint64_t>(g.num_kv_heads), static_cast<cuuint64_t>(g.num_blocks)};
   const cuuint64_t strides[4] = {static_cast<cuuint64_t>(g.stride_slot), 128, static_cast<cuuint64_t>(g.stride_head),
                                  static_cast<cuuint64_t>(g.stride_block)};
-  const int segments = g.box_segments > 0 ? g.box_segments : g.row_bytes / 128;
+  const int segments = g.row_bytes / 128;
   const cuuint32_t box[5] = {128, 16, static_cast<cuuint32_t>(segments), 1, 1};
   const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
   CUtensorMap map;

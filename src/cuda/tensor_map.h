@@ -9,11 +9,10 @@
 namespace attnkit::cuda {
 
 // One side of a paged cache as 5 dimensions (innermost first): 128-byte segment of a row,
-// slot, segment index, KV head, block. A box is [128 bytes, 16 slots, box_segments, 1 head,
-// 1 block], written to shared memory as [segment][slot][128 bytes] with the 128-byte swizzle:
-// all of a row's segments (the decode tiles: cuda/kv_smem_layout.h PagedSwizzle128) or one
-// (the hopper kernel, which places each segment in its own region of the stage). Strides in
-// bytes. Coordinates outside the map (a block id < 0 or >= num_blocks) read as zeros.
+// slot, segment index, KV head, block. A box is [128 bytes, 16 slots, all of a row's segments,
+// 1 head, 1 block], written to shared memory as [segment][slot][128 bytes] with the 128-byte
+// swizzle (the decode tiles: cuda/kv_smem_layout.h PagedSwizzle128). Strides in bytes.
+// Coordinates outside the map (a block id < 0 or >= num_blocks) read as zeros.
 struct PagedSideGeometry {
   const void* base = nullptr;
   int row_bytes = 0;  // head_size * element bytes; a multiple of 128
@@ -21,7 +20,6 @@ struct PagedSideGeometry {
   int num_kv_heads = 0;
   int64_t num_blocks = 0;
   int64_t stride_block = 0, stride_slot = 0, stride_head = 0;
-  int box_segments = 0;  // 128-byte segments per box: 0 = row_bytes / 128, or 1
 };
 
 // The rule `g` breaks for a map (empty: it has one, if the driver has the encoder). Host only.

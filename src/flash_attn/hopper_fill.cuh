@@ -1,6 +1,6 @@
 // How the hopper kernel's producer fills its K and V stages (the tile's KvFill and the cache
-// kind, launch_plan.cpp; hopper_kernel.cuh with_fill): three policies of one interface, so the
-// producer loop (hopper_kernel.cuh) is the same for all.
+// kind, launch_plan.cpp; hopper_kernel.cuh with_fill): two policies of one interface, so the
+// producer loop (hopper_kernel.cuh) is the same for both.
 //
 //   Fill f(p, w, n, ptid);       all 128 producer threads, per work item of n tiles
 //   f.acquire(pipe, at);         wait for stage `at` of a ring to be empty (ConvertFill: and
@@ -10,20 +10,13 @@
 //   f.drain();                   after the item's last v: what the fill still owes (ConvertFill)
 //   Fill::kFullArrivals          arrivals that complete a full barrier (its init count)
 //   Fill::kProducerRegs, ...     the warpgroups' registers after setmaxnreg (hopper_traits.h)
-//   Fill::fix_tail_v(...)        consumers, the item's last V tile: rows past seq_len -> 0
 //   f.pages_fault(p, req)        the block-id guard over the item's pages (metadata_guard.cuh)
 //
 // CpAsyncFill (16-bit rows): each producer thread copies 16-byte chunks of one 16-key group of
 // every tile, one chunk column of it (all 128 threads but at head dim 192: 96), resolving the
 // group's page once per tile through any page map (block table, page table, contiguous rows);
-// rows past seq_len are zero-filled by the copies themselves. TmaFill: lanes of the producer's
-// warp 0 each own one (16-key page group, 128-byte segment) of a tile and copy it as one TMA box (cuda/tensor_map.h,
-// boxes of one segment: the stage is [segment][128 keys][128 bytes], the layout wgmma reads);
-// the other producer threads only load Q. Groups past seq_len are copied from block -1, which
-// the map's bounds turn into zeros without a read; a block id outside the cache is read as
-// block 0 (the metadata guards then write the item's rows as NaN). The group holding seq_len's end brings its
-// block's slots past it, which the consumers zero in V (fix_tail_v; K's are masked).
-// ConvertFill (fp8 caches): codes copied into their stage, K's as they are, V's transposed into
+// rows past seq_len are zero-filled by the copies themselves (no TMA fill: src/flash_attn/
+// DECISIONS.md, Hopper K/V by TMA at 128-byte rows). ConvertFill (fp8 caches): codes copied into their stage, K's as they are, V's transposed into
 // the K-major layout the fp8 wgmma reads (below).
 #pragma once
 #include <cstdint>
@@ -37,7 +30,6 @@
 #include "cuda/pipeline_sm90.h"
 #include "cuda/sync_sm90.h"
 #include "cuda/tile_copy_layout.h"
-#include "cuda/tma_sm90.h"
 #include "cuda/wgmma_sm90.h"
 #include "flash_attn/varlen_schedule.cuh"
 
@@ -82,10 +74,8 @@ struct HopperGroupFill {
     row_off = col.phase * stride_slot + (in_row ? column_bytes : 0);
     if (copying) blk_next = page(0);
   }
-  __device__ __forceinline__ static void prefetch_maps(const VarlenKernelParams&) {}
   template <class Pipe>
   __device__ __forceinline__ static void acquire(const Pipe& pipe, const typename Pipe::State& at) { pipe.acquire(at); }
-  __device__ __forceinline__ static void fix_tail_v(unsigned char*, int, int, int) {}  // (zero-filled)
   // The block-id guard over the item's n tiles (cuda/metadata_guard.cuh), this thread's share.
   __device__ __forceinline__ bool pages_fault(const VarlenKernelParams& p, int req) const {
     return cuda::pages_fault(pages, block_size, first_key, first_key + n * Tr::kBlockN, seq_len, req, p.errors,
@@ -317,93 +307,6 @@ struct HopperConvertFill
     cuda::fence_proxy_async_smem();
     cuda::mbar_arrive(pending_bar);
     pending_bar = 0;
-  }
-};
-
-// The pages must be a block-table row (with_fill, hopper_kernel.cuh, refuses contiguous K/V).
-template <class Tr>
-struct HopperTmaFill {
-  static constexpr uint32_t kFullArrivals = 1;  // lane 0's arrive.expect_tx; the bytes do the rest
-  static constexpr int kProducerRegs = Tr::kProducerRegsTma, kConsumerRegs = Tr::kConsumerRegsTma;
-  static constexpr int kSegments = Tr::kHeadDim / 64;  // 128-byte segments of a 16-bit row
-  static constexpr int kGroups = Tr::kBlockN / 16;
-  static constexpr int kBoxes = kGroups * kSegments;  // per tile and side, one lane each
-  static constexpr uint32_t kBoxBytes = 16 * 128;
-  static_assert(kBoxes <= 32, "one lane of warp 0 per box");
-
-  const cuda::TmaDesc* k_map;
-  const cuda::TmaDesc* v_map;
-  cuda::KvPages pages;  // the request's block-table row
-  cuda::FastDivmod block_size;
-  int seq_len, kv_head, first_key, n;
-  bool warp0, issuer;           // warp 0 of the producers; a lane of it that owns a box
-  int group, segment;           // this lane's box of a tile
-  int32_t page_prev = -1, page_cur = -1;  // its group's block in tile t (for v) and t + 1 (for k)
-
-  __device__ __forceinline__ HopperTmaFill(const VarlenKernelParams& p, const WorkItem& w, int n_, int ptid)
-      : k_map(&p.k_map), v_map(&p.v_map), pages(page_map_for(p, w)), block_size(p.block_size),
-        seq_len(w.seq_len), kv_head(w.kv_head), first_key(w.first_key), n(n_), warp0(ptid < 32),
-        issuer(ptid < kBoxes), group(ptid / kSegments), segment(ptid % kSegments) {
-    if (issuer) page_cur = page(0);
-  }
-  // The descriptors' first fetch, off the first copies (one producer thread).
-  __device__ __forceinline__ static void prefetch_maps(const VarlenKernelParams& p) {
-    cuda::prefetch_tensor_map(&p.k_map);
-    cuda::prefetch_tensor_map(&p.v_map);
-  }
-  template <class Pipe>
-  __device__ __forceinline__ static void acquire(const Pipe& pipe, const typename Pipe::State& at) { pipe.acquire(at); }
-  template <class Pipe>
-  __device__ __forceinline__ void k(int t, uint32_t dst, const Pipe& pipe, const typename Pipe::State& at) {
-    copy(k_map, page_cur, t, dst, pipe, at);
-    page_prev = page_cur;
-    if (issuer && t + 1 < n) page_cur = page(t + 1);
-  }
-  template <class Pipe>
-  __device__ __forceinline__ void v(int t, uint32_t dst, const Pipe& pipe, const typename Pipe::State& at) {
-    copy(v_map, page_prev, t, dst, pipe, at);
-  }
-  __device__ __forceinline__ static void drain() {}
-  // The block-id guard over the item's n tiles (cuda/metadata_guard.cuh), this thread's share.
-  __device__ __forceinline__ bool pages_fault(const VarlenKernelParams& p, int req) const {
-    return cuda::pages_fault(pages, block_size, first_key, first_key + n * Tr::kBlockN, seq_len, req, p.errors,
-                             static_cast<int>(threadIdx.x % 128), 128);
-  }
-  // Rows [rows_left, next multiple of 16) of the item's last V tile: its block's slots past
-  // seq_len, which a box brought in. By each consumer warpgroup (its 128 threads, wg_tid) before
-  // its own P V reads the tile (zeros written twice are still zeros); then that warpgroup's
-  // barrier (Tr::group_bar) and the proxy fence make them visible to its wgmma.
-  __device__ __forceinline__ static void fix_tail_v(unsigned char* v_tile, int rows_left, int wg, int wg_tid) {
-    if (rows_left >= Tr::kBlockN || rows_left % 16 == 0) return;  // (uniform across the CTA)
-    constexpr int kChunksPerRow = Tr::kHeadDim / 8;
-    const int rows = 16 - rows_left % 16;
-    for (int i = wg_tid; i < rows * kChunksPerRow; i += 128) {
-      const int row = rows_left + i / kChunksPerRow;
-      *reinterpret_cast<uint4*>(v_tile + cuda::Swizzle128Tile<Tr::kBlockN>::offset(row, i % kChunksPerRow)) =
-          make_uint4(0, 0, 0, 0);
-    }
-    cuda::fence_proxy_async_smem();
-    cuda::named_bar_sync(Tr::group_bar(wg), 128);
-  }
-
- private:
-  // This lane's group's block in tile t; -1 (no block: zeros) past seq_len; block 0 for an id
-  // outside the cache (its item's rows are NaN: cuda/metadata_guard.cuh).
-  __device__ __forceinline__ int32_t page(int t) const {
-    const int key = first_key + t * Tr::kBlockN + 16 * group;
-    return key < seq_len ? pages.readable(pages.at(block_size.div(key))) : -1;
-  }
-  template <class Pipe>
-  __device__ __forceinline__ void copy(const cuda::TmaDesc* map, int32_t blk, int t, uint32_t dst, const Pipe& pipe,
-                                       const typename Pipe::State& at) const {
-    if (!warp0) return;
-    if (group == 0 && segment == 0) pipe.expect_bytes(at, kBoxes * kBoxBytes);  // (lane 0)
-    __syncwarp();
-    if (!issuer) return;
-    const int key = first_key + t * Tr::kBlockN + 16 * group;
-    const int slot = key - block_size.div(key) * block_size.divisor;
-    cuda::tma_load_5d(dst + segment * (Tr::kBlockN * 128) + group * kBoxBytes, map, pipe.full(at), 0, slot, segment,
-                      kv_head, blk);
   }
 };
 

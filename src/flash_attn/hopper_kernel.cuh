@@ -8,8 +8,8 @@
 // hopper_q_buffer.cuh).
 //
 // Warp-specialised: a producer warpgroup copies Q (cp.async; fp8 caches: then rounds it to e4m3
-// in its buffer) and the K/V tiles through the page map (TMA boxes or cp.async; fp8 V codes
-// transposed in their stage: hopper_fill.cuh) into
+// in its buffer) and the K/V tiles through the page map (cp.async; fp8 V codes transposed in
+// their stage: hopper_fill.cuh) into
 // two rings of stages, K and V apart,
 // signalled by mbarriers; two consumer
 // warpgroups of 64 rows (hopper_wide: three) take turns at the tensor cores, in a ring of named
@@ -56,7 +56,7 @@
 namespace attnkit::flash_attn {
 
 // Fill: how the producer fills the K / V stages (hopper_fill.cuh: cp.async through any page map,
-// or TMA boxes through a block-table row). items: where the work items come from
+// 16-bit rows as they are or fp8 codes converted in their stage). items: where the work items come from
 // (varlen_schedule.cuh HopperWalk: the launch's grid, or a FlashInfer-style plan where
 // p.plan_items is set; one kernel serves both launches).
 template <class Tr, class Fill>
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   constexpr int kKS = Tr::kKStages, kVS = Tr::kVStages;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // Two rings, of kKS K tiles and of kVS V tiles, each stage with a "full" barrier
-  // (the producer's copies landed: cp.async arrivals or TMA bytes) and an "empty" one (the 256
+  // (the producer's copies landed: its threads' cp.async arrivals) and an "empty" one (the 256
   // consumer threads no longer read it). K and V are separate so that a K stage frees as soon as
   // S = Q K^T is done, while V is still needed for O += P V one step later. The rings run on
   // across the CTA's work items (their PipelineStates); so does the ring of Q buffers (one or two).
@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     k_pipe.init(Fill::kFullArrivals, Tr::kConsumerThreads);
     v_pipe.init(Fill::kFullArrivals + (kDeviceGuards ? 1 : 0), Tr::kConsumerThreads);  // (+ the guard's: below)
     q_pipe.init(Tr::kProducerThreads + 1, Tr::kConsumerThreads);  // (+ thread 0's, with the item)
-    fence_mbarrier_init();  // (TMA completes on them)
+    fence_mbarrier_init();  // (the async proxy's cp.async arrivals complete on them)
   }
   __syncthreads();  // the last CTA-wide barrier: producer and consumers part here
   pdl_launch_dependents();  // the next kernel's CTAs may take SM slots as this grid frees them
@@ -123,7 +123,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // barriers complete when they land. Block-table entries are read one tile ahead (the fill).
     regs_dec<Fill::kProducerRegs>();
     const int ptid = tid - Tr::kConsumerThreads;
-    if (ptid == 0) Fill::prefetch_maps(p);
     KPos k_at;  // the next K tile's stage
     VPos v_at;  // the next V tile's (one tile behind)
     typename Pipeline<kQB>::State q_at;
@@ -369,7 +368,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       for (int it = 1; it < n; ++it) step(it, std::true_type{});
       v_pipe.wait(prev_at);
       if constexpr (kDeviceGuards) fault = s_fault[prev_at.stage];
-      Fill::fix_tail_v(smem + (v_stage(prev_at) - s_base), w.seq_len - tile_key(w, n - 1), wg, tid & 127);
       fence_proxy_async_smem();
       wgmma_fence();
       issue_pv(prev_at);
@@ -400,11 +398,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 }
 
 // The plan's fill (hopper_fill.cuh), as f.template operator()<Fill>(): an fp8 cache's codes are
-// converted on their way in (in p's format), 16-bit rows are copied by TMA boxes (block tables
-// only: not contiguous K/V, p.cu_seqlens_k) or by cp.async.
+// converted on their way in (in p's format), 16-bit rows are copied by cp.async.
 template <class Tr, class F>
 void with_fill(const VarlenKernelParams& p, const LaunchPlan& plan, const char* where, F&& f) {
-  const bool tma = plan.config.fill == KvFill::tma;
   if constexpr (Tr::kFp8Cache) {
     ATTNKIT_REQUIRE(plan.config.fill == KvFill::convert, where, "fill", static_cast<int>(plan.config.fill),
                     "must be the convert fill: fp8 codes are converted on their way into the stages");
@@ -412,11 +408,9 @@ void with_fill(const VarlenKernelParams& p, const LaunchPlan& plan, const char* 
       f.template operator()<HopperConvertFill<Tr, cuda::Fp8Format::e5m2>>();
     else
       f.template operator()<HopperConvertFill<Tr, cuda::Fp8Format::e4m3>>();
-  } else if (tma) {
-    ATTNKIT_REQUIRE(p.cu_seqlens_k == nullptr, where, "fill", "tma", "reads a block table, not contiguous K/V");
-    if constexpr (hopper_tma_fill_built(Tr::kHeadDim, CacheKind::b16)) f.template operator()<HopperTmaFill<Tr>>();
-    else fail(where, "fill", "tma", "is built for rows of one 128-byte segment only (head dim " + std::to_string(Tr::kHeadDim) + ")");
   } else {
+    ATTNKIT_REQUIRE(plan.config.fill == KvFill::cp_async, where, "fill", static_cast<int>(plan.config.fill),
+                    "must be the cp.async fill for 16-bit caches");
     f.template operator()<HopperCpAsyncFill<Tr>>();
   }
 }

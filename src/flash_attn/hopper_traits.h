@@ -63,11 +63,6 @@ struct HopperTraits {
   // and 12-56 at 256, against 300 / 116 with the 16-bit split; none at 128 / 192).
   static constexpr int kProducerRegs = kWarpGroups == 3 ? (kFp8Cache ? 56 : 32) : kHeadDim <= 192 ? 88 : kFp8Cache ? 72 : 56,
                        kConsumerRegs = kWarpGroups == 3 ? (kFp8Cache ? 152 : 160) : kHeadDim <= 192 ? 208 : kFp8Cache ? 216 : 224;
-  // With TMA fills (hopper_fill.cuh) the producer issues boxes from one warp and loads Q, and
-  // the consumers get the registers: (2 x 224 + 56) x 128 = 168 x 384. ptxas 13.0, head size
-  // 128, persistent: consumers at 208 spilled 80 bytes, at 216 56; the producer at 56 spills
-  // 12-16 bytes (a few per item, off the tensor cores' path), at 40 over 80.
-  static constexpr int kProducerRegsTma = kWarpGroups == 3 ? 32 : 56, kConsumerRegsTma = kWarpGroups == 3 ? 160 : 224;
   // Named barriers (0 is __syncthreads): 1 .. kWarpGroups the consumers' turns at the tensor
   // cores (warpgroup g waits on turn_bar(g), then hands the turn to g + 1), one per consumer
   // warpgroup of its own 128 threads, then the producer warpgroup's.
@@ -76,8 +71,7 @@ struct HopperTraits {
   static constexpr int kProducerBar = 1 + 2 * kWarpGroups;
   static_assert(kProducerBar < 16, "16 named barriers");
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
-  static_assert(kWarpGroups * kConsumerRegs + kProducerRegs <= (kWarpGroups + 1) * kLaunchRegs &&
-                    kWarpGroups * kConsumerRegsTma + kProducerRegsTma <= (kWarpGroups + 1) * kLaunchRegs,
+  static_assert(kWarpGroups * kConsumerRegs + kProducerRegs <= (kWarpGroups + 1) * kLaunchRegs,
                 "setmaxnreg: the warpgroups' registers must fit the CTA's pool at launch");
   static constexpr int kBlockM = 64 * kWarpGroups;
   static_assert(kBlockM == kConfig.rows, "64 rows per consumer warpgroup");

@@ -263,26 +263,13 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
     plan.pdl = t.pdl;
   }
   if (plan.generation == Generation::hopper) {
-    // K/V by TMA (one box per 16-key page group and 128-byte segment, issued by one producer
-    // warp) where a K/V row is one segment (16-bit head size 64): there it beat cp.async at every
-    // length; at two segments per row (head size 128) cp.async was faster, and the kernels with
-    // that fill are built for one-segment rows only (hopper_tma_fill_built; DECISIONS.md: Hopper
-    // K/V by TMA at 128-byte rows). The cache's sides must encode as maps, and a head size
-    // padded to its kernel's has no whole-row boxes. The tuning may force cp.async. fp8 codes
-    // are converted on their way into the stages (the tile's convert fill, tile_set.h).
-    const bool converts = plan.config.fill == KvFill::convert;
-    const bool tma_serves =  // (fp8 caches convert: hopper_tma_fill_built is false for them)
-        f.tma_geometry && plan.head_dim == f.head_size && hopper_tma_fill_built(plan.head_dim, f.cache);
-    if (tma_serves && !t.cp_async_fill) {
-      plan.config.fill = KvFill::tma;
-      plan.reason += "; K/V by TMA (rows of one 128-byte segment)";
-    } else {
-      plan.reason += converts ? "; fp8 K/V copied into their stages by cp.async, converted to f16 there (TMA boxes only copy)"
-                     : t.cp_async_fill                ? "; K/V by cp.async (tuning)"
-                     : plan.head_dim != f.head_size   ? "; K/V by cp.async (a padded head size has no whole-row boxes)"
-                     : !f.tma_geometry                ? "; K/V by cp.async (no TMA map for these K/V)"
-                                                      : "; K/V by cp.async (rows of more than one 128-byte segment)";
-    }
+    // K/V by cp.async, each producer thread one page's column of 16-byte chunks (16-bit caches),
+    // or fp8 codes copied and converted in their stages (the tile's fill, tile_set.h). TMA boxes
+    // (one per 16-key page and 128-byte segment) measured within 1% of it at head size 64 and
+    // 20-30% slower from 128 up (DECISIONS.md: Hopper K/V by TMA at 128-byte rows).
+    plan.reason += plan.config.fill == KvFill::convert
+                       ? "; fp8 K/V copied into their stages by cp.async, converted to f16 there"
+                       : "; K/V by cp.async";
   } else {
     plan.pdl = t.pdl && f.cc_major >= 9 && pdl_for_grid(plan.grid_ctas, plan.cta_slots, plan.config.transposed);
     plan.l2_prefetch = plan.pdl && t.l2_prefetch && f.planned_items == 0;  // (a planned item is read from the plan)

@@ -29,8 +29,9 @@ inline constexpr TileId kAllTiles[] = {TileId::prefill,           TileId::decode
 
 enum class KvFill : uint8_t {
   cp_async,  // 16-byte cp.async copies by every (producer) thread, through the block table
-  tma,       // TMA boxes per 16-key page group (sm90): decode tiles the whole row, hopper per 128-byte segment
+  tma,       // TMA boxes of a 16-key page group's whole rows (sm90 decode tiles)
   convert,   // hopper, fp8 caches: codes by cp.async; K as they are, V transposed in its stage (both GEMMs fp8)
+  // (hopper, 16-bit caches: cp_async; DECISIONS.md, Hopper K/V by TMA at 128-byte rows)
 };
 
 // What a cache row holds, as the kernels see it: 16-bit values (the model's dtype), fp8 codes
@@ -124,13 +125,6 @@ constexpr int kv_scale_row_bytes(int head_dim, CacheKind cache) { return cache =
 constexpr bool tma_rows(int head_dim, CacheKind cache) {
   return head_dim > 0 && cache != CacheKind::nvfp4 && kv_row_bytes(head_dim, cache) % 128 == 0 &&
          kv_row_bytes(head_dim, cache) <= 512;
-}
-// The hopper kernels with K/V by TMA (HopperTmaFill) exist for 16-bit rows of one 128-byte segment
-// (head dim 64) only: where rows have more segments cp.async was faster and the launch decision
-// never takes TMA, so those kernels are not compiled (src/flash_attn/DECISIONS.md: Hopper K/V by
-// TMA at 128-byte rows). fp8 caches convert their codes in the stage (KvFill::convert).
-constexpr bool hopper_tma_fill_built(int head_dim, CacheKind cache) {
-  return cache == CacheKind::b16 && kv_row_bytes(head_dim, cache) == 128;
 }
 
 // The hopper tiles' shared memory (hopper_traits.h lays it out). A V stage holds `keys` 16-bit

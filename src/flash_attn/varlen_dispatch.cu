@@ -65,11 +65,9 @@ cuda::PagedSideGeometry side_geometry(const VarlenKernelParams& q, bool v_side, 
   return g;
 }
 
-// The tensor maps of the K and V sides (boxes of box_segments segments: PagedSideGeometry), or
-// false where the cache has none.
-bool encode_kv_maps(VarlenKernelParams& q, int row_bytes, int box_segments) {
-  cuda::PagedSideGeometry k = side_geometry(q, false, row_bytes), v = side_geometry(q, true, row_bytes);
-  k.box_segments = v.box_segments = box_segments;
+// The tensor maps of the K and V sides (PagedSideGeometry), or false where the cache has none.
+bool encode_kv_maps(VarlenKernelParams& q, int row_bytes) {
+  const cuda::PagedSideGeometry k = side_geometry(q, false, row_bytes), v = side_geometry(q, true, row_bytes);
   return cuda::encode_paged_side_map(k, q.k_map, nullptr) && cuda::encode_paged_side_map(v, q.v_map, nullptr);
 }
 
@@ -327,9 +325,7 @@ namespace {
 // tile (a driver without the encoder: the plan again without TMA); p gets the tuning's trace.
 LaunchPlan plan_with_maps(VarlenKernelParams& p, LaunchFacts facts, const LaunchTuning& tuning) {
   LaunchPlan plan = choose_launch(facts, tuning);
-  // (the hopper kernel's boxes are one segment each: hopper_fill.cuh)
-  const int box_segments = plan.generation == Generation::hopper ? 1 : 0;
-  if (plan.config.fill == KvFill::tma && !encode_kv_maps(p, kv_row_bytes(facts.head_size, facts.cache), box_segments)) {
+  if (plan.config.fill == KvFill::tma && !encode_kv_maps(p, kv_row_bytes(facts.head_size, facts.cache))) {
     facts.tma_geometry = false;
     plan = choose_launch(facts, tuning);
   }

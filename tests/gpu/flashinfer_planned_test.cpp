@@ -239,13 +239,10 @@ INSTANTIATE_TEST_SUITE_P(Seeds, PlannedPrefillGrid, ::testing::Range(0, 84));
 // Prefill plans of 128-row tiles on the hopper kernel (PlanWalk over the plan's items, the page
 // table or ragged K/V's contiguous view): head sizes 64 / 128 / 256 (and 112, padded), bf16 /
 // f16, NHD / HND, pages 16 / 128, causal and not, window, softcap, sinks, 16-bit and (three
-// cases) fp8 caches; few CTA slots (the plan does not split) with the rule's K/V fill (TMA at
-// head size 64) and with cp.async forced (LaunchTuning::cp_async_fill), many (every tile split into chunks: partial rows and
-// the plan's merge), the graph-safe launches, and the persistent walk on 1-3 CTAs. The launch decision is asked too: these parts
+// cases) fp8 caches; few CTA slots (the plan does not split), many (every tile split into chunks:
+// partial rows and the plan's merge), the graph-safe launches, and the persistent walk on 1-3 CTAs. The launch decision is asked too: these parts
 // take the hopper kernel.
 TEST(PlannedPrefillHopper, PlansMatchTheReference) {
-  flash_attn::LaunchTuning cp_async;
-  cp_async.cp_async_fill = true;
   for (int i = 0; i < 20; ++i) {
     Case c;
     c.seed = 3000 + i;
@@ -264,11 +261,10 @@ TEST(PlannedPrefillHopper, PlansMatchTheReference) {
     c.q_lens = {300, 64, 257, 33};
     c.seq_lens = {300, 1200, 900, 33};
     check_planned(c, 2);
-    check_planned(c, 2, cp_async);
-    check_planned(c, 64, i % 2 ? cp_async : flash_attn::LaunchTuning{});
+    check_planned(c, 64);
     check_planned(c, i % 2 ? 2 : 64, {}, /*graph_safe=*/true);
     // the persistent walk forced onto 1-3 CTAs (several rounds, both directions), one and two Q buffers
-    flash_attn::LaunchTuning walk = i % 2 ? cp_async : flash_attn::LaunchTuning{};
+    flash_attn::LaunchTuning walk;
     walk.max_ctas = 1 + i % 3;
     walk.q_buffers = 1 + (i / 3) % 2;
     check_planned(c, i % 3 == 0 ? 2 : 64, walk);
