@@ -73,4 +73,28 @@ bool encode_paged_side_map(const PagedSideGeometry& g, TmaDesc& out, std::string
   return true;
 }
 
+bool encode_rows_map(const RowsGeometry& g, TmaDesc& out, std::string* why) {
+  if (reinterpret_cast<uintptr_t>(g.base) % 16 != 0) return fail(why, "base must be 16-byte aligned");
+  if (g.row_bytes <= 0 || g.row_bytes % 16 != 0) return fail(why, "row bytes must be a positive multiple of 16");
+  for (int64_t s : {g.stride_head, g.stride_token})
+    if (s <= 0 || s % 16 != 0 || s >= (int64_t{1} << 40))
+      return fail(why, "stride " + std::to_string(s) + " must be a positive multiple of 16 below 2^40");
+  if (g.heads <= 0 || g.tokens <= 0 || g.box_heads < 1 || g.box_tokens < 1 || g.box_heads > 256 || g.box_tokens > 256)
+    return fail(why, "dims and box sides must be positive, boxes at most 256");
+  const EncodeTiled fn = encode_fn();
+  if (fn == nullptr) return fail(why, "the driver has no cuTensorMapEncodeTiled");
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(g.row_bytes), static_cast<cuuint64_t>(g.heads),
+                              static_cast<cuuint64_t>(g.tokens)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(g.stride_head), static_cast<cuuint64_t>(g.stride_token)};
+  const cuuint32_t box[3] = {128, static_cast<cuuint32_t>(g.box_heads), static_cast<cuuint32_t>(g.box_tokens)};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  CUtensorMap map;
+  const CUresult r = fn(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, g.base, dims, strides, box, elem_strides,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return fail(why, "cuTensorMapEncodeTiled returned " + std::to_string(static_cast<int>(r)));
+  std::memcpy(out.bytes, &map, sizeof map);
+  return true;
+}
+
 }  // namespace attnkit::cuda

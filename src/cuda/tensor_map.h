@@ -22,6 +22,21 @@ struct PagedSideGeometry {
   int64_t stride_block = 0, stride_slot = 0, stride_head = 0;
 };
 
+// Rows of a [tokens][heads][row bytes] tensor (the attention output) as 3 dimensions (innermost
+// first): byte of a row, head, token. A box is [128 bytes, box_heads, box_tokens], read from
+// shared memory as box_heads x box_tokens rows of 128 bytes (heads inner) with the 128-byte
+// swizzle: one 64-column region of 16-bit rows (the hopper kernel's Q buffer layout). Bytes past
+// row_bytes are not written (a padded head size's columns).
+struct RowsGeometry {
+  void* base = nullptr;
+  int row_bytes = 0;
+  int64_t heads = 0, tokens = 0;
+  int64_t stride_head = 0, stride_token = 0;  // bytes
+  int box_heads = 0, box_tokens = 0;
+};
+// Encodes `g` into `out`; false (the rule in *why) where it has no map.
+bool encode_rows_map(const RowsGeometry& g, TmaDesc& out, std::string* why);
+
 // The rule `g` breaks for a map (empty: it has one, if the driver has the encoder). Host only.
 std::string paged_side_map_refusal(const PagedSideGeometry& g);
 

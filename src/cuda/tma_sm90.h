@@ -68,6 +68,30 @@ __device__ __forceinline__ void tma_load_5d(uint32_t dst, const TmaDesc* desc, u
 #endif
 }
 
+// Shared memory at src (aligned as the descriptor's swizzle needs) -> the box of `desc` at
+// coordinates c0..c2 (innermost first), in this thread's bulk async-group (bulk_commit_group).
+// The source's generic-proxy writes must be fenced first (fence.proxy.async.shared::cta).
+__device__ __forceinline__ void tma_store_3d(const TmaDesc* desc, uint32_t src, int c0, int c1, int c2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(desc)),
+               "r"(src), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_commit_group() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+// Waits until at most N of this thread's bulk groups still read their shared-memory sources.
+template <int N>
+__device__ __forceinline__ void bulk_wait_group_read() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 // tma_load_5d under an L2 cache policy (l2_policy_evict_first). (A policy made by
 // createpolicy ... evict_normal is not what a copy without one gets: DECISIONS.md, Evict-first
 // K/V for split launches.)

@@ -43,6 +43,7 @@
 #include "cuda/pipeline_sm90.h"
 #include "cuda/split_kv_combine.h"
 #include "cuda/sync_sm90.h"
+#include "cuda/tensor_map.h"
 #include "cuda/tile_copy_layout.h"
 #include "cuda/wgmma_sm90.h"
 #include "flash_attn/hopper_fill.cuh"
@@ -384,7 +385,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     } else if (split) {
       detail::split_epilogue<Tr>(p, item, o, softmax, unit, fault, warp_row0, lane);
     } else {
-      detail::staged_epilogue<Tr>(p, w, o, softmax, unit, fault, warp_row0, lane, s_q(q_at.stage));
+      detail::staged_epilogue<Tr>(p, w, o, softmax, unit, fault, warp_row0, lane, s_q(q_at.stage),
+                                  p.o_map_ok ? &p.o_map : nullptr);
     }
     q_pipe.release(q_at);  // the item's output rows have left its Q buffer
     q_at.advance();
@@ -429,9 +431,30 @@ void with_hopper_tile(const LaunchPlan& plan, const char* where, F&& f) {
   else fail(where, "tile", plan.config.name, "is not a hopper tile of this launch");
 }
 
+// The output's rows as a TMA map where the plan stores them so (LaunchPlan::tma_output): boxes of
+// a warp's 16 packed rows, the GQA group's heads x 16 / group tokens; without a map (a geometry
+// the encoder refuses) the consumers copy the rows.
+inline VarlenKernelParams with_output_map(const VarlenKernelParams& p, const LaunchPlan& plan, int elem_bytes) {
+  VarlenKernelParams q = p;
+  q.o_map_ok = false;
+  if (!plan.tma_output) return q;
+  cuda::RowsGeometry g;
+  g.base = q.out;
+  g.row_bytes = q.head_size * elem_bytes;
+  g.heads = q.num_heads;
+  g.tokens = q.num_tokens;
+  g.stride_head = q.out_stride_head * elem_bytes;
+  g.stride_token = q.out_stride_token * elem_bytes;
+  g.box_heads = q.group.divisor;
+  g.box_tokens = 16 / q.group.divisor;
+  q.o_map_ok = 16 % q.group.divisor == 0 && cuda::encode_rows_map(g, q.o_map, nullptr);
+  return q;
+}
+
 template <class Elem, int kHeadDim, CacheKind kCache>
-void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+void launch_hopper(const VarlenKernelParams& p_in, const LaunchPlan& plan, cudaStream_t stream) {
   const char* where = "flash_attn varlen attention (hopper)";
+  const VarlenKernelParams p = with_output_map(p_in, plan, sizeof(Elem));
   auto with_tile = [&]<TileId kTile>() {
     using Tr = HopperTraits<Elem, kHeadDim, kTile, kCache>;
     auto launch = [&]<class Fill>() {
@@ -475,9 +498,10 @@ void launch_hopper(const VarlenKernelParams& p, const LaunchPlan& plan, cudaStre
 // the plan is persistent, else one CTA per slot; the page table as the page map (the fill as
 // with_fill says).
 template <class Elem, int kHeadDim, CacheKind kCache>
-void launch_hopper_planned(const VarlenKernelParams& p, const LaunchPlan& plan, int64_t grid_items,
+void launch_hopper_planned(const VarlenKernelParams& p_in, const LaunchPlan& plan, int64_t grid_items,
                            cudaStream_t stream) {
   const char* where = "flashinfer planned launch (hopper)";
+  const VarlenKernelParams p = with_output_map(p_in, plan, sizeof(Elem));
   const int64_t entries = grid_items * p.num_kv_heads;
   ATTNKIT_REQUIRE(grid_items > 0 && entries <= 0x7fffffff, where, "plan item capacity x num_kv_heads", entries,
                   "must be in [1, 2^31) (one grid dimension)");

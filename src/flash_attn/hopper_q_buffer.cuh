@@ -15,6 +15,7 @@
 #include "cuda/online_softmax.h"
 #include "cuda/output_store.h"
 #include "cuda/sync_sm90.h"
+#include "cuda/tma_sm90.h"
 #include "cuda/tile_copy_layout.h"
 #include "cuda/wgmma_sm90.h"
 #include "flash_attn/hopper_traits.h"
@@ -63,24 +64,21 @@ __device__ __forceinline__ void finish_rows(const VarlenKernelParams& p, const W
 
 // Output rows through shared memory: the warp's 16 rows of the item's Q buffer (s_q_buf: its
 // base), free once the item's last S is done, take the rows by stmatrix in the buffer's
-// swizzled layout (conflict-free); whole rows leave as 16-byte loads and coalesced 16-byte
-// global stores (two 256-byte rows per warp instruction at head dim 128), not the 4-byte
-// scattered stores of the accumulator layout. Lane j < 16 finds row j's address once; the copy
-// takes it by shuffle.
+// swizzled layout (conflict-free). With an output map (o_map: LaunchPlan::tma_output) and all 16
+// rows the request's, lane 0 stores each 64-column region by one TMA box (the rows are whole
+// tokens' GQA groups) and waits until the TMA has read them (the buffer is then free). Else
+// whole rows leave as 16-byte loads and coalesced 16-byte global stores (two 256-byte rows per
+// warp instruction at head dim 128), not the 4-byte scattered stores of the accumulator layout;
+// lane j < 16 finds row j's address once, the copy takes it by shuffle.
 template <class Tr>
 __device__ __forceinline__ void staged_epilogue(const VarlenKernelParams& p, const WorkItem& w,
                                                 const cuda::FragC (&o)[Tr::kOFrags], const cuda::RowSoftmax& softmax,
-                                                float unit, bool fault, int warp_row0, int lane, uint32_t s_q_buf) {
+                                                float unit, bool fault, int warp_row0, int lane, uint32_t s_q_buf,
+                                                const cuda::TmaDesc* o_map) {
   using T = typename Tr::Elem;
   using L = cuda::Swizzle128Tile<Tr::kBlockM>;
   float f[2];
   finish_rows<Tr>(p, w, softmax, unit, fault, /*split=*/false, warp_row0, lane, f);
-  long long row_addr = 0;  // (0: a padding row)
-  if (warp_row0 + (lane & 15) < w.rows) {
-    const PackedRow row = packed_row(p, w, w.m0 + warp_row0 + (lane & 15));
-    row_addr = reinterpret_cast<long long>(static_cast<T*>(p.out) + row.token * p.out_stride_token +
-                                           row.head * p.out_stride_head);
-  }
   // 16 columns of the warp's 16 rows per stmatrix: matrices (rows 0-7, 8-15) x (chunks dn,
   // dn + 1); lane i addresses row i % 8 + 8 ((i / 8) % 2) of chunk dn + i / 16.
   const int st_row = warp_row0 + (lane & 7) + 8 * ((lane >> 3) & 1), st_chunk = lane >> 4;
@@ -92,6 +90,26 @@ __device__ __forceinline__ void staged_epilogue(const VarlenKernelParams& p, con
                            cuda::pack2<T>(o[dn + 1].c[0] * f[0], o[dn + 1].c[1] * f[0]),
                            cuda::pack2<T>(o[dn + 1].c[2] * f[1], o[dn + 1].c[3] * f[1])};
     cuda::stmatrix_x4(s_q_buf + L::offset(st_row, dn + st_chunk), r);
+  }
+  if (o_map != nullptr && warp_row0 + 16 <= w.rows) {
+    cuda::fence_proxy_async_smem();  // (each lane's stmatrix writes, read by the TMA)
+    __syncwarp();
+    if (lane == 0) {
+      const int head0 = w.kv_head * p.group.divisor, token0 = w.q_start + p.group.div(w.m0 + warp_row0);
+#pragma unroll
+      for (int r = 0; r < (Tr::kHeadDim + 63) / 64; ++r)
+        if (r * 64 < p.head_size) cuda::tma_store_3d(o_map, s_q_buf + r * (Tr::kBlockM * 128) + warp_row0 * 128, r * 128, head0, token0);
+      cuda::bulk_commit_group();
+      cuda::bulk_wait_group_read<0>();
+    }
+    __syncwarp();
+    return;
+  }
+  long long row_addr = 0;  // (0: a padding row)
+  if (warp_row0 + (lane & 15) < w.rows) {
+    const PackedRow row = packed_row(p, w, w.m0 + warp_row0 + (lane & 15));
+    row_addr = reinterpret_cast<long long>(static_cast<T*>(p.out) + row.token * p.out_stride_token +
+                                           row.head * p.out_stride_head);
   }
   __syncwarp();
   constexpr int kChunks = Tr::kHeadDim / 8;  // 16-byte chunks of a row

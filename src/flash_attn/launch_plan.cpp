@@ -261,6 +261,15 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
                                : ", two consumer warpgroups (no 192-row tile at head dim " + std::to_string(plan.head_dim) + ")";
     }
     plan.pdl = t.pdl;
+    // The output: each warp's 16 rows, staged in the item's Q buffer, leave by one TMA store per
+    // 64 columns where those rows are whole tokens' GQA groups (the box: the group's heads x
+    // 16 / group tokens), so the consumers issue a store instead of copying rows out; else
+    // (and a warp's rows past the request's end) the threads copy them.
+    plan.tma_output = !t.thread_output && 16 % f.group == 0;
+    plan.reason += plan.tma_output ? "; output rows by TMA stores"
+                   : t.thread_output ? "; output rows copied by the threads (tuning)"
+                                     : "; output rows copied by the threads (the GQA group " + std::to_string(f.group) +
+                                           " does not divide a warp's 16 rows)";
   }
   if (plan.generation == Generation::hopper) {
     // K/V by cp.async, each producer thread one page's column of 16-byte chunks (16-bit caches),

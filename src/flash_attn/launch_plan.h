@@ -26,6 +26,7 @@ struct LaunchTuning {
   int max_ctas = 0;             // hopper: at most this many persistent CTAs (0 = the rule's)
   int q_buffers = 0;            // hopper: Q buffers, 1 or 2 (0 = the rule's)
   int consumer_groups = 0;      // hopper: consumer warpgroups, 2 or 3 (hopper_wide, head dim 64; 0 = the rule's)
+  bool thread_output = false;   // hopper: output rows copied by the consumer threads even where TMA stores serve
   uint64_t* cta_trace = nullptr;  // diagnostics: per-CTA timestamps (cuda/cta_trace.h)
 };
 
@@ -65,6 +66,7 @@ struct LaunchPlan {
   bool l2_prefetch = false;    // (CTAs of the first wave only: l2_prefetch_ctas = cta_slots)
   bool kv_evict_first = false;
   bool cluster_merge = false;  // the item's splits run as one cluster and merge in shared memory
+  bool tma_output = false;     // hopper: a warp's 16 output rows leave by TMA stores (one per 64 columns)
   std::string reason;          // why this tile and these switches, in words
 };
 

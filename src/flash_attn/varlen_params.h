@@ -88,6 +88,11 @@ struct VarlenKernelParams {
   // of the K and V sides. Unused otherwise.
   cuda::TmaDesc k_map{}, v_map{};
 
+  // Set by the hopper launchers (LaunchPlan::tma_output): the output's rows as a TMA map
+  // (cuda::RowsGeometry, boxes of one warp's 16 packed rows); o_map_ok false: the threads copy.
+  cuda::TmaDesc o_map{};
+  bool o_map_ok = false;
+
   // TMA stage fills read K/V with an L2 evict-first policy (LaunchPlan::kv_evict_first).
   bool kv_evict_first = false;
 
