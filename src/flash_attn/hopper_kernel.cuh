@@ -385,8 +385,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     } else if (split) {
       detail::split_epilogue<Tr>(p, item, o, softmax, unit, fault, warp_row0, lane);
     } else {
-      detail::staged_epilogue<Tr>(p, w, o, softmax, unit, fault, warp_row0, lane, s_q(q_at.stage),
-                                  p.o_map_ok ? &p.o_map : nullptr);
+      detail::staged_epilogue<Tr>(p, w, o, softmax, unit, fault, warp_row0, lane, s_q(q_at.stage));
     }
     q_pipe.release(q_at);  // the item's output rows have left its Q buffer
     q_at.advance();

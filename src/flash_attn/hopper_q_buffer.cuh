@@ -64,7 +64,7 @@ __device__ __forceinline__ void finish_rows(const VarlenKernelParams& p, const W
 
 // Output rows through shared memory: the warp's 16 rows of the item's Q buffer (s_q_buf: its
 // base), free once the item's last S is done, take the rows by stmatrix in the buffer's
-// swizzled layout (conflict-free). With an output map (o_map: LaunchPlan::tma_output) and all 16
+// swizzled layout (conflict-free). With an output map (p.o_map: LaunchPlan::tma_output) and all 16
 // rows the request's, lane 0 stores each 64-column region by one TMA box (the rows are whole
 // tokens' GQA groups) and waits until the TMA has read them (the buffer is then free). Else
 // whole rows leave as 16-byte loads and coalesced 16-byte global stores (two 256-byte rows per
@@ -73,8 +73,7 @@ __device__ __forceinline__ void finish_rows(const VarlenKernelParams& p, const W
 template <class Tr>
 __device__ __forceinline__ void staged_epilogue(const VarlenKernelParams& p, const WorkItem& w,
                                                 const cuda::FragC (&o)[Tr::kOFrags], const cuda::RowSoftmax& softmax,
-                                                float unit, bool fault, int warp_row0, int lane, uint32_t s_q_buf,
-                                                const cuda::TmaDesc* o_map) {
+                                                float unit, bool fault, int warp_row0, int lane, uint32_t s_q_buf) {
   using T = typename Tr::Elem;
   using L = cuda::Swizzle128Tile<Tr::kBlockM>;
   float f[2];
@@ -91,14 +90,14 @@ __device__ __forceinline__ void staged_epilogue(const VarlenKernelParams& p, con
                            cuda::pack2<T>(o[dn + 1].c[2] * f[1], o[dn + 1].c[3] * f[1])};
     cuda::stmatrix_x4(s_q_buf + L::offset(st_row, dn + st_chunk), r);
   }
-  if (o_map != nullptr && warp_row0 + 16 <= w.rows) {
+  if (p.o_map_ok && warp_row0 + 16 <= w.rows) {
     cuda::fence_proxy_async_smem();  // (each lane's stmatrix writes, read by the TMA)
     __syncwarp();
     if (lane == 0) {
       const int head0 = w.kv_head * p.group.divisor, token0 = w.q_start + p.group.div(w.m0 + warp_row0);
 #pragma unroll
       for (int r = 0; r < (Tr::kHeadDim + 63) / 64; ++r)
-        if (r * 64 < p.head_size) cuda::tma_store_3d(o_map, s_q_buf + r * (Tr::kBlockM * 128) + warp_row0 * 128, r * 128, head0, token0);
+        if (r * 64 < p.head_size) cuda::tma_store_3d(&p.o_map, s_q_buf + r * (Tr::kBlockM * 128) + warp_row0 * 128, r * 128, head0, token0);
       cuda::bulk_commit_group();
       cuda::bulk_wait_group_read<0>();
     }
