@@ -101,7 +101,8 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
             };
             // The hopper launcher's choices, each way in the same run: one CTA per SM looping
             // over the items vs one CTA per item, and (up to 4k keys, persistent) two vs one Q
-            // buffers in turns (64 .. 192); (the mma_sync generation in turns with it: below).
+            // buffers in turns (64 .. 192); the output rows by TMA stores vs the threads' copy;
+            // (the mma_sync generation in turns with it: below).
             if (hd % 64 == 0 && hd <= 256 && causal && args.num_splits == 1 && flash_attn::hopper_kernels_available() &&
                 flash_attn::choose_launch(flash_attn::varlen_launch_facts(args)).generation ==
                     flash_attn::Generation::hopper) {
@@ -126,6 +127,14 @@ void run_prefill(Recorder& rec, cudaStream_t stream, bool quick) {
                          "persistent, two Q buffers (LaunchTuning::q_buffers 2), in turns with one: one / two time ", "",
                          "one", [&] { flash_attn::run_varlen_attention(args, one_q); },
                          "persistent, one Q buffer (LaunchTuning::q_buffers 1)");
+              }
+              if (flash_attn::choose_launch(flash_attn::varlen_launch_facts(args)).tma_output) {
+                flash_attn::LaunchTuning threads;
+                threads.thread_output = true;
+                in_turns("hopper output", "tma", [&] { flash_attn::run_varlen_attention(args); },
+                         "output rows by TMA stores (the rule's), in turns with the threads' copy: threads / TMA ", "",
+                         "threads", [&] { flash_attn::run_varlen_attention(args, threads); },
+                         "output rows copied by the threads (LaunchTuning::thread_output)");
               }
             }
             // The launches the hopper kernel took over from the mma_sync prefill tile (head dims

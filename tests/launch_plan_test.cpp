@@ -428,6 +428,28 @@ TEST(ChooseLaunch, HeadDim512RunsOutputSlicesOfThePrefillTile) {
   EXPECT_GT(decide_num_splits(in).num_splits, 1) << "(the same batch at head size 128 splits)";
 }
 
+// The hopper output: TMA stores where the GQA group divides a warp's 16 rows (each box then holds
+// whole tokens' groups), the threads' copy elsewhere and where the tuning asks; mma_sync launches
+// never take it.
+TEST(ChooseLaunch, HopperOutputByTmaWhereTheGroupDividesAWarpsRows) {
+  LaunchTuning threads;
+  threads.thread_output = true;
+  for (int group : {1, 2, 3, 4, 5, 6, 8, 12, 16, 32}) {
+    for (bool fp8 : {false, true}) {
+      SCOPED_TRACE("group " + std::to_string(group) + (fp8 ? ", fp8" : ", bf16"));
+      const LaunchFacts f = h200(8, 2048, 2048, 128, fp8, group);
+      const LaunchPlan plan = choose_launch(f);
+      ASSERT_EQ(plan.generation, Generation::hopper);
+      EXPECT_EQ(plan.tma_output, 16 % group == 0) << plan.reason;
+      EXPECT_FALSE(choose_launch(f, threads).tma_output);
+      LaunchFacts sm80 = f;
+      sm80.cc_major = 8;
+      sm80.hopper_kernels = false;
+      EXPECT_FALSE(choose_launch(sm80).tma_output);
+    }
+  }
+}
+
 TEST(ChooseLaunch, RejectsBadTuningWithTheValue) {
   const LaunchFacts f = h200(16, 1, 4096, 128, true);
   for (int stages : {1, 4, -1}) {
