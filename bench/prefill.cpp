@@ -5,9 +5,9 @@
 // FLOPs = 4 * tokens * seqlen * head_size * heads, halved for causal (the FlashAttention
 // convention, which bench/peers.py uses too). Keys match bench/peers.py's. Section
 // prefill-grid: head size 128 causal shapes again with the hopper launch forced persistent and
-// forced one CTA per item, and with one and two Q buffers; the hopper-served causal shapes at
-// 192 / 256 with the mma_sync tile in turns with the hopper kernel: the data behind the
-// launcher's choices.
+// forced one CTA per item, and with one and two Q buffers, and the output rows by TMA stores
+// against the threads' copy; the hopper-served causal shapes at 192 / 256 with the mma_sync
+// tile in turns with the hopper kernel: the data behind the launcher's choices.
 // Section prefill-contig: the head size 128, 32/8 heads shapes with K/V as contiguous rows
 // [16k tokens, 8, 128] (cu_seqlens_k, no block table) next to the paged rows above.
 // Section prefill-fp8: the GQA causal shapes at head sizes 64..256 with an fp8 e4m3 cache, in
