@@ -431,8 +431,10 @@ void with_hopper_tile(const LaunchPlan& plan, const char* where, F&& f) {
 }
 
 // The output's rows as a TMA map where the plan stores them so (LaunchPlan::tma_output): boxes of
-// a warp's 16 packed rows, the GQA group's heads x 16 / group tokens; without a map (a geometry
-// the encoder refuses) the consumers copy the rows.
+// a warp's 16 packed rows, the GQA group's heads x 16 / group tokens (a warp's first row is a
+// token's first head: items start at multiples of the tile's rows, and a plan's tile_q is the
+// hopper tile's, launch_plan.cpp); without a map (a geometry the encoder refuses) the consumers
+// copy the rows.
 inline VarlenKernelParams with_output_map(const VarlenKernelParams& p, const LaunchPlan& plan, int elem_bytes) {
   VarlenKernelParams q = p;
   q.o_map_ok = false;
