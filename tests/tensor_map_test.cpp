@@ -1,6 +1,6 @@
-// The host rules of the paged-cache tensor map (cuda/tensor_map.h): geometries TMA cannot express
-// are refused with the rule they broke, before any driver call, so the decode launcher falls back
-// to cp.async. (Encoding itself needs a driver; the GPU tests cover the TMA path end to end.)
+// The host rules of the tensor maps (cuda/tensor_map.h), the paged cache's and the output rows':
+// geometries TMA cannot express are refused with the rule they broke, before any driver call, so
+// the launcher falls back (decode: to cp.async; hopper output: to the threads' copy). (Encoding itself needs a driver; the GPU tests cover the TMA path end to end.)
 #ifdef ATTNKIT_WITH_CUDA
 #include <gtest/gtest.h>
 
@@ -48,6 +48,50 @@ TEST(TensorMap, RefusesGeometriesTmaCannotExpress) {
     cuda::TmaDesc desc{};
     std::string why;
     EXPECT_FALSE(cuda::encode_paged_side_map(g, desc, &why));
+    EXPECT_NE(why.find(c.rule), std::string::npos) << "reason: " << why;
+  }
+}
+
+// The output rows' map (the hopper kernel's TMA stores, LaunchPlan::tma_output): [tokens][heads]
+// rows of bf16 head size 128, boxes of a warp's 16 rows at GQA group 4. Refused geometries
+// leave the launch on the threads' copy.
+cuda::RowsGeometry out_rows_hd128() {
+  cuda::RowsGeometry g;
+  g.base = reinterpret_cast<void*>(uintptr_t{1} << 20);
+  g.row_bytes = 256;
+  g.heads = 32;
+  g.tokens = 1000;
+  g.stride_head = 256;
+  g.stride_token = 32 * 256;
+  g.box_heads = 4;
+  g.box_tokens = 4;
+  return g;
+}
+
+TEST(TensorMap, RefusesOutputRowGeometriesTmaCannotExpress) {
+  EXPECT_EQ(cuda::rows_map_refusal(out_rows_hd128()), "");
+  struct Case {
+    const char* what;
+    void (*apply)(cuda::RowsGeometry&);
+    const char* rule;
+  };
+  const Case cases[] = {
+      {"base off 16 bytes", [](cuda::RowsGeometry& g) { g.base = reinterpret_cast<void*>(uintptr_t{1} << 20 | 8); }, "16-byte aligned"},
+      {"row of 0 bytes", [](cuda::RowsGeometry& g) { g.row_bytes = 0; }, "row bytes 0"},
+      {"row of 72 bytes", [](cuda::RowsGeometry& g) { g.row_bytes = 72; }, "row bytes 72"},
+      {"head stride 8", [](cuda::RowsGeometry& g) { g.stride_head = 8; }, "stride 8"},
+      {"token stride 2^40", [](cuda::RowsGeometry& g) { g.stride_token = int64_t{1} << 40; }, "below 2^40"},
+      {"no tokens", [](cuda::RowsGeometry& g) { g.tokens = 0; }, "tokens 0"},
+      {"box of 0 heads", [](cuda::RowsGeometry& g) { g.box_heads = 0; }, "box sides 0 x 4"},
+      {"box of 512 tokens", [](cuda::RowsGeometry& g) { g.box_tokens = 512; }, "box sides 4 x 512"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    cuda::RowsGeometry g = out_rows_hd128();
+    c.apply(g);
+    cuda::TmaDesc desc{};
+    std::string why;
+    EXPECT_FALSE(cuda::encode_rows_map(g, desc, &why));
     EXPECT_NE(why.find(c.rule), std::string::npos) << "reason: " << why;
   }
 }

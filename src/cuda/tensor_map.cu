@@ -73,14 +73,22 @@ bool encode_paged_side_map(const PagedSideGeometry& g, TmaDesc& out, std::string
   return true;
 }
 
-bool encode_rows_map(const RowsGeometry& g, TmaDesc& out, std::string* why) {
-  if (reinterpret_cast<uintptr_t>(g.base) % 16 != 0) return fail(why, "base must be 16-byte aligned");
-  if (g.row_bytes <= 0 || g.row_bytes % 16 != 0) return fail(why, "row bytes must be a positive multiple of 16");
+std::string rows_map_refusal(const RowsGeometry& g) {
+  if (reinterpret_cast<uintptr_t>(g.base) % 16 != 0) return "base must be 16-byte aligned";
+  if (g.row_bytes <= 0 || g.row_bytes % 16 != 0)
+    return "row bytes " + std::to_string(g.row_bytes) + " must be a positive multiple of 16";
   for (int64_t s : {g.stride_head, g.stride_token})
     if (s <= 0 || s % 16 != 0 || s >= (int64_t{1} << 40))
-      return fail(why, "stride " + std::to_string(s) + " must be a positive multiple of 16 below 2^40");
-  if (g.heads <= 0 || g.tokens <= 0 || g.box_heads < 1 || g.box_tokens < 1 || g.box_heads > 256 || g.box_tokens > 256)
-    return fail(why, "dims and box sides must be positive, boxes at most 256");
+      return "stride " + std::to_string(s) + " must be a positive multiple of 16 below 2^40";
+  if (g.heads <= 0 || g.tokens <= 0)
+    return "heads " + std::to_string(g.heads) + " and tokens " + std::to_string(g.tokens) + " must be positive";
+  if (g.box_heads < 1 || g.box_tokens < 1 || g.box_heads > 256 || g.box_tokens > 256)
+    return "box sides " + std::to_string(g.box_heads) + " x " + std::to_string(g.box_tokens) + " must be in [1, 256]";
+  return {};
+}
+
+bool encode_rows_map(const RowsGeometry& g, TmaDesc& out, std::string* why) {
+  if (std::string rule = rows_map_refusal(g); !rule.empty()) return fail(why, rule);
   const EncodeTiled fn = encode_fn();
   if (fn == nullptr) return fail(why, "the driver has no cuTensorMapEncodeTiled");
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(g.row_bytes), static_cast<cuuint64_t>(g.heads),

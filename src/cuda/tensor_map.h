@@ -34,6 +34,8 @@ struct RowsGeometry {
   int64_t stride_head = 0, stride_token = 0;  // bytes
   int box_heads = 0, box_tokens = 0;
 };
+// The rule `g` breaks for a map (empty: it has one, if the driver has the encoder). Host only.
+std::string rows_map_refusal(const RowsGeometry& g);
 // Encodes `g` into `out`; false (the rule in *why) where it has no map.
 bool encode_rows_map(const RowsGeometry& g, TmaDesc& out, std::string* why);
 
