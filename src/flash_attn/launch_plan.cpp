@@ -273,9 +273,8 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
   }
   if (plan.generation == Generation::hopper) {
     // K/V by cp.async, each producer thread one page's column of 16-byte chunks (16-bit caches),
-    // or fp8 codes copied and converted in their stages (the tile's fill, tile_set.h). TMA boxes
-    // (one per 16-key page and 128-byte segment) measured within 1% of it at head size 64 and
-    // 20-30% slower from 128 up (DECISIONS.md: Hopper K/V by TMA at 128-byte rows).
+    // or fp8 codes copied and converted in their stages (the tile's fill, tile_set.h); no TMA
+    // fill (DECISIONS.md: Hopper K/V by TMA at 128-byte rows, what it measured and costs).
     plan.reason += plan.config.fill == KvFill::convert
                        ? "; fp8 K/V copied into their stages by cp.async, converted to f16 there"
                        : "; K/V by cp.async";
