@@ -359,6 +359,25 @@ TEST(VarlenHopper, TileCountsAndHeadSizes) {
       }
 }
 
+// The hopper epilogue's output rows (LaunchPlan::tma_output): TMA stores of a warp's 16 rows as
+// group heads x 16 / group tokens where the GQA group divides 16 (2: boxes of 8 tokens, 16: of
+// one token), the threads' copy where it does not (32, 6) or where the tuning asks, and warps with
+// rows past the request's end (7 tokens) on the copy; 16-bit and fp8 caches.
+TEST(VarlenHopper, OutputRowsOfEveryGroupSize) {
+  int i = 0;
+  for (int group : {2, 16, 32, 6})
+    for (int head_size : {64, 96, 128, 256})
+      for (bool causal : {false, true}) {
+        Case c = hopper_plain_case(2800 + i, i % 2 ? DType::f16 : DType::bf16, head_size, 2, group, causal);
+        if (i % 3 == 0 && head_size != 96) c.cache_dtype = DType::fp8_e4m3;
+        c.tuning.thread_output = i % 4 == 3;
+        c.q_lens = {130, 7};
+        c.seq_lens = {300, 200};
+        ++i;
+        check_against_cpu(c);
+      }
+}
+
 // ---- the hopper softmax's running maxima with a slack (RowSoftmax::step, kMaxSlackLog2) and its
 // speculative exponentials at the stored maxima (softmax_scores_speculative): scores that rise
 // along the keys (ALiBi with small queries: each 128-key tile's maxima exceed the last's by
