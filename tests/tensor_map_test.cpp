@@ -24,14 +24,30 @@ cuda::PagedSideGeometry nhd_fp8_hd128() {
   return g;
 }
 
+// A geometry broken one way: `apply` breaks a valid one, `rule` is a piece of the reason.
+template <class G>
 struct Broken {
   const char* what;
-  void (*apply)(cuda::PagedSideGeometry&);
-  const char* rule;  // a piece of the reason
+  void (*apply)(G&);
+  const char* rule;
 };
 
+// Each case, applied to valid(), is refused by encode(g, desc, &why) with its rule in `why`.
+template <class G, size_t N, class Encode>
+void expect_refused(const Broken<G> (&cases)[N], G (*valid)(), Encode encode) {
+  for (const Broken<G>& c : cases) {
+    SCOPED_TRACE(c.what);
+    G g = valid();
+    c.apply(g);
+    cuda::TmaDesc desc{};
+    std::string why;
+    EXPECT_FALSE(encode(g, desc, &why));
+    EXPECT_NE(why.find(c.rule), std::string::npos) << "reason: " << why;
+  }
+}
+
 TEST(TensorMap, RefusesGeometriesTmaCannotExpress) {
-  const Broken cases[] = {
+  const Broken<cuda::PagedSideGeometry> cases[] = {
       {"row of 64 bytes (fp8 head size 64)", [](cuda::PagedSideGeometry& g) { g.row_bytes = 64; }, "row bytes 64"},
       {"row of 192 bytes", [](cuda::PagedSideGeometry& g) { g.row_bytes = 192; }, "row bytes 192"},
       {"row of 1024 bytes", [](cuda::PagedSideGeometry& g) { g.row_bytes = 1024; }, "row bytes 1024"},
@@ -41,15 +57,7 @@ TEST(TensorMap, RefusesGeometriesTmaCannotExpress) {
       {"block stride 0", [](cuda::PagedSideGeometry& g) { g.stride_block = 0; }, "stride 0"},
       {"head stride 2^40", [](cuda::PagedSideGeometry& g) { g.stride_head = int64_t{1} << 40; }, "below 2^40"},
   };
-  for (const Broken& c : cases) {
-    SCOPED_TRACE(c.what);
-    cuda::PagedSideGeometry g = nhd_fp8_hd128();
-    c.apply(g);
-    cuda::TmaDesc desc{};
-    std::string why;
-    EXPECT_FALSE(cuda::encode_paged_side_map(g, desc, &why));
-    EXPECT_NE(why.find(c.rule), std::string::npos) << "reason: " << why;
-  }
+  expect_refused(cases, nhd_fp8_hd128, cuda::encode_paged_side_map);
 }
 
 // The output rows' map (the hopper kernel's TMA stores, LaunchPlan::tma_output): [tokens][heads]
@@ -70,12 +78,7 @@ cuda::RowsGeometry out_rows_hd128() {
 
 TEST(TensorMap, RefusesOutputRowGeometriesTmaCannotExpress) {
   EXPECT_EQ(cuda::rows_map_refusal(out_rows_hd128()), "");
-  struct Case {
-    const char* what;
-    void (*apply)(cuda::RowsGeometry&);
-    const char* rule;
-  };
-  const Case cases[] = {
+  const Broken<cuda::RowsGeometry> cases[] = {
       {"base off 16 bytes", [](cuda::RowsGeometry& g) { g.base = reinterpret_cast<void*>(uintptr_t{1} << 20 | 8); }, "16-byte aligned"},
       {"row of 0 bytes", [](cuda::RowsGeometry& g) { g.row_bytes = 0; }, "row bytes 0"},
       {"row of 72 bytes", [](cuda::RowsGeometry& g) { g.row_bytes = 72; }, "row bytes 72"},
@@ -85,15 +88,7 @@ TEST(TensorMap, RefusesOutputRowGeometriesTmaCannotExpress) {
       {"box of 0 heads", [](cuda::RowsGeometry& g) { g.box_heads = 0; }, "box sides 0 x 4"},
       {"box of 512 tokens", [](cuda::RowsGeometry& g) { g.box_tokens = 512; }, "box sides 4 x 512"},
   };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.what);
-    cuda::RowsGeometry g = out_rows_hd128();
-    c.apply(g);
-    cuda::TmaDesc desc{};
-    std::string why;
-    EXPECT_FALSE(cuda::encode_rows_map(g, desc, &why));
-    EXPECT_NE(why.find(c.rule), std::string::npos) << "reason: " << why;
-  }
+  expect_refused(cases, out_rows_hd128, cuda::encode_rows_map);
 }
 
 }  // namespace
