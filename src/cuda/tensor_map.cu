@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
+#include <initializer_list>
 #include <mutex>
 
 namespace attnkit::cuda {
@@ -34,6 +35,14 @@ bool fail(std::string* why, const std::string& rule) {
   return false;
 }
 
+// The rule the first of a map's strides (bytes) breaks; empty if none does.
+std::string stride_refusal(std::initializer_list<int64_t> strides) {
+  for (int64_t s : strides)
+    if (s <= 0 || s % 16 != 0 || s >= (int64_t{1} << 40))
+      return "stride " + std::to_string(s) + " must be a positive multiple of 16 below 2^40";
+  return {};
+}
+
 }  // namespace
 
 std::string paged_side_map_refusal(const PagedSideGeometry& g) {
@@ -41,9 +50,7 @@ std::string paged_side_map_refusal(const PagedSideGeometry& g) {
     return "row bytes " + std::to_string(g.row_bytes) + " must be a multiple of 128 up to 512";
   if (g.block_size % 16 != 0) return "block size must be a multiple of 16";
   if (reinterpret_cast<uintptr_t>(g.base) % 16 != 0) return "cache base must be 16-byte aligned";
-  for (int64_t s : {g.stride_block, g.stride_slot, g.stride_head})
-    if (s <= 0 || s % 16 != 0 || s >= (int64_t{1} << 40))
-      return "stride " + std::to_string(s) + " must be a positive multiple of 16 below 2^40";
+  if (std::string rule = stride_refusal({g.stride_block, g.stride_slot, g.stride_head}); !rule.empty()) return rule;
   // A box copies a whole block: blocks that overlap (the contiguous view of ragged K/V, a block
   // at every row) would read the last ones' slots past the end of the cache.
   if ((g.block_size - 1) * g.stride_slot + g.row_bytes > g.stride_block)
@@ -77,9 +84,7 @@ std::string rows_map_refusal(const RowsGeometry& g) {
   if (reinterpret_cast<uintptr_t>(g.base) % 16 != 0) return "base must be 16-byte aligned";
   if (g.row_bytes <= 0 || g.row_bytes % 16 != 0)
     return "row bytes " + std::to_string(g.row_bytes) + " must be a positive multiple of 16";
-  for (int64_t s : {g.stride_head, g.stride_token})
-    if (s <= 0 || s % 16 != 0 || s >= (int64_t{1} << 40))
-      return "stride " + std::to_string(s) + " must be a positive multiple of 16 below 2^40";
+  if (std::string rule = stride_refusal({g.stride_head, g.stride_token}); !rule.empty()) return rule;
   if (g.heads <= 0 || g.tokens <= 0)
     return "heads " + std::to_string(g.heads) + " and tokens " + std::to_string(g.tokens) + " must be positive";
   if (g.box_heads < 1 || g.box_tokens < 1 || g.box_heads > 256 || g.box_tokens > 256)

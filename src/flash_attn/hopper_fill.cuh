@@ -16,8 +16,9 @@
 // every tile, one chunk column of it (all 128 threads but at head dim 192: 96), resolving the
 // group's page once per tile through any page map (block table, page table, contiguous rows);
 // rows past seq_len are zero-filled by the copies themselves (no TMA fill: src/flash_attn/
-// DECISIONS.md, Hopper K/V by TMA at 128-byte rows). ConvertFill (fp8 caches): codes copied into their stage, K's as they are, V's transposed into
-// the K-major layout the fp8 wgmma reads (below).
+// DECISIONS.md, Hopper K/V by TMA at 128-byte rows). ConvertFill (fp8 caches): codes copied into
+// their stage, K's as they are, V's transposed into the K-major layout the fp8 wgmma reads
+// (below).
 #pragma once
 #include <cstdint>
 #include <type_traits>

@@ -430,11 +430,11 @@ void with_hopper_tile(const LaunchPlan& plan, const char* where, F&& f) {
   else fail(where, "tile", plan.config.name, "is not a hopper tile of this launch");
 }
 
-// The output's rows as a TMA map where the plan stores them so (LaunchPlan::tma_output): boxes of
-// a warp's 16 packed rows, the GQA group's heads x 16 / group tokens (a warp's first row is a
-// token's first head: items start at multiples of the tile's rows, and a plan's tile_q is the
-// hopper tile's, launch_plan.cpp); without a map (a geometry the encoder refuses) the consumers
-// copy the rows.
+// The output's rows as a TMA map where the plan stores them so (LaunchPlan::tma_output, only
+// where the GQA group divides 16): boxes of a warp's 16 packed rows, the group's heads x 16 /
+// group tokens (a warp's first row is a token's first head: items start at multiples of the
+// tile's rows, and a plan's tile_q is the hopper tile's, launch_plan.cpp); without a map (a
+// geometry the encoder refuses) the consumers copy the rows.
 inline VarlenKernelParams with_output_map(const VarlenKernelParams& p, const LaunchPlan& plan, int elem_bytes) {
   VarlenKernelParams q = p;
   q.o_map_ok = false;
@@ -448,7 +448,7 @@ inline VarlenKernelParams with_output_map(const VarlenKernelParams& p, const Lau
   g.stride_token = q.out_stride_token * elem_bytes;
   g.box_heads = q.group.divisor;
   g.box_tokens = 16 / q.group.divisor;
-  q.o_map_ok = 16 % q.group.divisor == 0 && cuda::encode_rows_map(g, q.o_map, nullptr);
+  q.o_map_ok = cuda::encode_rows_map(g, q.o_map, nullptr);
   return q;
 }
 

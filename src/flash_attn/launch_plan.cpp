@@ -270,8 +270,6 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
                    : t.thread_output ? "; output rows copied by the threads (tuning)"
                                      : "; output rows copied by the threads (the GQA group " + std::to_string(f.group) +
                                            " does not divide a warp's 16 rows)";
-  }
-  if (plan.generation == Generation::hopper) {
     // K/V by cp.async, each producer thread one page's column of 16-byte chunks (16-bit caches),
     // or fp8 codes copied and converted in their stages (the tile's fill, tile_set.h); no TMA
     // fill (DECISIONS.md: Hopper K/V by TMA at 128-byte rows, what it measured and costs).
