@@ -1,5 +1,5 @@
 // Hopper-generation (wgmma) varlen kernel for head size 128, bf16 queries and an fp8 cache (e4m3 /
-// e5m2 codes converted to f16 by the producer: hopper_fill.cuh).
+// e5m2 codes read by the fp8 wgmma: K's as they are, V's transposed by the producer; hopper_fill.cuh).
 #include "flash_attn/hopper_kernel.cuh"
 
 namespace attnkit::flash_attn {

@@ -274,7 +274,7 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
     // or fp8 codes copied and converted in their stages (the tile's fill, tile_set.h); no TMA
     // fill (DECISIONS.md: Hopper K/V by TMA at 128-byte rows, what it measured and costs).
     plan.reason += plan.config.fill == KvFill::convert
-                       ? "; fp8 K/V copied into their stages by cp.async, converted to f16 there"
+                       ? "; fp8 K/V codes copied into their stages by cp.async, V's transposed there"
                        : "; K/V by cp.async";
   } else {
     plan.pdl = t.pdl && f.cc_major >= 9 && pdl_for_grid(plan.grid_ctas, plan.cta_slots, plan.config.transposed);
