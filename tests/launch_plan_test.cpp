@@ -254,7 +254,7 @@ TEST(ChooseLaunch, HopperKvFill) {
     const LaunchPlan plan = choose_launch(c.facts, t);
     EXPECT_EQ(plan.tile, c.tile) << c.why << ": " << plan.reason;
     EXPECT_EQ(plan.config.fill, c.fill) << c.why << ": " << plan.reason;
-    EXPECT_NE(plan.reason.find(c.fill == KvFill::convert ? "converted to f16" : "K/V by cp.async"),
+    EXPECT_NE(plan.reason.find(c.fill == KvFill::convert ? "V's transposed there" : "K/V by cp.async"),
               std::string::npos)
         << c.why << ": " << plan.reason;
   }

@@ -100,7 +100,7 @@ TEST(TileSet, ConfigurationsAreConsistent) {
   EXPECT_TRUE(tile_instantiated(TileId::hopper_wide, 64, CacheKind::fp8));
   EXPECT_FALSE(tile_instantiated(TileId::hopper_wide, 128, CacheKind::b16));
   EXPECT_FALSE(tile_instantiated(TileId::hopper_wide, 64, CacheKind::nvfp4));
-  EXPECT_TRUE(tile_instantiated(TileId::hopper, 128, CacheKind::fp8));  // (codes converted to f16 stages)
+  EXPECT_TRUE(tile_instantiated(TileId::hopper, 128, CacheKind::fp8));  // (codes for the fp8 wgmma)
   EXPECT_GT(tile_config(TileId::hopper, 128, CacheKind::fp8).stages, tile_config(TileId::hopper, 128, CacheKind::b16).stages);
   EXPECT_FALSE(tile_instantiated(TileId::hopper, 96, CacheKind::fp8));
   EXPECT_FALSE(tile_instantiated(TileId::hopper, 128, CacheKind::nvfp4));

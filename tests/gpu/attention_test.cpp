@@ -405,9 +405,9 @@ TEST(VarlenHopper, RunningMaxSlack) {
           }
 }
 
-// ---- fp8 caches on the hopper kernel (S = Q K^T in fp8 on K's codes and Q quantised to e4m3 by
-// each consumer warpgroup with its own power-of-two factor; V's codes converted to f16 by the
-// producer): both formats, bf16 queries (|q| up to 8) and f16 ones (on the e4m3 grid, as every
+// ---- fp8 caches on the hopper kernel (both GEMMs in fp8: S = Q K^T on K's codes, Q rounded to
+// e4m3 by the producer with a power-of-two factor per consumer warpgroup; O += P V on V's codes,
+// transposed by the producer): both formats, bf16 queries (|q| up to 8) and f16 ones (on the e4m3 grid, as every
 // fp8 case's: Problem), per-tensor and per-KV-head scales, GQA 1 and 4, block sizes 16 and 64,
 // 1..10 tiles, causal or not, head size 112 padded to 128; every case must take the hopper kernel
 
@@ -479,7 +479,7 @@ TEST(VarlenSanitizer, SmallGridOfEveryPath) {
   }
   c.contiguous_kv = true;  // (requests without keys and queries longer than their keys)
   check_against_cpu(c);
-  // fp8 caches on the hopper tiles: codes converted in their stages (head sizes 128, 256; block
+  // fp8 caches on the hopper tiles: codes copied into their stages (head sizes 128, 256; block
   // sizes 16, 64; both formats; a tail past seq_len inside a block)
   for (const auto& [i, head_size] : {std::pair{5, 128}, {12, 128}, {20, 256}, {27, 256}})
     check_against_cpu(fp8_hopper_case(i, head_size, 200, i % 2 == 1));

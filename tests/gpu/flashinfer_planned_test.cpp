@@ -257,7 +257,7 @@ TEST(PlannedPrefillHopper, PlansMatchTheReference) {
     if (i % 4 == 2) c.softcap = 30.f;
     c.sinks = i % 3 == 2;
     c.contiguous_kv = i % 8 >= 6;
-    if (i % 8 == 3) c.cache_dtype = i == 11 ? DType::fp8_e5m2 : DType::fp8_e4m3;  // (converted in their stage)
+    if (i % 8 == 3) c.cache_dtype = i == 11 ? DType::fp8_e5m2 : DType::fp8_e4m3;  // (codes copied into their stages)
     c.q_lens = {300, 64, 257, 33};
     c.seq_lens = {300, 1200, 900, 33};
     check_planned(c, 2);
