@@ -15,11 +15,11 @@
 #include <algorithm>
 #include <limits>
 #include <numeric>
-#include <queue>
 #include <string>
 
 #include "attnkit/error.h"
 #include "core/int_math.h"
+#include "cuda/fast_divmod.h"
 
 namespace attnkit::flashinfer {
 
@@ -31,12 +31,29 @@ std::string idx(std::string_view name, int64_t i) {
   return std::string(name) + "[" + std::to_string(i) + "]";
 }
 
-// A query tile and the keys its rows can see.
+// A query tile and the keys its rows can see (int32, as kv_lens and packed rows are).
 struct Tile {
   int32_t request, q_tile, rows;
-  int64_t lo, hi;
-  int64_t visible() const { return hi - lo; }
+  int32_t lo, hi;
+  int32_t visible() const { return hi - lo; }
 };
+
+// Division by one divisor for many dividends in [0, 2^31): cuda::FastDivmod's multiply and
+// shift instead of a division each (the plan divides every tile's packed rows by the group and
+// its keys by the chunk, once per candidate of the chunk search; src/flash_attn/DECISIONS.md:
+// Host plan: divisions by a precomputed divisor).
+using Divisor = cuda::FastDivmod;
+// ceil(a / d) for a in [0, 2^31).
+int32_t ceil_div_by(int32_t a, const Divisor& d) {
+  int32_t rem;
+  const int32_t q = d.divmod(a, rem);
+  return q + (rem != 0);
+}
+// The divisor for a chunk of c tokens: no tile sees 2^31 keys, so a larger chunk splits no tile
+// either, and 2^31 - 1 counts the same.
+Divisor chunk_divisor(int64_t c) {
+  return Divisor(static_cast<int>(std::min<int64_t>(c, std::numeric_limits<int32_t>::max())));
+}
 
 // The union of the visible keys of queries [i0, i1] of a request with qo query tokens over kv
 // keys (positions p = kv - qo + i; docs/architecture.md section 4).
@@ -94,28 +111,34 @@ int choose_tile_q(const PlanBatch& b, const PlanConfig& cfg) {
   return cta_tile_q(nonempty ? static_cast<double>(rows) / nonempty : 0.0, cfg.head_size);
 }
 
+// (packed rows < 2^31: the capacity's rule, which validate_batch holds the batch to)
 std::vector<Tile> make_tiles(const PlanBatch& b, int group, int tile_q) {
+  const Divisor by_group(group), by_tile(tile_q);
+  const size_t num_reqs = b.kv_lens.size();
   std::vector<Tile> tiles;
-  for (size_t r = 0; r + 1 < b.qo_indptr.size(); ++r) {
-    const int64_t qo = b.qo_indptr[r + 1] - b.qo_indptr[r], kv = b.kv_lens[r];
-    const int64_t packed = qo * group;
+  tiles.reserve(static_cast<size_t>(ceil_div_by(b.qo_indptr[num_reqs] * group, by_tile)) + num_reqs);
+  for (size_t r = 0; r < num_reqs; ++r) {
+    const int32_t qo = b.qo_indptr[r + 1] - b.qo_indptr[r], kv = b.kv_lens[r];
+    const int32_t packed = qo * group;
     for (int64_t row0 = 0, t = 0; row0 < packed; row0 += tile_q, ++t) {
-      const int64_t row1 = std::min(packed, row0 + tile_q);  // exclusive
-      Tile tile{static_cast<int32_t>(r), static_cast<int32_t>(t), static_cast<int32_t>(row1 - row0), 0, 0};
-      visible_range(b, qo, kv, row0 / group, (row1 - 1) / group, tile.lo, tile.hi);
-      tiles.push_back(tile);
+      const int32_t first = static_cast<int32_t>(row0), last = static_cast<int32_t>(std::min<int64_t>(packed, row0 + tile_q) - 1);
+      int64_t lo, hi;
+      visible_range(b, qo, kv, by_group.div(first), by_group.div(last), lo, hi);
+      tiles.push_back(Tile{static_cast<int32_t>(r), static_cast<int32_t>(t), last - first + 1, static_cast<int32_t>(lo),
+                           static_cast<int32_t>(hi)});
     }
   }
   return tiles;
 }
 
-// Chunks of a tile for chunk size c tokens; a tile that sees no key still gets one item, which
-// writes its rows' empty result (output 0, LSE -inf).
-int64_t chunks_of(const Tile& t, int64_t c) { return std::max<int64_t>(1, ceil_div(t.visible(), c)); }
+// Chunks of a tile for chunks of c tokens (chunk_divisor(c)); a tile that sees no key still
+// gets one item, which writes its rows' empty result (output 0, LSE -inf).
+int32_t chunks_of(const Tile& t, const Divisor& c) { return std::max(1, ceil_div_by(t.visible(), c)); }
 
 int64_t count_items(const std::vector<Tile>& tiles, int64_t c) {
+  const Divisor d = chunk_divisor(c);
   int64_t n = 0;
-  for (const Tile& t : tiles) n += chunks_of(t, c);
+  for (const Tile& t : tiles) n += chunks_of(t, d);
   return n;
 }
 
@@ -124,7 +147,7 @@ int64_t choose_chunk(const std::vector<Tile>& tiles, const PlanConfig& cfg) {
   const int64_t page = cfg.page_size;
   int64_t max_visible = 0, total_visible = 0;
   for (const Tile& t : tiles) {
-    max_visible = std::max(max_visible, t.visible());
+    max_visible = std::max<int64_t>(max_visible, t.visible());
     total_visible += t.visible();
   }
   const int64_t min_pages = cfg.min_chunk_tokens() / page;
@@ -149,15 +172,25 @@ void assign_slots(PlanBuffers& plan, const std::vector<int64_t>& cost) {
   std::vector<int32_t> order(n);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return cost[a] > cost[b]; });
-  using Load = std::pair<int64_t, int32_t>;  // (load, slot): ties go to the lower slot
-  std::priority_queue<Load, std::vector<Load>, std::greater<Load>> heap;
-  for (int32_t s = 0; s < slots; ++s) heap.push({0, s});
+  // A min-heap of (load, slot), ties to the lower slot: each item goes to the top's slot, whose
+  // load then grows and sifts down (one pass, not a pop and a push).
+  using Load = std::pair<int64_t, int32_t>;
+  std::vector<Load> heap(static_cast<size_t>(slots));
+  for (int32_t s = 0; s < slots; ++s) heap[s] = {0, s};  // (a valid heap: loads equal, slots ascending)
   std::vector<int32_t> slot_of(n);
   for (int32_t i : order) {
-    auto [load, s] = heap.top();
-    heap.pop();
-    slot_of[i] = s;
-    heap.push({load + cost[i], s});
+    slot_of[i] = heap[0].second;
+    const Load top{heap[0].first + cost[i], heap[0].second};
+    size_t at = 0;
+    for (;;) {
+      size_t child = 2 * at + 1;
+      if (child >= heap.size()) break;
+      if (child + 1 < heap.size() && heap[child + 1] < heap[child]) ++child;
+      if (!(heap[child] < top)) break;
+      heap[at] = heap[child];
+      at = child;
+    }
+    heap[at] = top;
   }
   // Counting sort by slot, keeping the longest-first order within a slot.
   std::fill(plan.slot_indptr.begin(), plan.slot_indptr.end(), 0);
@@ -263,9 +296,10 @@ void plan_batch(const PlanBatch& batch, PlanBuffers& plan) {
   const int64_t chunk = tiles.empty() ? cfg.min_chunk_tokens() : choose_chunk(tiles, cfg);
 
   // Count before writing, so an overflow leaves the previous plan intact.
+  const Divisor by_chunk = chunk_divisor(chunk);
   int64_t num_items = 0, num_partials = 0;
   for (const Tile& t : tiles) {
-    const int64_t n = chunks_of(t, chunk);
+    const int64_t n = chunks_of(t, by_chunk);
     num_items += n;
     if (n > 1) num_partials += n * t.rows;
   }
@@ -290,10 +324,10 @@ void plan_batch(const PlanBatch& batch, PlanBuffers& plan) {
   int32_t item = 0, partial = 0;
   plan.merge_indptr[0] = 0;
   for (const Tile& t : tiles) {
-    const int32_t n = static_cast<int32_t>(chunks_of(t, chunk));
+    const int32_t n = chunks_of(t, by_chunk);
     const int32_t base = n > 1 ? partial : -1;
     for (int32_t j = 0; j < n; ++j) {
-      const int64_t b = std::min(t.hi, t.lo + j * chunk), e = std::min(t.hi, t.lo + (j + 1) * chunk);
+      const int64_t b = std::min<int64_t>(t.hi, t.lo + j * chunk), e = std::min<int64_t>(t.hi, t.lo + (j + 1) * chunk);
       plan.items[item] = WorkItem{t.request, t.q_tile, static_cast<int32_t>(b),
                                   static_cast<int32_t>(e), j, n, base};
       cost[item] = item_cost(e - b, t.rows);
