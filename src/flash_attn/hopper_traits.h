@@ -52,17 +52,14 @@ struct HopperTraits {
   // Three consumer warpgroups (head dim 64: O 32 fp32, S 64, P 32): 3 x 160 + 32 = 512, with
   // either fill; ptxas 13.0 keeps a few loop-invariant values of the consumers in local memory
   // (about 20 spill stores per kernel, mostly per item), and at 152 reports serialised wgmmas.
-  // Head dim <= 128: 2 x 208 + 88 = 504 (ptxas 13.0, head size 128: with K and V loaded apart the producer holds two tiles'
-  // page numbers and spilled 16 bytes at 72 registers, nothing at 88; the consumers fit 208
-  // without spills; head dim 192 holds less: O 96 + S and P of 64 keys 48). Head dim 256: O
-  // alone is 128 fp32 per thread; the consumers spill in their loop at 216, not at 224, so the
-  // cp.async producer gets 56 (a few spill loads per tile).
+  // Two, 16-bit caches: 2 x 224 + 56 at every head dim (the group-column producer fits 56
+  // without spills; head dim 256's O alone is 128 fp32 per thread and spills at 216).
   // fp8 caches: P is half the registers (e4m3), and the producer transposes V through
-  // registers (16 words a unit: hopper_fill.cuh): 8 consumer registers go to it, 3 x 152 + 56 and
-  // 2 x 216 + 72 (ptxas 13.0 still reports spill stores of 172 bytes at head dim 64's wide tile
-  // and 12-56 at 256, against 300 / 116 with the 16-bit split; none at 128 / 192).
-  static constexpr int kProducerRegs = kWarpGroups == 3 ? (kFp8Cache ? 56 : 32) : kHeadDim <= 192 ? 88 : kFp8Cache ? 72 : 56,
-                       kConsumerRegs = kWarpGroups == 3 ? (kFp8Cache ? 152 : 160) : kHeadDim <= 192 ? 208 : kFp8Cache ? 216 : 224;
+  // registers (16 words a unit: hopper_fill.cuh): 2 x 208 + 88 up to head dim 192, 2 x 216 + 72
+  // at 256, 3 x 152 + 56 (ptxas 13.0 still reports spill stores of 172 bytes at head dim 64's
+  // wide tile and 12-56 at 256; none at 128 / 192). Measured: DECISIONS.md, Hopper register split.
+  static constexpr int kProducerRegs = kWarpGroups == 3 ? (kFp8Cache ? 56 : 32) : !kFp8Cache ? 56 : kHeadDim <= 192 ? 88 : 72,
+                       kConsumerRegs = kWarpGroups == 3 ? (kFp8Cache ? 152 : 160) : !kFp8Cache ? 224 : kHeadDim <= 192 ? 208 : 216;
   // Named barriers (0 is __syncthreads): 1 .. kWarpGroups the consumers' turns at the tensor
   // cores (warpgroup g waits on turn_bar(g), then hands the turn to g + 1), one per consumer
   // warpgroup of its own 128 threads, then the producer warpgroup's.
