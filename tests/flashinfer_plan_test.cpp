@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <random>
 #include <string>
@@ -342,6 +343,29 @@ TEST(PlanChunk, OneLongDecodeIsSplitToFillTheSlots) {
     // Smallest chunk fitting 264 slots: ceil(100000 / c) <= 264 -> c >= 379 tokens, in pages.
     const int64_t want = std::max<int64_t>(cfg.min_chunk_tokens(), (379 + page - 1) / page * page);
     EXPECT_EQ(plan.kv_chunk_tokens, want) << "page " << page;
+  }
+}
+
+// Key counts at int32's limit (the plan's tiles and divisions are 32-bit): a decode and a
+// prefill request of 2^31 - 1 keys each, a padding request, on 264 slots and on one (where the
+// chunk that fits is whole ranges rounded up to pages, past 2^31 - 1 tokens).
+TEST(PlanChunk, KeyCountsAtTheInt32Limit) {
+  constexpr int32_t kMaxKeys = std::numeric_limits<int32_t>::max();
+  for (int slots : {264, 1}) {
+    for (int page : {16, 1024}) {
+      PlanConfig cfg = tensor_core_config(page, slots);
+      PlanBuffers plan(cfg, PlanCapacity::for_limits(cfg, 4, 4096));
+      Batch b;
+      b.add(1, kMaxKeys);
+      b.add(2048, kMaxKeys);
+      b.add(0, kMaxKeys);
+      plan_batch(b.view(), plan);
+      check_plan(b, plan);
+      EXPECT_EQ(plan.split_kv, slots > 1) << "slots " << slots << ", page " << page;
+      if (slots == 1) {
+        EXPECT_GT(plan.kv_chunk_tokens, int64_t{kMaxKeys}) << "page " << page;
+      }
+    }
   }
 }
 
