@@ -6,6 +6,7 @@
 
 #include "attnkit/dcp.h"
 #include "attnkit/error.h"
+#include "core/id_scan.h"
 
 namespace attnkit {
 
@@ -77,12 +78,10 @@ void BatchView::validate(std::string_view where, int64_t num_blocks, int block_s
                         ") = " + std::to_string(need) + " blocks but max_blocks_per_req = " +
                         std::to_string(max_blocks_per_req));
     const int32_t* row = block_row(r);
-    for (int64_t b = 0; b < need; ++b) {
-      ATTNKIT_REQUIRE(row[b] >= 0 && row[b] < num_blocks, where,
-                      "block_table[" + std::to_string(r) + "][" + std::to_string(b) + "]", row[b],
-                      "block id < num_blocks = " + std::to_string(num_blocks) +
-                          " (and >= 0) for every block a request reads");
-    }
+    const int64_t b = first_outside(row, need, 0, num_blocks);
+    ATTNKIT_REQUIRE(b == need, where, "block_table[" + std::to_string(r) + "][" + std::to_string(b) + "]", row[b],
+                    "block id < num_blocks = " + std::to_string(num_blocks) +
+                        " (and >= 0) for every block a request reads");
   }
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "attnkit/error.h"
+#include "core/id_scan.h"
 
 namespace attnkit::flashinfer {
 
@@ -34,6 +35,7 @@ void PageTable::fill(const BatchView& batch, int begin, int end, int page) {
                   "must be >= num_reqs * max_blocks_per_req");
   // First pass: every check, so a rejected batch leaves the table as it was.
   int64_t total = 0;
+  int32_t max_id = -1;
   for (int r = begin; r < end; ++r) {
     const int64_t seq = batch.seq_lens[r];
     ATTNKIT_REQUIRE(seq >= 0, kWhere, "seq_lens[" + std::to_string(r) + "]", seq, "must be >= 0");
@@ -44,10 +46,13 @@ void PageTable::fill(const BatchView& batch, int begin, int end, int page) {
                         " tokens but the block table row has max_blocks_per_req = " +
                         std::to_string(batch.max_blocks_per_req));
     const int32_t* row = batch.block_row(r);
-    for (int64_t b = 0; b < pages; ++b)
-      ATTNKIT_REQUIRE(row[b] >= 0, kWhere,
-                      "block_table[" + std::to_string(r) + "][" + std::to_string(b) + "]", row[b],
-                      "must be >= 0 for every block a request reads");
+    const IdRange ids = id_range(row, pages);
+    if (ids.min < 0) {
+      const int64_t b = first_outside(row, pages, 0, int64_t{1} << 31);
+      fail(kWhere, "block_table[" + std::to_string(r) + "][" + std::to_string(b) + "]", row[b],
+           "must be >= 0 for every block a request reads");
+    }
+    if (pages > 0) max_id = std::max(max_id, ids.max);
     total += pages;
   }
   ATTNKIT_REQUIRE(total <= max_pages(), kWhere, "pages in the batch part", total,
@@ -57,13 +62,14 @@ void PageTable::fill(const BatchView& batch, int begin, int end, int page) {
   num_pages = total;
   int64_t cursor = 0;
   indptr[0] = 0;
-  max_page_id = -1;
+  max_page_id = max_id;
   for (int r = begin; r < end; ++r) {
     const int i = r - begin;
     const int64_t seq = batch.seq_lens[r];
     const int64_t pages = (seq + page - 1) / page;
     const int32_t* row = batch.block_row(r);
-    for (int64_t b = 0; b < pages; ++b) max_page_id = std::max(max_page_id, indices[cursor++] = row[b]);
+    std::copy(row, row + pages, indices.begin() + cursor);
+    cursor += pages;
     indptr[i + 1] = static_cast<int32_t>(cursor);
     // A full last page holds page_size tokens, not 0; a request with no pages has length 0.
     last_page_len[i] = seq == 0 ? 0 : static_cast<int32_t>(seq - (pages - 1) * page);
@@ -91,9 +97,8 @@ void PageTable::assign(std::span<const int32_t> ptr, std::span<const int32_t> id
                   "must be <= the table's capacity max_pages = " + std::to_string(max_pages()));
   ATTNKIT_REQUIRE(static_cast<int64_t>(last.size()) == n, kWhere, "last_page_len.size()",
                   last.size(), "must be batch_size = " + std::to_string(n));
-  for (int64_t i = 0; i < total; ++i)
-    ATTNKIT_REQUIRE(ids[i] >= 0, kWhere, "indices[" + std::to_string(i) + "]", ids[i],
-                    "must be >= 0 (a page id)");
+  const int64_t bad = first_outside(ids.data(), total, 0, int64_t{1} << 31);
+  ATTNKIT_REQUIRE(bad == total, kWhere, "indices[" + std::to_string(bad) + "]", ids[bad], "must be >= 0 (a page id)");
   for (int64_t r = 0; r < n; ++r) {
     const int64_t pages = ptr[r + 1] - ptr[r];
     if (pages == 0) continue;
