@@ -1,6 +1,7 @@
 // The host rules of the tensor maps (cuda/tensor_map.h), the paged cache's and the output rows':
 // geometries TMA cannot express are refused with the rule they broke, before any driver call, so
-// the launcher falls back (decode: to cp.async; hopper output: to the threads' copy). (Encoding itself needs a driver; the GPU tests cover the TMA path end to end.)
+// the launcher falls back (decode: to cp.async; hopper output: to the threads' copy). (Encoding
+// itself needs a driver; the GPU tests cover the TMA path end to end.)
 #ifdef ATTNKIT_WITH_CUDA
 #include <gtest/gtest.h>
 

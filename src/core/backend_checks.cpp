@@ -4,6 +4,7 @@
 #include <string>
 
 #include "attnkit/error.h"
+#include "core/id_scan.h"
 
 namespace attnkit {
 
@@ -32,7 +33,7 @@ int max_block_id_read(const CommonAttentionMetadata& md, int block_size) {
   for (int r = 0; r < md.num_reqs; ++r) {
     const int blocks = (keys[r] + block_size - 1) / block_size;
     const int32_t* row = md.block_table.data() + static_cast<int64_t>(r) * md.max_blocks_per_req;
-    for (int b = 0; b < blocks; ++b) max_id = std::max(max_id, row[b]);
+    if (blocks > 0) max_id = std::max(max_id, id_range(row, blocks).max);
   }
   return max_id;
 }

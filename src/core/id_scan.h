@@ -13,13 +13,14 @@ struct IdRange {
   int32_t min = std::numeric_limits<int32_t>::max(), max = std::numeric_limits<int32_t>::min();
 };
 
+// The smallest and largest of ids[0, n) (the defaults when n is 0).
 inline IdRange id_range(const int32_t* ids, int64_t n) {
-  int32_t lo = std::numeric_limits<int32_t>::max(), hi = std::numeric_limits<int32_t>::min();
+  IdRange r;
   for (int64_t i = 0; i < n; ++i) {
-    lo = std::min(lo, ids[i]);
-    hi = std::max(hi, ids[i]);
+    r.min = std::min(r.min, ids[i]);
+    r.max = std::max(r.max, ids[i]);
   }
-  return {lo, hi};
+  return r;
 }
 
 // The index of the first of ids[0, n) outside [lo, hi), or n when all are inside.

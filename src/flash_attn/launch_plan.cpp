@@ -271,8 +271,8 @@ LaunchPlan choose_launch(const LaunchFacts& f, const LaunchTuning& t) {
                                      : "; output rows copied by the threads (the GQA group " + std::to_string(f.group) +
                                            " does not divide a warp's 16 rows)";
     // K/V by cp.async, each producer thread one page's column of 16-byte chunks (16-bit caches),
-    // or fp8 codes copied and converted in their stages (the tile's fill, tile_set.h); no TMA
-    // fill (DECISIONS.md: Hopper K/V by TMA at 128-byte rows, what it measured and costs).
+    // or fp8 codes copied into their stages, V's transposed there (the tile's fill, tile_set.h);
+    // no TMA fill (DECISIONS.md: Hopper K/V by TMA at 128-byte rows, what it measured and costs).
     plan.reason += plan.config.fill == KvFill::convert
                        ? "; fp8 K/V codes copied into their stages by cp.async, V's transposed there"
                        : "; K/V by cp.async";

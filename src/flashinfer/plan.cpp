@@ -121,7 +121,8 @@ std::vector<Tile> make_tiles(const PlanBatch& b, int group, int tile_q) {
     const int32_t qo = b.qo_indptr[r + 1] - b.qo_indptr[r], kv = b.kv_lens[r];
     const int32_t packed = qo * group;
     for (int64_t row0 = 0, t = 0; row0 < packed; row0 += tile_q, ++t) {
-      const int32_t first = static_cast<int32_t>(row0), last = static_cast<int32_t>(std::min<int64_t>(packed, row0 + tile_q) - 1);
+      const int32_t first = static_cast<int32_t>(row0);
+      const int32_t last = static_cast<int32_t>(std::min<int64_t>(packed, row0 + tile_q) - 1);
       int64_t lo, hi;
       visible_range(b, qo, kv, by_group.div(first), by_group.div(last), lo, hi);
       tiles.push_back(Tile{static_cast<int32_t>(r), static_cast<int32_t>(t), last - first + 1, static_cast<int32_t>(lo),

@@ -407,9 +407,10 @@ TEST(VarlenHopper, RunningMaxSlack) {
 
 // ---- fp8 caches on the hopper kernel (both GEMMs in fp8: S = Q K^T on K's codes, Q rounded to
 // e4m3 by the producer with a power-of-two factor per consumer warpgroup; O += P V on V's codes,
-// transposed by the producer): both formats, bf16 queries (|q| up to 8) and f16 ones (on the e4m3 grid, as every
-// fp8 case's: Problem), per-tensor and per-KV-head scales, GQA 1 and 4, block sizes 16 and 64,
-// 1..10 tiles, causal or not, head size 112 padded to 128; every case must take the hopper kernel
+// transposed by the producer): both formats, bf16 queries (|q| up to 8) and f16 ones (on the
+// e4m3 grid, as every fp8 case's: Problem), per-tensor and per-KV-head scales, GQA 1 and 4,
+// block sizes 16 and 64, 1..10 tiles, causal or not, head size 112 padded to 128; every case
+// must take the hopper kernel
 
 // (case i of the grid below; the sanitizer grid takes a few too)
 Case fp8_hopper_case(int i, int head_size, int kv, bool causal) {
