@@ -309,12 +309,12 @@ TEST_F(KvWritePolicy, OutOfRangeSlotsAreDroppedAndCounted) {
 
 // Large batch with every token valid: many blocks per launch, grid-stride loop exercised.
 TEST_F(KvWritePolicy, LargeBatchMatchesCpu) {
+  const int64_t tokens = 16384, num_blocks = 1100;
+  const Inputs in = make_inputs(DType::bf16, tokens, 8, 128, false, false, 3);  // (33.5 M values: made once)
+  const std::vector<int64_t> slots = make_slots(tokens, num_blocks * 16, 11);
   for (DType cache_dtype : {DType::bf16, DType::fp8_e4m3}) {
     SCOPED_TRACE(dtype_name(cache_dtype));
-    const CacheLayout layout = make_layout(CacheView::HND, cache_dtype, 1100, 16, 8, 128);
-    const int64_t tokens = 16384;
-    const Inputs in = make_inputs(DType::bf16, tokens, 8, 128, false, false, 3);
-    std::vector<int64_t> slots = make_slots(tokens, layout.spec.num_blocks * 16, 11);
+    const CacheLayout layout = make_layout(CacheView::HND, cache_dtype, num_blocks, 16, 8, 128);
     const Outcome o = run_both(layout, in, slots, slots, 1, {0.25f}, {0.125f}, stream());
     EXPECT_TRUE(same_bytes(o.gpu, o.cpu));
   }
