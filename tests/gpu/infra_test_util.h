@@ -54,9 +54,9 @@ class GpuParamTest : public ::testing::TestWithParam<P> {
   cudaStream_t stream_ = nullptr;
 };
 
-// Fills bytes with a repeating non-zero pattern that decodes to no plausible result.
-// Byte i = 0xA5 ^ (i * 29 + seed), a pattern of period 256: written once, then copied in doubling
-// runs (caches of up to 84 MB: a byte loop there was a visible part of the KV-write grid's time).
+// Fills bytes with a repeating non-zero pattern that decodes to no plausible result: byte i =
+// 0xA5 ^ (i * 29 + seed), of period 256, written once and then copied in doubling runs (caches of
+// up to 84 MB: a byte loop there was a visible part of the KV-write grid's time).
 inline void poison(std::vector<uint8_t>& bytes, uint8_t seed) {
   const size_t n = bytes.size(), period = n < 256 ? n : 256;
   for (size_t i = 0; i < period; ++i) bytes[i] = static_cast<uint8_t>(0xA5 ^ (i * 29 + seed));

@@ -307,7 +307,8 @@ TEST_F(KvWritePolicy, OutOfRangeSlotsAreDroppedAndCounted) {
   }
 }
 
-// Large batch with every token valid: many blocks per launch, grid-stride loop exercised.
+// Large batch (16k tokens, about a fifth of them padding slots): many blocks per launch, the
+// grid-stride loop exercised.
 TEST_F(KvWritePolicy, LargeBatchMatchesCpu) {
   const int64_t tokens = 16384, num_blocks = 1100;
   const Inputs in = make_inputs(DType::bf16, tokens, 8, 128, false, false, 3);  // (33.5 M values: made once)
