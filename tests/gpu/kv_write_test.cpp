@@ -181,20 +181,20 @@ std::vector<float> make_scales(ScaleMode mode, int heads, uint64_t seed) {
                                        << int(cpu[first]) << std::dec;
 }
 
-struct Case {
+struct KvWriteCase {
   CacheView view;
   DType cache_dtype, in_dtype;
   bool fused;
 };
 
-std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  const Case& c = info.param;
+std::string case_name(const ::testing::TestParamInfo<KvWriteCase>& info) {
+  const KvWriteCase& c = info.param;
   return std::string(view_name(c.view)) + "_" + std::string(dtype_name(c.cache_dtype)) + "_from_" +
          std::string(dtype_name(c.in_dtype)) + (c.fused ? "_fused" : "");
 }
 
-std::vector<Case> all_cases() {
-  std::vector<Case> cases;
+std::vector<KvWriteCase> all_cases() {
+  std::vector<KvWriteCase> cases;
   for (CacheView v : {CacheView::NHD, CacheView::HND, CacheView::Strided, CacheView::Unaligned})
     for (DType c : {DType::f32, DType::f16, DType::bf16, DType::fp8_e4m3, DType::fp8_e5m2, DType::nvfp4})
       for (DType in : {DType::f32, DType::f16, DType::bf16})
@@ -248,10 +248,10 @@ Outcome run_both(const CacheLayout& layout, const Inputs& in, const std::vector<
   return o;
 }
 
-class KvWriteGrid : public GpuParamTest<Case> {};
+class KvWriteGrid : public GpuParamTest<KvWriteCase> {};
 
 TEST_P(KvWriteGrid, GpuEqualsCpuByteForByte) {
-  const Case c = GetParam();
+  const KvWriteCase c = GetParam();
   const bool quantized = is_fp8(c.cache_dtype) || c.cache_dtype == DType::nvfp4;
   uint64_t seed = 1;
   for (int block_size : {16, 32, 1024})  // (1024: the FlashInfer-style backend's largest page)
