@@ -11,6 +11,9 @@
 # Environment:
 #   SANITIZER_FILTER   gtest filter for memcheck (default '*Sanitizer*:*KvWrite*')
 #   GPU_TEST_FILTER    gtest filter for the GPU tests (default '*')
+#   GPU_SHARDS         the GPU tests and memcheck as this many GoogleTest shards in parallel
+#                      processes (tools/gtest-shards.sh; default 1: one process). The binary is
+#                      mostly host work; shards' kernels share the GPU by time slices
 #   STEPS              comma list of build,cpu,gpu,sanitizer,demo,python,bench (default: all)
 #                      and, on request only, soak: with python, the engine-path soak at
 #                      SOAK_BATCHES (default 10000) batches; guards: the bench with and without the device
@@ -54,6 +57,9 @@ JOBS=${JOBS:-$(nproc)}
 STEPS=${STEPS:-build,cpu,gpu,sanitizer,demo,python,bench}
 SANITIZER_FILTER=${SANITIZER_FILTER:-'*Sanitizer*:*KvWrite*'}
 GPU_TEST_FILTER=${GPU_TEST_FILTER:-'*'}
+GPU_SHARDS=${GPU_SHARDS:-1}
+SHARDS=()  # the GPU test steps' command prefix: GoogleTest shards in parallel processes
+[ "$GPU_SHARDS" -gt 1 ] 2>/dev/null && SHARDS=(bash "$ROOT/tools/gtest-shards.sh" "$GPU_SHARDS")
 COMMIT=${ATTNKIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export PYTHONUNBUFFERED=1
 
@@ -153,13 +159,13 @@ fi
 if want gpu; then
   if [ -x "$BUILD/tests/attnkit_gpu_tests" ]; then
     : >"$LOG/gpu.tmp"
-    step gpu-tests "${T_TESTS:-300}" "$LOG/gpu.tmp" "$BUILD/tests/attnkit_gpu_tests" --gtest_filter="$GPU_TEST_FILTER"
+    step gpu-tests "${T_TESTS:-300}" "$LOG/gpu.tmp" "${SHARDS[@]}" "$BUILD/tests/attnkit_gpu_tests" --gtest_filter="$GPU_TEST_FILTER"
     rc=$?
     [ $rc -ne 0 ] && FAILED=1
     # A GPU test that runs out of time is most likely a kernel that hangs: the steps after it
     # would hang on the same kernel and spend the device time for nothing.
     if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-      HUNG="gpu-tests ran out of time (last test started: $(grep '^\[ RUN' "$LOG/gpu.tmp" | tail -1 | cut -c14-))"
+      HUNG="gpu-tests ran out of time (last test started$([ "$GPU_SHARDS" -gt 1 ] && echo " by each shard"): $(grep -hE '^(\[ RUN|=== shard)' "$LOG/gpu.tmp" | awk '/^===/ {if (r != "") print r; r=""; next} {r=substr($0, 14)} END {print r}' | tr '\n' ' '))"
     fi
     SUMMARY+=("  gpu-tests: $(gtest_counts "$LOG/gpu.tmp")")
     # (the guards' fuzz counts; on a two-GPU machine the DCP combine's times: DcpTwoGpus)
@@ -201,9 +207,11 @@ if want sanitizer; then
               /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
   if [ -x "$BUILD/tests/attnkit_gpu_tests" ] && [ -n "$SANITIZER" ]; then
     : >"$LOG/san.tmp"
-    step memcheck "${T_SANITIZER:-240}" "$LOG/san.tmp" "$SANITIZER" --tool memcheck --error-exitcode 99 \
+    step memcheck "${T_SANITIZER:-240}" "$LOG/san.tmp" "${SHARDS[@]}" "$SANITIZER" --tool memcheck --error-exitcode 99 \
       --print-limit 20 "$BUILD/tests/attnkit_gpu_tests" --gtest_filter="$SANITIZER_FILTER" || FAILED=1
-    SUMMARY+=("  memcheck ($SANITIZER_FILTER): $(grep -E 'ERROR SUMMARY' "$LOG/san.tmp" | tail -1)")
+    # (one ERROR SUMMARY per process: GPU_SHARDS of them)
+    SUMMARY+=("  memcheck ($SANITIZER_FILTER): $(grep -hoE 'ERROR SUMMARY: [0-9]+' "$LOG/san.tmp" |
+      awk '{n++; e+=$3} END {printf "========= ERROR SUMMARY: %d errors%s", e, (n > 1 ? " (" n " processes)" : "")}')")
     cat "$LOG/san.tmp" >>"$LOG/tests.log"; rm -f "$LOG/san.tmp"
   else
     SUMMARY+=("memcheck               SKIPPED (no test binary or no compute-sanitizer)")
