@@ -58,8 +58,9 @@ STEPS=${STEPS:-build,cpu,gpu,sanitizer,demo,python,bench}
 SANITIZER_FILTER=${SANITIZER_FILTER:-'*Sanitizer*:*KvWrite*'}
 GPU_TEST_FILTER=${GPU_TEST_FILTER:-'*'}
 GPU_SHARDS=${GPU_SHARDS:-1}
+[[ $GPU_SHARDS =~ ^[1-9][0-9]*$ ]] || { echo "gpu-check: GPU_SHARDS = '$GPU_SHARDS' must be a positive integer" >&2; exit 2; }
 SHARDS=()  # the GPU test steps' command prefix: GoogleTest shards in parallel processes
-[ "$GPU_SHARDS" -gt 1 ] 2>/dev/null && SHARDS=(bash "$ROOT/tools/gtest-shards.sh" "$GPU_SHARDS")
+[ "$GPU_SHARDS" -gt 1 ] && SHARDS=(bash "$ROOT/tools/gtest-shards.sh" "$GPU_SHARDS")
 COMMIT=${ATTNKIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export PYTHONUNBUFFERED=1
 
@@ -209,9 +210,11 @@ if want sanitizer; then
     : >"$LOG/san.tmp"
     step memcheck "${T_SANITIZER:-240}" "$LOG/san.tmp" "${SHARDS[@]}" "$SANITIZER" --tool memcheck --error-exitcode 99 \
       --print-limit 20 "$BUILD/tests/attnkit_gpu_tests" --gtest_filter="$SANITIZER_FILTER" || FAILED=1
-    # (one ERROR SUMMARY per process: GPU_SHARDS of them)
+    # (one ERROR SUMMARY per process, GPU_SHARDS of them; a process without one did not finish)
     SUMMARY+=("  memcheck ($SANITIZER_FILTER): $(grep -hoE 'ERROR SUMMARY: [0-9]+' "$LOG/san.tmp" |
-      awk '{n++; e+=$3} END {printf "========= ERROR SUMMARY: %d errors%s", e, (n > 1 ? " (" n " processes)" : "")}')")
+      awk -v want="$GPU_SHARDS" '{n++; e+=$3} END {printf "========= ERROR SUMMARY: %d errors", e;
+        if (n < want) printf " (NO SUMMARY from %d of %d processes: they did not finish)", want - n, want;
+        else if (want > 1) printf " (%d processes)", want}')")
     cat "$LOG/san.tmp" >>"$LOG/tests.log"; rm -f "$LOG/san.tmp"
   else
     SUMMARY+=("memcheck               SKIPPED (no test binary or no compute-sanitizer)")
